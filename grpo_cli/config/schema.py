@@ -1,0 +1,182 @@
+"""Structured config: the one source of truth for every setting.
+
+Each field has a one-line comment; YAML presets under `conf/` only set values. The dataclasses are
+registered in Hydra's ConfigStore (see `register_configs`), so a typo'd key or a wrong type fails at
+compose time with a message that names the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False  # wrap the policy in a peft LoRA adapter
+    r: int = 8  # adapter rank
+    alpha: int = 16  # LoRA scaling numerator
+    dropout: float = 0.0  # adapter dropout
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = 0  # supervised steps on generated solutions before GRPO (0 = none)
+    batch_size: int = 32  # sequences per supervised step
+    lr: float = 3e-3  # supervised learning rate
+    examples: int = 4000  # distinct solved problems drawn for the supervised phase
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # short label used in results and plots
+    source: str = "char_llama"  # char_llama (built locally) | hf (id or local path) | gguf_package
+    path: str | None = None  # HF hub id or local directory (source=hf); GGUF file (source=gguf_package)
+    package: str | None = None  # Python package that ships the GGUF file (source=gguf_package)
+    hidden_size: int = 64  # char_llama: model width
+    num_layers: int = 2  # char_llama: transformer blocks
+    num_heads: int = 4  # char_llama: attention heads
+    intermediate_size: int = 256  # char_llama: MLP width
+    max_positions: int = 256  # char_llama: context length
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    gradient_checkpointing: bool = False  # trade compute for activation memory
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING  # arith | gsm8k
+    seed: int = 1234  # problem-generation seed (independent of the training seed)
+    min_steps: int = 1  # arith: fewest arithmetic steps in a problem
+    max_steps: int = 2  # arith: most arithmetic steps in a problem
+    operand_max: int = 9  # arith: operands are drawn from [1, operand_max]
+    operators: list[str] = field(default_factory=lambda: ["+", "-", "*"])  # arith: allowed operators
+    train_size: int = 2000  # number of training problems (arith: generated; gsm8k: first N, -1 all)
+    eval_size: int = 128  # number of held-out problems evaluated
+    path: str | None = None  # gsm8k: directory with train.jsonl/test.jsonl; None = datasets hub
+    hub_id: str = "openai/gsm8k"  # gsm8k: dataset id when path is None
+    prompt_template: str = "{question}\n"  # how a question becomes a prompt
+    use_chat_template: bool = False  # wrap the prompt with the tokenizer's chat template if it has one
+    use_math_verify: bool = False  # fall back to math-verify when numeric comparison fails
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"  # hf (transformers generate) | vllm
+    group_size: int = 4  # R: completions sampled per prompt
+    prompts_per_step: int = 8  # B: prompts per optimizer step
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 48  # completion length cap
+    vllm_gpu_memory_utilization: float = 0.3  # vllm: fraction of device memory for the engine
+    vllm_enforce_eager: bool = True  # vllm: skip CUDA-graph capture
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # advantage estimator: grpo | dr_grpo | rloo | reinforce | ppo | process
+    std: str = "population"  # grpo: std of the group rewards, population (ddof=0) or sample (ddof=1)
+    std_epsilon: float = 1e-6  # grpo: added to the std; zero-variance groups get advantage 0
+    steps: int = 50  # optimizer steps of GRPO
+    lr: float = 1e-3  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    max_grad_norm: float = 1.0  # gradient clipping (<=0 disables)
+    num_iterations: int = 1  # optimizer passes over each batch of rollouts (mu)
+    micro_batch_size: int = 64  # sequences per forward/backward micro-batch
+    epsilon: float = 0.2  # PPO clip, lower side
+    epsilon_high: float = 0.2  # PPO clip, upper side (DAPO clip-higher when > epsilon)
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | constant (Dr.GRPO)
+    loss_constant: int | None = None  # constant normaliser; None = rollout.max_new_tokens
+    importance_sampling_level: str = "token"  # token | sequence (GSPO)
+    kl_coef: float = 0.0  # weight of the k3 KL to the frozen reference (0 = no reference model)
+    tis_cap: float = 0.0  # truncated importance sampling cap on sampler/policy ratio (0 = off)
+    gamma: float = 1.0  # ppo: GAE discount
+    lam: float = 0.95  # ppo: GAE lambda
+    value_coef: float = 0.5  # ppo: value-loss weight
+    process_baseline: str = "step_group"  # process: step_group (group mean per step) | return_to_go
+    process_step_weight: float = 0.5  # process: reward for each correct calculator step
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups, draw more prompts to refill
+    dynamic_sampling_max_draws: int = 3  # DAPO: cap on extra rollout rounds per step
+    overlong_penalty: float = 0.0  # DAPO: max penalty for completions hitting the length cap
+    overlong_buffer: int = 8  # DAPO: tokens before the cap where the penalty ramps up
+
+
+@dataclass
+class AnalysisConfig:
+    every: int = 5  # probe every N steps (0 disables probes); step 0 is always probed
+    matrices: list[str] = field(
+        default_factory=lambda: [
+            "rollout_group",
+            "rollout_batch",
+            "score_group",
+            "group_batch",
+            "layer",
+            "update",
+        ]
+    )  # which candidate gradient matrices to record
+    layer_regex: str = r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|lm_head|lora_[AB])"  # 2-D weights for layer/update spectra
+    param_regex: str = ".*"  # parameters that span P for the per-rollout matrices
+    gram_method: str = "auto"  # auto | ghost | per_sample | sketch
+    sketch_dim: int = 4096  # sketch: random-projection width
+    rank_rtol: float = 1e-6  # numerical rank: sigma_k > rank_rtol * sigma_1
+    sparsity_rtol: float = 1e-3  # sparsity: |g| < sparsity_rtol * max|g|
+    max_groups_saved: int = 64  # per-group spectra kept per probe step
+    eval_every: int = 10  # held-out evaluation every N steps (and at the first and last step)
+    eval_greedy: bool = True  # greedy (True) or sampled (False) evaluation decoding
+
+
+@dataclass
+class AlarmConfig:
+    entropy_floor: float = 0.5  # nats; alarm when mean token entropy stays below ...
+    entropy_patience: int = 50  # ... for this many consecutive steps
+    zero_variance_ceiling: float = 0.9  # alarm when the zero-variance-group fraction stays above ...
+    zero_variance_patience: int = 20  # ... for this many consecutive steps
+    kl_max: float = 1.0  # alarm when KL to the reference exceeds this (only with a reference)
+    stop_on_alarm: bool = False  # end the run (status completed, stopped_by alarm) on the first alarm
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"  # results/<name>/...; also the title of figures
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    task: TaskConfig = MISSING
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    alarms: AlarmConfig = field(default_factory=AlarmConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    seed: int = 0  # training seed (sampling, init of char models, data order)
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads per process (0 = leave torch's default)
+    results_dir: str = "results"  # root of all results
+    cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers
+    resume: bool = True  # continue from checkpoints/ if the run directory has one
+    checkpoint_every: int = 10  # save a resumable checkpoint every N steps
+    progress: bool = True  # show a progress bar
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "task": TaskConfig,
+    "rollout": RolloutConfig,
+    "algorithm": AlgorithmConfig,
+    "analysis": AnalysisConfig,
+    "alarms": AlarmConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schema so that `conf/` YAML files are validated against it."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for group, node in GROUPS.items():
+        store.store(group=group, name=f"{group}_schema", node=node)

@@ -1,0 +1,44 @@
+"""Resolve `cfg.model` to a loaded policy (and tokenizer) on the chosen device."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_cli.models.loading import (
+    LoadedModel,
+    ModelLoadError,
+    apply_lora,
+    find_packaged_gguf,
+    load_pretrained,
+    resolve_dtype,
+)
+
+SOURCES = ("char_llama", "hf", "gguf_package")
+
+
+def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
+    """Load the policy named by `cfg.model`; char_llama is built and warm-started first."""
+    model_cfg = cfg.model
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    if model_cfg.source == "char_llama":
+        from grpo_cli.models.warm_start import warm_started_char_llama
+
+        path = warm_started_char_llama(model_cfg, task, cfg.task, cfg.cache_dir, log=log)
+        loaded = load_pretrained(str(path), device, dtype)
+    elif model_cfg.source == "hf":
+        if not model_cfg.path:
+            raise ModelLoadError("model.path is required when model.source=hf")
+        loaded = load_pretrained(model_cfg.path, device, dtype)
+    elif model_cfg.source == "gguf_package":
+        if not model_cfg.package:
+            raise ModelLoadError("model.package is required when model.source=gguf_package")
+        gguf = find_packaged_gguf(model_cfg.package, model_cfg.path)
+        loaded = load_pretrained(str(gguf.parent), device, dtype, gguf_file=gguf.name)
+    else:
+        raise ModelLoadError(f"model.source={model_cfg.source!r} is not one of {', '.join(SOURCES)}")
+    if model_cfg.gradient_checkpointing:
+        loaded.model.gradient_checkpointing_enable()
+        loaded.model.config.use_cache = False
+    if model_cfg.lora.enabled:
+        loaded.model = apply_lora(loaded.model, model_cfg.lora)
+    return loaded

@@ -1,0 +1,95 @@
+"""Rollouts with Hugging Face `generate` (the CPU backend; also works on CUDA).
+
+Sampling is from the policy itself: top-k is off, so with temperature 1 and top-p 1 the sampler's
+log-probs are the policy's. The returned log-probs are always those of the untempered policy
+(log-softmax of the raw logits), the quantity the importance ratio and the mismatch guard need.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.batch import RolloutBatch
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack token-id lists into left-padded ids and attention mask, both [N, P]."""
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def completion_mask_through_eos(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 on every completion token up to and including the first EOS, 0 after. [N, T] float."""
+    is_eos = completion_ids == eos_id  # [N, T]
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS strictly before t
+    return (eos_before == 0).float()
+
+
+class HFGenerateBackend:
+    """Batched sampling with `model.generate`; shares weights with the policy (no sync needed)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
+    ) -> RolloutBatch:
+        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        expanded = [prompt for prompt in prompts for _ in range(settings.group_size)]
+        prompt_ids, prompt_mask = left_pad(expanded, pad_id)
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        greedy = settings.temperature <= 0
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else settings.temperature,
+            top_p=None if greedy else settings.top_p,
+            top_k=None,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        torch.manual_seed(generator_seed)  # generate draws from the global RNG
+        was_training = self.model.training
+        self.model.eval()
+        output = self.model.generate(
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+        )
+        self.model.train(was_training)
+        prompt_length = prompt_ids.shape[1]
+        completion_ids = output.sequences[:, prompt_length:]  # [N, T]
+        logits = torch.stack(output.logits, dim=1).float()  # [N, T, V]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1))
+        completion_mask = completion_mask_through_eos(completion_ids, eos_id)  # [N, T]
+        completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
+        n_rows = len(expanded)
+        zeros_prompt = torch.zeros((n_rows, prompt_length), device=self.device)
+        texts = self.tokenizer.batch_decode(
+            [row[mask.bool()] for row, mask in zip(completion_ids, completion_mask, strict=True)],
+            skip_special_tokens=True,
+        )
+        return RolloutBatch(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+            completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
+            sampler_logprobs=torch.cat(
+                [zeros_prompt, logprobs.squeeze(-1) * completion_mask], dim=1
+            ),
+            group_size=settings.group_size,
+            prompt_length=prompt_length,
+            completions=texts,
+        )

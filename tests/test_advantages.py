@@ -1,0 +1,232 @@
+import math
+
+import pytest
+import torch
+
+from grpo_cli.algorithm.advantages import (
+    ESTIMATORS,
+    broadcast_to_tokens,
+    gae,
+    get_estimator,
+    process_advantages,
+    register_estimator,
+)
+
+
+def close(actual, expected, atol=1e-6):
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+
+def test_registry_has_the_outcome_estimators():
+    assert {"grpo", "dr_grpo", "rloo", "reinforce"} <= set(ESTIMATORS)
+    assert get_estimator("rloo") is ESTIMATORS["rloo"]
+
+
+def test_unknown_estimator_lists_known_names():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'grp0'.*dr_grpo.*grpo.*rloo"):
+        get_estimator("grp0")
+
+
+def test_register_estimator_adds_and_refuses_duplicates():
+    @register_estimator("_test_zero")
+    def zero(rewards, group_size, **_):
+        return torch.zeros_like(rewards)
+
+    try:
+        assert get_estimator("_test_zero") is zero
+        with pytest.raises(ValueError, match="already registered"):
+            register_estimator("_test_zero")(zero)
+    finally:
+        del ESTIMATORS["_test_zero"]
+
+
+def test_estimators_ignore_options_meant_for_others():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce"):
+        out = get_estimator(name)(rewards, 4, std="sample", std_epsilon=0.0, gamma=0.9)
+        assert out.shape == (4,) and out.dtype == torch.float32
+
+
+# --- grpo -----------------------------------------------------------------------------------------
+
+
+def test_grpo_population_std():
+    # mean .25, population std sqrt(3/16) = sqrt(3)/4
+    out = get_estimator("grpo")(torch.tensor([1.0, 0, 0, 0]), 4, std_epsilon=0.0)
+    std = math.sqrt(3) / 4
+    close(out, [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
+
+
+def test_grpo_sample_std_and_epsilon():
+    # sample std: sqrt((.75^2 + 3 * .25^2) / 3) = 0.5
+    out = get_estimator("grpo")(torch.tensor([1.0, 0, 0, 0]), 4, std="sample", std_epsilon=0.5)
+    close(out, [0.75, -0.25, -0.25, -0.25])
+
+
+def test_grpo_zero_variance_groups_are_exactly_zero():
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 1.0])  # groups of 3
+    out = get_estimator("grpo")(rewards, 3, std_epsilon=0.0)
+    assert torch.equal(out[:3], torch.zeros(3))
+    assert not torch.isnan(out).any()
+    # second group [1, 0, 1]: mean 2/3, population std sqrt(2)/3
+    std = math.sqrt(2) / 3
+    close(out[3:], [(1 / 3) / std, (-2 / 3) / std, (1 / 3) / std])
+
+
+def test_grpo_rejects_bad_options():
+    with pytest.raises(ValueError, match="population"):
+        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 2, std="unbiased")
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 1, std="sample")
+    with pytest.raises(ValueError, match="groups of 3"):
+        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 3)
+
+
+# --- dr_grpo, rloo, reinforce ----------------------------------------------------------------------
+
+
+def test_dr_grpo_mean_only_baseline():
+    out = get_estimator("dr_grpo")(torch.tensor([1.0, 0, 0, 0, 0.3, 0.3, 0.3, 0.3]), 4)
+    close(out[:4], [0.75, -0.25, -0.25, -0.25])
+    assert torch.equal(out[4:], torch.zeros(4))
+
+
+def test_rloo_leave_one_out():
+    # group [1, 0, 0, 0]: 1 - 0 = 1 ; 0 - 1/3 ; group [2, 1]: 2 - 1 = 1, 1 - 2 = -1
+    out = get_estimator("rloo")(torch.tensor([1.0, 0, 0, 0, 2.0, 1.0, 5.0, 3.0]), 4)
+    close(out, [1.0, -1 / 3, -1 / 3, -1 / 3, 2.0 - 3.0, 1.0 - 10 / 3, 5.0 - 2.0, 3.0 - 8 / 3])
+
+
+def test_rloo_is_scaled_dr_grpo():
+    rewards = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    rloo = get_estimator("rloo")(rewards, 4)
+    dr = get_estimator("dr_grpo")(rewards, 4)
+    close(rloo, dr * 4 / 3, atol=1e-6)
+
+
+def test_rloo_needs_two_rollouts():
+    with pytest.raises(ValueError, match="rloo needs group_size >= 2"):
+        get_estimator("rloo")(torch.tensor([1.0, 0.0]), 1)
+
+
+def test_reinforce_batch_mean_baseline():
+    out = get_estimator("reinforce")(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    close(out, [2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, -1 / 3])
+    assert torch.equal(get_estimator("reinforce")(torch.full((4,), 0.7), 2), torch.zeros(4))
+
+
+def test_broadcast_to_tokens():
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.float32)
+    out = broadcast_to_tokens(torch.tensor([2.0, -1.0]), mask)
+    close(out, [[0, 2, 2, 0], [0, -1, -1, -1]])
+
+
+# --- process advantages ---------------------------------------------------------------------------
+
+# Group of 2 rollouts, one prompt column then completions.
+# row 0: steps 0 (cols 1-2), 1 (cols 3-4), 2 = answer (col 5); step rewards .5, .5; outcome 1
+# row 1: steps 0 (cols 1-2), 1 = answer (col 3), padding after; step reward 0; outcome 0
+MASK = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]], dtype=torch.float32)
+STEP_INDEX = torch.tensor([[-1, 0, 0, 1, 1, 2], [-1, 0, 0, 1, -1, -1]])
+STEP_REWARDS = torch.tensor([[0, 0, 0.5, 0, 0.5, 1.0], [0, 0, 0.0, 0.0, 0, 0]])
+
+
+def test_process_return_to_go_hand_worked():
+    out = process_advantages(STEP_REWARDS, MASK, STEP_INDEX, 2, baseline="return_to_go")
+    # row 0 to-go: step0 2.0, step1 1.5, step2 1.0 ; row 1 to-go: step0 0, step1 0
+    # baselines: step0 1.0, step1 .75, step2 1.0 (row 0 alone)
+    close(out, [[0, 1.0, 1.0, 0.75, 0.75, 0.0], [0, -1.0, -1.0, -0.75, 0, 0]])
+
+
+def test_process_step_group_hand_worked():
+    out = process_advantages(STEP_REWARDS, MASK, STEP_INDEX, 2, baseline="step_group")
+    # step rewards without outcome: row 0 [.5, .5, 0], row 1 [0, 0]; step baselines [.25, .25, 0]
+    # outcome term: row 0 1 - .5 = .5, row 1 -.5
+    close(out, [[0, 0.75, 0.75, 0.75, 0.75, 0.5], [0, -0.75, -0.75, -0.75, 0, 0]])
+
+
+def test_process_tokens_differ_exactly_where_step_rewards_differ():
+    # two rollouts with 3 steps each; row 0's step 1 is wrong, row 1's step 0 is wrong
+    mask = torch.ones(2, 6)
+    step_index = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 2, 2]])
+    rewards = torch.tensor([[0, 0.5, 0, 0.0, 0, 1.0], [0, 0.0, 0, 0.5, 0, 1.0]])
+    out = process_advantages(rewards, mask, step_index, 2, baseline="step_group")
+    close(out, [[0.25, 0.25, -0.25, -0.25, 0, 0], [-0.25, -0.25, 0.25, 0.25, 0, 0]])
+    to_go = process_advantages(rewards, mask, step_index, 2, baseline="return_to_go")
+    # to-go row 0 [1.5, 1, 1], row 1 [1.5, 1.5, 1]; baselines [1.5, 1.25, 1]
+    close(to_go, [[0, 0, -0.25, -0.25, 0, 0], [0, 0, 0.25, 0.25, 0, 0]])
+
+
+def test_process_identical_rollouts_get_zero_and_groups_are_separate():
+    rewards = torch.tensor([[0.5, 1.0], [0.5, 1.0], [0.0, 0.0], [0.5, 1.0]])
+    step_index = torch.tensor([[0, 1]] * 4)
+    mask = torch.ones(4, 2)
+    for baseline in ("step_group", "return_to_go"):
+        out = process_advantages(rewards, mask, step_index, 2, baseline=baseline)
+        assert torch.equal(out[:2], torch.zeros(2, 2))
+        assert (out[2] < 0).all() and (out[3] > 0).all()
+
+
+def test_process_rejects_unindexed_completion_tokens_and_bad_baseline():
+    bad_index = STEP_INDEX.clone()
+    bad_index[0, 1] = -1
+    with pytest.raises(ValueError, match="step index"):
+        process_advantages(STEP_REWARDS, MASK, bad_index, 2)
+    with pytest.raises(ValueError, match="return_to_go"):
+        process_advantages(STEP_REWARDS, MASK, STEP_INDEX, 2, baseline="outcome")
+
+
+# --- GAE ------------------------------------------------------------------------------------------
+
+
+def gae_reference(rewards, values, mask, gamma, lam):
+    """Per-row loop over the row's completion tokens, the textbook recursion."""
+    advantages = torch.zeros_like(values, dtype=torch.float64)
+    for row in range(values.shape[0]):
+        columns = [t for t in range(values.shape[1]) if mask[row, t] > 0]
+        running = 0.0
+        for position in reversed(range(len(columns))):
+            t = columns[position]
+            next_value = values[row, columns[position + 1]].item() if position + 1 < len(columns) else 0.0
+            delta = rewards[row, t].item() + gamma * next_value - values[row, t].item()
+            running = delta + gamma * lam * running
+            advantages[row, t] = running
+    returns = (advantages + values.double()) * mask
+    return advantages, returns
+
+
+def test_gae_hand_worked_single_row():
+    # two completion tokens, gamma 1, lam 1: A = return - V
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[9.0, 0.5, 0.25, 9.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    advantages, returns = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    close(advantages, [[0, 0.5, 0.75, 0]])
+    close(returns, [[0, 1.0, 1.0, 0]])
+    # gamma .5, lam 0: A_t = r_t + .5 V_{t+1} - V_t
+    advantages, _ = gae(rewards, values, mask, gamma=0.5, lam=0.0)
+    close(advantages, [[0, 0.0 + 0.5 * 0.25 - 0.5, 1.0 - 0.25, 0]])
+
+
+def test_gae_matches_per_row_loop_on_ragged_masks():
+    generator = torch.Generator().manual_seed(0)
+    rows, length = 7, 11
+    rewards = torch.randn(rows, length, generator=generator)
+    values = torch.randn(rows, length, generator=generator)
+    starts = torch.randint(0, 4, (rows,), generator=generator)
+    ends = torch.randint(4, length + 1, (rows,), generator=generator)
+    columns = torch.arange(length)
+    mask = ((columns >= starts[:, None]) & (columns < ends[:, None])).float()
+    mask[0, 5] = 0.0  # a hole inside a completion is skipped
+    mask[1] = 0.0  # an empty completion
+    for gamma, lam in [(1.0, 0.95), (0.9, 0.5), (0.99, 1.0)]:
+        advantages, returns = gae(rewards, values, mask, gamma, lam)
+        expected_adv, expected_ret = gae_reference(rewards, values, mask, gamma, lam)
+        torch.testing.assert_close(advantages.double(), expected_adv, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(returns.double(), expected_ret, atol=1e-5, rtol=1e-5)
+    assert torch.equal(advantages[1], torch.zeros(length))
+    assert advantages[0, 5] == 0.0

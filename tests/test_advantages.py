@@ -191,7 +191,9 @@ def gae_reference(rewards, values, mask, gamma, lam):
         running = 0.0
         for position in reversed(range(len(columns))):
             t = columns[position]
-            next_value = values[row, columns[position + 1]].item() if position + 1 < len(columns) else 0.0
+            next_value = (
+                values[row, columns[position + 1]].item() if position + 1 < len(columns) else 0.0
+            )
             delta = rewards[row, t].item() + gamma * next_value - values[row, t].item()
             running = delta + gamma * lam * running
             advantages[row, t] = running

@@ -98,7 +98,9 @@ def rloo(rewards: torch.Tensor, group_size: int, **_other_options: object) -> to
     Equals R/(R-1) * (r_i - mean_g r); needs group_size >= 2.
     """
     if group_size < 2:
-        raise ValueError("rloo needs group_size >= 2 (the leave-one-out baseline of one rollout is empty)")
+        raise ValueError(
+            "rloo needs group_size >= 2 (the leave-one-out baseline of one rollout is empty)"
+        )
     groups = _grouped(rewards, group_size)  # [B, R]
     others_mean = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)  # [B, R]
     return _finish(groups, groups - others_mean)
@@ -158,7 +160,9 @@ def process_advantages(
     Every completion token must have a step index >= 0. Prompt and padding get 0.
     """
     if baseline not in ("step_group", "return_to_go"):
-        raise ValueError(f"process baseline must be 'step_group' or 'return_to_go', got {baseline!r}")
+        raise ValueError(
+            f"process baseline must be 'step_group' or 'return_to_go', got {baseline!r}"
+        )
     in_completion = completion_mask > 0  # [N, L]
     if (step_index[in_completion] < 0).any():
         raise ValueError("every completion token needs a step index >= 0")
@@ -192,7 +196,7 @@ def process_advantages(
         group_outcome = outcome.reshape(-1, group_size)  # [B, R]
         outcome_advantage = (group_outcome - group_outcome.mean(dim=1, keepdim=True)).reshape(-1)
 
-    token_advantage = step_advantage.gather(1, token_step) + outcome_advantage.unsqueeze(1)  # [N, L]
+    token_advantage = step_advantage.gather(1, token_step) + outcome_advantage[:, None]  # [N, L]
     return torch.where(in_completion, token_advantage, 0.0).float()
 
 

@@ -1,0 +1,143 @@
+"""Policy, KL and value losses on per-token tensors.
+
+Conventions: every tensor is [N, L] aligned with the rollout batch's columns, `completion_mask` is
+1 on the completion tokens that count, and a loss is what the optimizer minimises, so
+loss = -sum(w * objective) with w from `aggregation_weights`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def aggregation_weights(
+    completion_mask: torch.Tensor,  # [N, L]
+    agg: str,
+    constant: int | None = None,
+    *,
+    batch_tokens: float | None = None,
+    batch_sequences: int | None = None,
+) -> torch.Tensor:  # [N, L] float32, 0 off the mask
+    """Per-token weights w with loss = -sum_{n,t} w_{n,t} objective_{n,t}.
+
+    - "token_mean": w = 1 / T, T = completion tokens of the batch (DAPO, Yu et al. 2025).
+    - "seq_mean_token_mean": w = 1 / (N |y_n|), the mean over sequences of per-sequence token
+      means (GRPO, Shao et al. 2024); empty sequences count in N and contribute 0.
+    - "constant": w = 1 / (N * constant) (Dr. GRPO, Liu et al. 2025).
+
+    With gradient accumulation over micro-batches, pass the whole batch's `batch_tokens` (T) and
+    `batch_sequences` (N) so that the micro-batch weights sum to the full-batch loss; by default
+    they are counted from `completion_mask`.
+    """
+    mask = (completion_mask > 0).float()  # [N, L]
+    sequences = float(batch_sequences if batch_sequences is not None else mask.shape[0])
+    if agg == "token_mean":
+        tokens = batch_tokens if batch_tokens is not None else mask.sum()
+        return mask / torch.as_tensor(tokens, dtype=mask.dtype).clamp(min=1.0)
+    if agg == "seq_mean_token_mean":
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [N, 1]
+        return mask / lengths / max(sequences, 1.0)
+    if agg == "constant":
+        if constant is None or constant <= 0:
+            raise ValueError(f"loss_agg='constant' needs a positive constant, got {constant!r}")
+        return mask / (max(sequences, 1.0) * constant)
+    raise ValueError(f"unknown loss aggregation {agg!r}; known: {', '.join(AGGREGATIONS)}")
+
+
+def importance_ratio(
+    logprobs: torch.Tensor,  # [N, L] current policy, with grad
+    old_logprobs: torch.Tensor,  # [N, L] policy that produced the advantages
+    completion_mask: torch.Tensor,  # [N, L]
+    level: str = "token",
+) -> torch.Tensor:  # [N, L], 1 off the mask
+    """pi/pi_old per token, or GSPO's sequence ratio in its token form (Zheng et al. 2025).
+
+    "sequence": s_n = exp(mean_t (logp - old_logp)) over n's completion tokens, and each token
+    carries s_{n,t} = sg[s_n] * exp(logp_t - sg[logp_t]) (GSPO-token): its value is s_n and its
+    gradient s_n * grad logp_t, so with per-sequence advantages and "seq_mean_token_mean" the
+    gradient is GSPO's.
+    """
+    in_completion = completion_mask > 0  # [N, L]
+    log_ratio = torch.where(in_completion, logprobs - old_logprobs.detach(), 0.0)  # [N, L]
+    if level == "token":
+        return log_ratio.exp()
+    if level == "sequence":
+        lengths = in_completion.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
+        sequence_log_ratio = log_ratio.sum(dim=1, keepdim=True) / lengths  # [N, 1]
+        own_token = torch.where(in_completion, logprobs - logprobs.detach(), 0.0)  # [N, L] value 0
+        return torch.where(in_completion, (sequence_log_ratio.detach() + own_token).exp(), 1.0)
+    raise ValueError(
+        f"unknown importance_sampling_level {level!r}; known: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+    )
+
+
+def policy_loss(
+    logprobs: torch.Tensor,  # [N, L]
+    old_logprobs: torch.Tensor,  # [N, L]
+    advantages: torch.Tensor,  # [N, L]
+    completion_mask: torch.Tensor,  # [N, L]
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    agg: str = "token_mean",
+    constant: int | None = None,
+    importance_sampling_level: str = "token",
+    *,
+    batch_tokens: float | None = None,
+    batch_sequences: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip loss -sum w * min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A).
+
+    rho is `importance_ratio` at `importance_sampling_level`; w is `aggregation_weights`.
+    epsilon_high=None means epsilon (symmetric clip); epsilon_high > epsilon is DAPO's clip-higher.
+    Stats (detached 0-d tensors, plain means over completion tokens): "clip_frac" (tokens where
+    the clipped term is the active one), "clip_frac_low", "clip_frac_high", "ratio_mean".
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    in_completion = completion_mask > 0  # [N, L]
+    ratio = importance_ratio(logprobs, old_logprobs, completion_mask, importance_sampling_level)
+    clipped_ratio = ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)  # [N, L]
+    objective = torch.minimum(ratio * advantages, clipped_ratio * advantages)  # [N, L]
+    objective = torch.where(in_completion, objective, 0.0)
+    weights = aggregation_weights(
+        completion_mask, agg, constant, batch_tokens=batch_tokens, batch_sequences=batch_sequences
+    )  # [N, L]
+    loss = -(weights * objective).sum()
+
+    with torch.no_grad():
+        tokens = in_completion.sum().clamp(min=1)
+        clipped_low = (ratio < 1.0 - epsilon) & (advantages < 0) & in_completion  # [N, L]
+        clipped_high = (ratio > 1.0 + epsilon_high) & (advantages > 0) & in_completion  # [N, L]
+        stats = {
+            "clip_frac": (clipped_low | clipped_high).sum() / tokens,
+            "clip_frac_low": clipped_low.sum() / tokens,
+            "clip_frac_high": clipped_high.sum() / tokens,
+            "ratio_mean": (ratio * in_completion).sum() / tokens,
+        }
+    return loss, stats
+
+
+def kl_k3(
+    logprobs: torch.Tensor,  # [N, L]
+    ref_logprobs: torch.Tensor,  # [N, L]
+    completion_mask: torch.Tensor,  # [N, L]
+) -> torch.Tensor:  # [N, L], 0 off the mask
+    """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = ref_logp - logp.
+
+    Non-negative, unbiased under samples from pi (Schulman 2020, "Approximating KL divergence").
+    """
+    log_ratio = torch.where(completion_mask > 0, ref_logprobs - logprobs, 0.0)  # [N, L]
+    return log_ratio.exp() - log_ratio - 1.0
+
+
+def value_loss(
+    values: torch.Tensor,  # [N, L]
+    returns: torch.Tensor,  # [N, L]
+    completion_mask: torch.Tensor,  # [N, L]
+) -> torch.Tensor:  # scalar
+    """0.5 * mean over completion tokens of (V - return)^2; returns are treated as constants."""
+    in_completion = completion_mask > 0  # [N, L]
+    squared = torch.where(in_completion, (values - returns.detach()) ** 2, 0.0)  # [N, L]
+    return 0.5 * squared.sum() / in_completion.sum().clamp(min=1)

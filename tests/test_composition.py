@@ -1,0 +1,110 @@
+import math
+
+import pytest
+import torch
+
+from grpo_cli.probes.composition import (
+    composition_spectrum,
+    count_distinct_rows,
+    group_composition,
+    predicted_rank_measures,
+)
+from grpo_cli.probes.rank_measures import RANK_MEASURES, all_rank_measures, numerical_rank
+
+
+def orthonormal_rows(rows, columns, seed=0):  # [rows, columns]
+    generator = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(columns, rows, generator=generator, dtype=torch.float64))
+    return q.T
+
+
+def group_matrix(rewards, normalise=False):
+    """Rows = zero-sum advantage x orthonormal score vector."""
+    advantages = rewards - rewards.mean()
+    if normalise and advantages.abs().sum() > 0:
+        advantages = advantages / rewards.std(correction=0)
+    return advantages[:, None] * orthonormal_rows(len(rewards), 3 * len(rewards), seed=len(rewards))
+
+
+@pytest.mark.parametrize("group_size", [2, 3, 4, 5, 8, 10])
+def test_predictions_match_exact_spectra(group_size):
+    for successes in range(group_size + 1):
+        rewards = torch.zeros(group_size, dtype=torch.float64)
+        rewards[
+            torch.randperm(group_size, generator=torch.Generator().manual_seed(successes))[
+                :successes
+            ]
+        ] = 1.0
+        minority, majority = group_composition(rewards)
+        assert minority == min(successes, group_size - successes)
+        assert minority + majority == group_size
+
+        sigma = torch.linalg.svdvals(group_matrix(rewards))
+        spectrum = composition_spectrum(minority, majority)
+        torch.testing.assert_close(sigma * group_size, spectrum, atol=1e-9, rtol=0)
+
+        predicted = predicted_rank_measures(minority, majority)
+        for matrix in (group_matrix(rewards), group_matrix(rewards, normalise=True)):
+            exact = all_rank_measures(torch.linalg.svdvals(matrix))
+            for name in RANK_MEASURES:
+                assert predicted[name] == pytest.approx(exact[name], abs=1e-9), (successes, name)
+
+
+def test_hand_values_one_against_three():
+    predicted = predicted_rank_measures(1, 3)
+    assert torch.equal(
+        composition_spectrum(1, 3), torch.tensor([3.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    )
+    assert predicted["erank_entropy"] == pytest.approx(2 * math.sqrt(3))  # p = [1/2, 1/6, 1/6, 1/6]
+    assert predicted["stable_rank"] == pytest.approx(1 + 1 / 3)  # (9 + 3) / 9
+    assert predicted["participation_ratio"] == pytest.approx(144 / 84)  # 12^2 / (81 + 3)
+    # energies 9, 1, 1, 1 of 12: 0.9 needs 10.8 (k=3), 0.99 needs 11.88 (k=4)
+    assert predicted["energy_rank_90"] == 3.0
+    assert predicted["energy_rank_99"] == 4.0
+    assert predicted["numerical_rank"] == 4.0
+
+
+def test_balanced_group_has_full_rank():
+    predicted = predicted_rank_measures(4, 4)
+    for name in RANK_MEASURES:
+        assert predicted[name] == pytest.approx(8.0), name
+
+
+def test_zero_variance_group_predicts_zeros():
+    assert predicted_rank_measures(0, 6) == {name: 0.0 for name in RANK_MEASURES}
+    assert all_rank_measures(composition_spectrum(0, 6)) == predicted_rank_measures(0, 6)
+
+
+def test_minority_must_not_exceed_majority():
+    with pytest.raises(ValueError, match="minority <= majority"):
+        predicted_rank_measures(3, 1)
+
+
+def test_group_composition_cases():
+    assert group_composition(torch.tensor([1.0, 0, 0, 0])) == (1, 3)
+    assert group_composition(torch.tensor([1.0, 1, 0, 0])) == (2, 2)
+    assert group_composition(torch.tensor([1.0, 1, 1, 0])) == (1, 3)
+    assert group_composition(torch.tensor([0.3, 0.3, 0.3])) == (0, 3)
+    assert group_composition(torch.tensor([0.5, 0.5, -1.0, 0.5])) == (1, 3)
+
+
+def test_count_distinct_rows_with_and_without_mask():
+    tokens = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 9], [5, 6, 7, 0], [5, 6, 8, 0]])
+    assert count_distinct_rows(tokens) == 3
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0]])
+    assert count_distinct_rows(tokens, mask) == 2  # rows 0-2 agree on their completions
+    shorter = mask.clone()
+    shorter[2, 2] = 0  # row 2 stops one token earlier
+    assert count_distinct_rows(tokens, shorter) == 3
+
+
+def test_duplicated_rows_have_numerical_rank_equal_to_distinct_rows():
+    generator = torch.Generator().manual_seed(3)
+    completion_of_row = torch.tensor([0, 0, 1, 2, 2, 2, 3, 1])
+    tokens = torch.randint(1, 50, (4, 6), generator=generator)[completion_of_row]  # [8, 6]
+    scores = torch.randn(4, 40, generator=generator, dtype=torch.float64)[completion_of_row]
+    rewards = (completion_of_row == 0).double()  # completion 0 is the only correct one
+    matrix = (rewards - rewards.mean())[:, None] * scores
+    distinct = count_distinct_rows(tokens)
+    assert distinct == 4
+    assert numerical_rank(torch.linalg.svdvals(matrix)) == distinct

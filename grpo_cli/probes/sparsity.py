@@ -1,0 +1,56 @@
+"""Sparsity of a gradient: thresholded zero fraction and Hoyer's measure.
+
+Conventions: a tensor with no non-zero entry (all zeros, or empty) is fully sparse, 1.0 for both
+measures. `combined_sparsity` measures a list of tensors as their concatenation without building it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+def gradient_sparsity(g: torch.Tensor, rtol: float = 1e-3) -> float:
+    """Fraction of entries with |g| < rtol * max|g|; 1.0 when g has no non-zero entry."""
+    magnitude = g.detach().abs().reshape(-1)  # [n]
+    if magnitude.numel() == 0 or magnitude.max() == 0:
+        return 1.0
+    return float((magnitude < rtol * magnitude.max()).double().mean())
+
+
+def hoyer_from_norms(l1: float, l2: float, size: int) -> float:
+    """(sqrt(n) - L1/L2) / (sqrt(n) - 1) (Hoyer 2004); 1.0 if L2 = 0, 0.0 if n = 1."""
+    if l2 <= 0:
+        return 1.0
+    if size <= 1:
+        return 0.0
+    root = math.sqrt(size)
+    return min(max((root - l1 / l2) / (root - 1.0), 0.0), 1.0)
+
+
+def hoyer_sparsity(g: torch.Tensor) -> float:
+    """Hoyer's measure in [0, 1]: 1 for one non-zero entry, 0 for equal magnitudes everywhere."""
+    values = g.detach().reshape(-1).double()  # [n]
+    return hoyer_from_norms(float(values.abs().sum()), float(values.norm()), values.numel())
+
+
+def combined_sparsity(tensors: Iterable[torch.Tensor], rtol: float = 1e-3) -> dict[str, float]:
+    """{"sparsity", "hoyer"} of the concatenation of `tensors` (e.g. every parameter's gradient).
+
+    Two passes over the tensors, one float64 copy of a single tensor at a time.
+    """
+    tensors = [t.detach() for t in tensors]
+    peak = max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
+    size, below, l1, squares = 0, 0, 0.0, 0.0
+    for tensor in tensors:
+        values = tensor.reshape(-1).double().abs()  # [n_i]
+        size += values.numel()
+        below += int((values < rtol * peak).sum())
+        l1 += float(values.sum())
+        squares += float((values**2).sum())
+    return {
+        "sparsity": 1.0 if peak == 0 else below / size,
+        "hoyer": hoyer_from_norms(l1, math.sqrt(squares), size),
+    }

@@ -164,19 +164,6 @@ class Config:
     progress: bool = True  # show a progress bar
 
 
-GROUPS = {
-    "model": ModelConfig,
-    "task": TaskConfig,
-    "rollout": RolloutConfig,
-    "algorithm": AlgorithmConfig,
-    "analysis": AnalysisConfig,
-    "alarms": AlarmConfig,
-}
-
-
 def register_configs() -> None:
-    """Register the schema so that `conf/` YAML files are validated against it."""
-    store = ConfigStore.instance()
-    store.store(name="config_schema", node=Config)
-    for group, node in GROUPS.items():
-        store.store(group=group, name=f"{group}_schema", node=node)
+    """Register the schema so that every composed config is validated against it."""
+    ConfigStore.instance().store(name="config_schema", node=Config)

@@ -51,3 +51,47 @@ class RolloutBatch:
             completions=self.completions,
             problem_indices=self.problem_indices,
         )
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack batches of the same group size, re-padding prompts to a common length."""
+    if len(batches) == 1:
+        return batches[0]
+    group_sizes = {batch.group_size for batch in batches}
+    if len(group_sizes) != 1:
+        raise ValueError(f"cannot concatenate batches of group sizes {sorted(group_sizes)}")
+    prompt_length = max(batch.prompt_length for batch in batches)
+    completion_length = max(batch.input_ids.shape[1] - batch.prompt_length for batch in batches)
+
+    def pad(batch: RolloutBatch, tensor: torch.Tensor, value) -> torch.Tensor:
+        left = prompt_length - batch.prompt_length
+        right = completion_length - (batch.input_ids.shape[1] - batch.prompt_length)
+        return torch.nn.functional.pad(tensor, (left, right), value=value)
+
+    return RolloutBatch(
+        input_ids=torch.cat([pad(b, b.input_ids, pad_id) for b in batches]),
+        attention_mask=torch.cat([pad(b, b.attention_mask, 0) for b in batches]),
+        completion_mask=torch.cat([pad(b, b.completion_mask, 0.0) for b in batches]),
+        sampler_logprobs=torch.cat([pad(b, b.sampler_logprobs, 0.0) for b in batches]),
+        group_size=batches[0].group_size,
+        prompt_length=prompt_length,
+        completions=[text for b in batches for text in b.completions],
+        problem_indices=[index for b in batches for index in b.problem_indices],
+    )
+
+
+def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
+    """Keep only the given groups (in that order)."""
+    size = batch.group_size
+    rows = [group * size + member for group in groups for member in range(size)]
+    index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
+    return RolloutBatch(
+        input_ids=batch.input_ids[index],
+        attention_mask=batch.attention_mask[index],
+        completion_mask=batch.completion_mask[index],
+        sampler_logprobs=batch.sampler_logprobs[index],
+        group_size=size,
+        prompt_length=batch.prompt_length,
+        completions=[batch.completions[row] for row in rows],
+        problem_indices=[batch.problem_indices[group] for group in groups],
+    )

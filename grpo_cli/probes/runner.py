@@ -1,0 +1,198 @@
+"""Probe a training step: spectra and rank measures of every candidate gradient matrix.
+
+Per-rollout matrices (rollout_group, rollout_batch, score_group, group_batch) come from N x N
+Gram matrices in float64 (grpo_cli/probes/gram.py), never from an SVD of a P-wide matrix. Row i
+of the advantage-weighted matrix is the gradient of rollout i's loss contribution at the current
+weights, -sum_t w_it A_it grad log pi(y_it), with w the loss's aggregation weights (at ratio 1,
+the PPO-clip gradient); the score control drops A. Layer matrices are the captured batch
+gradients and accumulated updates of selected 2-D weights, decomposed with float64 svdvals.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_cli.probes.composition import count_distinct_rows, group_composition, predicted_rank_measures
+from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
+from grpo_cli.probes.per_sample import select_params
+from grpo_cli.probes.powerlaw import fit_power_law
+from grpo_cli.probes.rank_measure_names import RANK_MEASURES
+from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
+from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
+
+PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
+KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update")
+
+
+@dataclass
+class ProbeRows:
+    ranks: list[dict] = field(default_factory=list)  # rows of ranks.csv
+    spectra: list[dict] = field(default_factory=list)  # rows of spectra.parquet
+    metrics: dict = field(default_factory=dict)  # probe columns of metrics.csv
+
+
+def mean_abs_cosine(gram: torch.Tensor) -> float:  # gram [R, R]
+    """Mean |cos| between distinct rows, read off their Gram matrix (NaN when undefined)."""
+    norms = gram.diagonal().clamp(min=0).sqrt()  # [R]
+    keep = norms > 0
+    if int(keep.sum()) < 2:
+        return float("nan")
+    sub = gram[keep][:, keep] / torch.outer(norms[keep], norms[keep])
+    off = ~torch.eye(sub.shape[0], dtype=torch.bool)
+    return float(sub[off].abs().mean())
+
+
+class ProbeSuite:
+    """Which matrices to probe, when, and the reference weights W_0 for the update matrices."""
+
+    def __init__(self, analysis_cfg, model: torch.nn.Module, initial_path: Path):
+        unknown = set(analysis_cfg.matrices) - set(KNOWN_MATRICES)
+        if unknown:
+            raise ValueError(
+                f"analysis.matrices: unknown {sorted(unknown)}; known: {', '.join(KNOWN_MATRICES)}"
+            )
+        self.cfg = analysis_cfg
+        self.matrices = set(analysis_cfg.matrices)
+        pattern = re.compile(analysis_cfg.layer_regex)
+        self.layer_params = {
+            name: p
+            for name, p in model.named_parameters()
+            if p.requires_grad and p.ndim == 2 and pattern.search(name)
+        }
+        self.gram_params = select_params(model, analysis_cfg.param_regex)
+        self.initial = self._initial_layers(initial_path)
+        self._captured: dict[str, torch.Tensor] = {}
+        self._sparsity: dict[str, float] = {}
+
+    def _initial_layers(self, path: Path) -> dict[str, torch.Tensor]:
+        if "update" not in self.matrices:
+            return {}
+        if path.exists():
+            return torch.load(path, map_location="cpu")
+        initial = {name: p.detach().to("cpu", copy=True) for name, p in self.layer_params.items()}
+        torch.save(initial, path)
+        return initial
+
+    def due(self, step: int, total_steps: int) -> bool:
+        every = self.cfg.every
+        return every > 0 and (step % every == 0 or step == total_steps - 1)
+
+    def capture_layer_grads(self) -> dict[str, torch.Tensor]:
+        """Called after backward, before the optimizer step: batch gradients and sparsity."""
+        grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
+        self._sparsity = combined_sparsity(grads, self.cfg.sparsity_rtol) if grads else {}
+        return {
+            name: p.grad.detach().to(torch.float64, copy=True)
+            for name, p in self.layer_params.items()
+            if p.grad is not None
+        }
+
+    def record(self, step: int, output, model: torch.nn.Module) -> ProbeRows:
+        rows = ProbeRows()
+        rows.metrics = {
+            "grad_sparsity": self._sparsity.get("sparsity", float("nan")),
+            "grad_hoyer": self._sparsity.get("hoyer", float("nan")),
+        }
+        if self.matrices & set(PER_ROLLOUT_MATRICES):
+            self._per_rollout(step, output, model, rows)
+        if "layer" in self.matrices:
+            for name, grad in output.layer_grads.items():
+                self._layer_row(step, "layer", name, grad, rows)
+        if "update" in self.matrices:
+            for name, param in self.layer_params.items():
+                delta = param.detach().to("cpu", torch.float64) - self.initial[name].double()
+                self._layer_row(step, "update", name, delta, rows)
+        return rows
+
+    # ---- per-rollout matrices ------------------------------------------------------------------
+    def _per_rollout(self, step: int, output, model, rows: ProbeRows) -> None:
+        batch, weights = output.batch, output.loss_weights
+        size = batch.group_size
+        coeffs = {"advantage": -(weights * output.advantages)}
+        if "score_group" in self.matrices:
+            coeffs["score"] = weights
+        results = per_rollout_grams(
+            model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
+            method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
+        )  # one forward for both coefficient sets
+        grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
+        full = grams["advantage"]  # [N, N]
+        if "rollout_batch" in self.matrices:
+            self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full))
+        if "group_batch" in self.matrices:
+            self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
+        if "rollout_group" in self.matrices:
+            score_blocks = group_blocks(grams["score"], size) if "score" in grams else None
+            self._groups(step, "rollout_group", group_blocks(full, size), output, rows, score_blocks)
+        if "score_group" in self.matrices:
+            self._groups(step, "score_group", group_blocks(grams["score"], size), output, rows, None)
+
+    def _groups(self, step, matrix, blocks, output, rows: ProbeRows, score_blocks) -> None:
+        """One row per informative group, then mean/median aggregates over them."""
+        batch = output.batch
+        size = batch.group_size
+        advantages = output.advantages.reshape(-1, size, output.advantages.shape[-1])  # [B, R, L]
+        correct = output.scored.correct.reshape(-1, size)  # [B, R]
+        completion = batch.input_ids.reshape(-1, size, batch.input_ids.shape[-1])  # [B, R, L]
+        completion_mask = batch.completion_mask.reshape(-1, size, batch.completion_mask.shape[-1])
+        group_rows, zero_groups = [], 0
+        for index, block in enumerate(blocks):
+            if matrix == "rollout_group" and not bool(advantages[index].abs().gt(0).any()):
+                zero_groups += 1  # zero-advantage group: a zero matrix, kept out of the SVD
+                continue
+            sigma = singular_values_from_gram(block)
+            minority, majority = group_composition(correct[index])
+            extras = {
+                "minority": minority,
+                "majority": majority,
+                "distinct": count_distinct_rows(completion[index], completion_mask[index]),
+                "mean_abs_cosine": mean_abs_cosine(
+                    score_blocks[index] if score_blocks is not None else block
+                ),
+            }
+            if matrix == "rollout_group":
+                predicted = predicted_rank_measures(minority, majority, self.cfg.rank_rtol)
+                extras.update({f"pred_{name}": value for name, value in predicted.items()})
+            keep_spectrum = index < self.cfg.max_groups_saved
+            group_rows.append(
+                self._add(rows, step, matrix, f"g{index}", sigma, spectrum=keep_spectrum, **extras)
+            )
+        for aggregate, reduce in (("mean", statistics.fmean), ("median", statistics.median)):
+            row = {"step": step, "matrix": matrix, "layer": "", "group": aggregate,
+                   "n_rows": size, "n_zero_groups": zero_groups}
+            for column in RANK_MEASURES:
+                values = [r[column] for r in group_rows]
+                row[column] = reduce(values) if values else float("nan")
+            rows.ranks.append(row)
+
+    # ---- layer matrices ------------------------------------------------------------------------
+    def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows):
+        device = tensor.device if tensor.is_cuda else "cpu"
+        sigma = torch.linalg.svdvals(tensor.to(device, torch.float64)).cpu()
+        alpha, r2 = fit_power_law(sigma)
+        self._add(
+            rows, step, matrix, "all", sigma, layer=name,
+            sparsity=gradient_sparsity(tensor, self.cfg.sparsity_rtol),
+            hoyer=hoyer_sparsity(tensor),
+            powerlaw_alpha=alpha, powerlaw_r2=r2,
+        )
+
+    def _add(self, rows: ProbeRows, step, matrix, group, sigma, layer="", spectrum=True, **extras):
+        sigma = sigma.detach().double().cpu()
+        row = {"step": step, "matrix": matrix, "layer": layer, "group": group,
+               "n_rows": int(sigma.numel())}
+        row.update(all_rank_measures(sigma, self.cfg.rank_rtol))
+        row.update(extras)
+        rows.ranks.append(row)
+        if spectrum:
+            rows.spectra.extend(
+                {"step": step, "matrix": matrix, "layer": layer, "group": group, "k": k + 1,
+                 "sigma": float(value)}
+                for k, value in enumerate(sigma.tolist())
+            )
+        return row

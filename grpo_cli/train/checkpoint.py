@@ -1,0 +1,32 @@
+"""Resumable checkpoints: policy, optimizer, value head, alarm counters and the next step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def save_checkpoint(path: Path, next_step: int, trainer, monitor) -> None:
+    state = {
+        "next_step": next_step,
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "value_head": trainer.value_head.state_dict() if trainer.value_head is not None else None,
+        "alarms": monitor.state_dict(),
+    }
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    temporary.replace(path)
+
+
+def load_checkpoint(path: Path, trainer, monitor) -> int:
+    """Restore a run's state in place; return the step to continue from."""
+    state = torch.load(path, map_location=trainer.device, weights_only=False)
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.value_head is not None and state["value_head"] is not None:
+        trainer.value_head.load_state_dict(state["value_head"])
+    monitor.load_state_dict(state["alarms"])
+    trainer.backend.sync_weights(trainer.model)
+    return int(state["next_step"])

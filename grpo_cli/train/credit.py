@@ -1,0 +1,132 @@
+"""Rewards and advantages for one batch of rollouts: the credit-assignment stage of a step.
+
+Outcome estimators (grpo, dr_grpo, rloo, reinforce) give each rollout one scalar, broadcast to
+all of its tokens. `process` turns per-step rewards (checked calculator annotations) into
+per-token advantages; `ppo` uses GAE on a learned value head. See grpo_cli/algorithm/advantages.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_cli.algorithm.advantages import (
+    ESTIMATORS,
+    broadcast_to_tokens,
+    gae,
+    get_estimator,
+    process_advantages,
+)
+from grpo_cli.rollout.batch import RolloutBatch
+
+TOKEN_LEVEL_ESTIMATORS = ("ppo", "process")
+
+
+def known_estimators() -> list[str]:
+    return sorted(ESTIMATORS) + list(TOKEN_LEVEL_ESTIMATORS)
+
+
+@dataclass
+class ScoredBatch:
+    rewards: torch.Tensor  # [N] outcome reward used for advantages (after any overlong penalty)
+    correct: torch.Tensor  # [N] 1.0 where the final answer is right
+    step_rewards: torch.Tensor | None = None  # [N, L] process: step rewards on step-final tokens
+    step_index: torch.Tensor | None = None  # [N, L] process: step position of each token
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, scale: float):
+    """DAPO soft overlong punishment: 0 up to max-buffer, then linear down to -scale at max."""
+    if scale <= 0 or buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = (lengths.float() - (max_tokens - buffer)).clamp(min=0)  # [N]
+    return -scale * (excess / buffer).clamp(max=1.0)
+
+
+def token_char_ends(tokenizer, token_ids: list[int]) -> list[int]:
+    """Character offset at which each completion token's text ends (incremental decoding)."""
+    return [
+        len(tokenizer.decode(token_ids[: position + 1], skip_special_tokens=True))
+        for position in range(len(token_ids))
+    ]
+
+
+def step_tensors(
+    batch: RolloutBatch, step_checks: list[list], final_rewards: torch.Tensor, step_weight: float,
+    tokenizer,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Place each checked step's reward on its last token; return (step_rewards, step_index).
+
+    A correct step earns `step_weight`, a wrong one 0; the outcome reward lands on the last
+    completion token. Tokens up to the end of step k have step index k; tokens after the last
+    step form one more segment.
+    """
+    step_rewards = torch.zeros_like(batch.completion_mask)  # [N, L]
+    step_index = torch.full_like(batch.input_ids, -1)  # [N, L]
+    for row, checks in enumerate(step_checks):
+        columns = batch.completion_mask[row].nonzero().flatten().tolist()
+        if not columns:
+            continue
+        ids = batch.input_ids[row, columns].tolist()
+        ends = token_char_ends(tokenizer, ids)
+        segment = 0
+        check_iter = iter(sorted(checks, key=lambda check: check.end_char))
+        current = next(check_iter, None)
+        for column, end in zip(columns, ends, strict=True):
+            step_index[row, column] = segment
+            if current is not None and end >= current.end_char:
+                step_rewards[row, column] += step_weight if current.correct else 0.0
+                segment += 1
+                current = next(check_iter, None)
+        step_rewards[row, columns[-1]] += final_rewards[row]
+    return step_rewards, step_index
+
+
+def token_advantages(
+    algorithm_cfg,
+    batch: RolloutBatch,
+    scored: ScoredBatch,
+    values: torch.Tensor | None = None,  # [N, L] ppo: value of the state before each token
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages [N, L] for the configured estimator, and value targets [N, L] for ppo."""
+    name = algorithm_cfg.name
+    mask = batch.completion_mask
+    if name == "process":
+        if scored.step_rewards is None:
+            raise ValueError("algorithm=process needs step rewards from the task")
+        advantages = process_advantages(
+            scored.step_rewards,
+            mask,
+            scored.step_index,
+            batch.group_size,
+            baseline=algorithm_cfg.process_baseline,
+        )
+        return advantages, None
+    if name == "ppo":
+        if values is None:
+            raise ValueError("algorithm=ppo needs the value head's values")
+        last = mask.cumsum(1) == mask.sum(1, keepdim=True)  # [N, L] at/after last completion token
+        first_last = last & (mask > 0)
+        token_rewards = first_last.float() * scored.rewards.unsqueeze(1)  # [N, L]
+        return gae(token_rewards, values, mask, algorithm_cfg.gamma, algorithm_cfg.lam)
+    estimator = get_estimator(name)
+    per_rollout = estimator(
+        scored.rewards, batch.group_size, std=algorithm_cfg.std, std_epsilon=algorithm_cfg.std_epsilon
+    )  # [N]
+    return broadcast_to_tokens(per_rollout.to(mask.device), mask), None
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool
+    groups = rewards.reshape(-1, group_size)
+    return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
+
+
+def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Fraction of rollouts whose completion tokens all received the same advantage."""
+    in_completion = completion_mask > 0  # [N, L]
+    high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
+    low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
+    has_tokens = in_completion.any(dim=1)
+    scale = advantages.abs().max().clamp(min=1e-12)
+    uniform = ((high - low) <= 1e-6 * scale) | ~has_tokens
+    return uniform.float().mean().item()

@@ -1,0 +1,336 @@
+"""The GRPO loop, top to bottom: rollout -> reward -> advantage -> loss -> step -> probe -> log.
+
+Departures from the paper's (unspecified) setup, all configurable: advantages use the population
+std of the group (zero-variance groups get advantage 0, never NaN); the loss is the token-level
+PPO-clip surrogate with the aggregation of `algorithm.loss_agg`; the KL to the reference is a
+separate k3 loss term, off by default; sampler log-probs are recomputed by the policy and their
+difference logged (the log-prob mismatch guard).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_cli.algorithm.logprobs import token_logprobs_and_entropy
+from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
+from grpo_cli.train.alarms import expected_zero_variance_fraction
+from grpo_cli.train.credit import (
+    ScoredBatch,
+    credit_uniform_fraction,
+    overlong_penalty,
+    step_tensors,
+    token_advantages,
+    zero_variance_groups,
+)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the run stops with status failed."""
+
+
+@dataclass
+class StepOutput:
+    metrics: dict  # one row of metrics.csv
+    timings: dict  # one row of timings.csv
+    batch: RolloutBatch
+    advantages: torch.Tensor  # [N, L]
+    scored: ScoredBatch
+    loss_weights: torch.Tensor  # [N, L] aggregation weights used in the loss
+    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients (probe step)
+
+
+def step_seed(seed: int, step: int, salt: int = 0) -> int:
+    """Per-step seed, so a resumed run draws exactly what an uninterrupted one would."""
+    return (seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)
+
+
+def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False):
+    """One forward pass: per-token log-probs and entropies [N, L] (and final hidden states)."""
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        output_hidden_states=want_hidden,
+    )
+    logprobs, entropy = token_logprobs_and_entropy(output.logits, batch.input_ids)
+    hidden = output.hidden_states[-1] if want_hidden else None
+    return logprobs, entropy, hidden
+
+
+class GRPOTrainer:
+    """Owns the policy, optimizer, sampler and task for one run; `step()` does one GRPO update."""
+
+    def __init__(
+        self,
+        cfg,
+        model,
+        tokenizer,
+        task,
+        backend,
+        device: torch.device,
+        reference_model=None,
+        value_head=None,
+    ):
+        self.cfg = cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.backend = backend
+        self.device = device
+        self.reference_model = reference_model
+        self.value_head = value_head
+        algorithm = cfg.algorithm
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if value_head is not None:
+            trainable += list(value_head.parameters())
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=algorithm.lr, betas=tuple(algorithm.betas), weight_decay=algorithm.weight_decay
+        )
+        self.settings = SamplingSettings(
+            group_size=cfg.rollout.group_size,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+        )
+        self.prompt_ids = [
+            tokenizer(task.prompt(problem), add_special_tokens=False)["input_ids"]
+            for problem in task.train
+        ]
+
+    # ---- rollout and reward -------------------------------------------------------------------
+    def sample_problems(self, step: int, draw: int) -> list[int]:
+        rng = random.Random(step_seed(self.cfg.seed, step, salt=draw))
+        return rng.sample(range(len(self.task.train)), self.cfg.rollout.prompts_per_step)
+
+    def rollout(self, step: int, draw: int) -> RolloutBatch:
+        indices = self.sample_problems(step, draw)
+        batch = self.backend.generate(
+            [self.prompt_ids[i] for i in indices],
+            self.settings,
+            generator_seed=step_seed(self.cfg.seed, step, salt=100 + draw),
+        )
+        batch.problem_indices = indices
+        return batch.to(self.device)
+
+    def score(self, batch: RolloutBatch) -> ScoredBatch:
+        algorithm = self.cfg.algorithm
+        problems = [
+            self.task.train[index] for index in batch.problem_indices for _ in range(batch.group_size)
+        ]
+        correct = torch.tensor(
+            [self.task.reward(text, problem) for text, problem in zip(batch.completions, problems, strict=True)],
+            device=self.device,
+        )
+        rewards = correct + overlong_penalty(
+            batch.completion_lengths(), self.settings.max_new_tokens,
+            algorithm.overlong_buffer, algorithm.overlong_penalty,
+        )
+        scored = ScoredBatch(rewards=rewards, correct=correct)
+        if algorithm.name == "process":
+            checks = [
+                self.task.step_checks(text, problem)
+                for text, problem in zip(batch.completions, problems, strict=True)
+            ]
+            scored.step_rewards, scored.step_index = step_tensors(
+                batch, checks, rewards, algorithm.process_step_weight, self.tokenizer
+            )
+        return scored
+
+    def collect(self, step: int) -> tuple[RolloutBatch, ScoredBatch, int]:
+        """Rollouts for one step; with dynamic sampling, refill dropped zero-variance groups."""
+        algorithm = self.cfg.algorithm
+        batch = self.rollout(step, draw=0)
+        scored = self.score(batch)
+        if not algorithm.dynamic_sampling:
+            return batch, scored, 0
+        wanted = self.cfg.rollout.prompts_per_step
+        kept_batches, dropped = [], 0
+        candidate = batch
+        for draw in range(algorithm.dynamic_sampling_max_draws + 1):
+            if draw > 0:
+                candidate = self.rollout(step, draw)
+            candidate_scored = self.score(candidate)
+            informative = (~zero_variance_groups(candidate_scored.rewards, candidate.group_size)).nonzero()
+            informative = informative.flatten().tolist()
+            dropped += candidate.num_groups - len(informative)
+            have = sum(b.num_groups for b in kept_batches)
+            if informative:
+                kept_batches.append(select_groups(candidate, informative[: wanted - have]))
+            if sum(b.num_groups for b in kept_batches) >= wanted:
+                break
+        if not kept_batches:  # nothing informative within the cap: train on the last draw (zero grad)
+            kept_batches = [candidate]
+        batch = concat_batches(kept_batches, self.tokenizer.pad_token_id)
+        return batch, self.score(batch), dropped
+
+    # ---- update -------------------------------------------------------------------------------
+    def micro_batches(self, num_rows: int) -> list[torch.Tensor]:
+        size = max(1, self.cfg.algorithm.micro_batch_size)
+        return [torch.arange(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+    def old_logprobs_and_values(self, batch: RolloutBatch):
+        """Log-probs of the policy that sampled (and, for ppo, values) before any update."""
+        with torch.no_grad():
+            parts_lp, parts_v = [], []
+            for rows in self.micro_batches(batch.num_rollouts):
+                part = select_rows(batch, rows)
+                logprobs, _, hidden = forward_policy(self.model, part, want_hidden=self.value_head is not None)
+                parts_lp.append(logprobs)
+                if self.value_head is not None:
+                    parts_v.append(self.value_head(hidden))
+            values = torch.cat(parts_v) if parts_v else None
+            return torch.cat(parts_lp), values
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        if self.reference_model is None:
+            return None
+        with torch.no_grad():
+            return torch.cat(
+                [forward_policy(self.reference_model, select_rows(batch, rows))[0]
+                 for rows in self.micro_batches(batch.num_rollouts)]
+            )
+
+    def step(self, step: int, capture_layers: Callable[[], dict] | None = None) -> StepOutput:
+        """One GRPO step. `capture_layers` (probe steps) snapshots batch gradients before the update."""
+        algorithm = self.cfg.algorithm
+        clock = time.perf_counter()
+        batch, scored, dropped = self.collect(step)
+        time_rollout = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        mask = batch.completion_mask  # [N, L]
+        # With one pass over the batch the ratio is exactly 1 at the update, so the training
+        # forward's own detached log-probs serve as "old" and the extra forward is skipped.
+        single_pass = (
+            algorithm.num_iterations == 1 and self.value_head is None and algorithm.tis_cap <= 0
+        )
+        old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
+        advantages, returns = token_advantages(algorithm, batch, scored, values)  # [N, L]
+        tis = torch.ones_like(mask)
+        if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
+            tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
+        ref_logprobs = self.reference_logprobs(batch)
+        time_reward = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        constant = algorithm.loss_constant or self.settings.max_new_tokens
+        batch_tokens = float(mask.sum().item())
+        weights = aggregation_weights(
+            mask, algorithm.loss_agg, constant, batch_tokens=batch_tokens,
+            batch_sequences=batch.num_rollouts,
+        )  # [N, L]
+        layer_grads: dict[str, torch.Tensor] = {}
+        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
+        grad_norm = 0.0
+        self.model.train()
+        policy_logprobs = torch.zeros_like(mask)  # [N, L] first-pass log-probs, for the guard
+        for iteration in range(algorithm.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows in self.micro_batches(batch.num_rollouts):
+                part = select_rows(batch, rows)
+                part_mask = part.completion_mask
+                logprobs, entropy, hidden = forward_policy(
+                    self.model, part, want_hidden=self.value_head is not None
+                )
+                if iteration == 0:
+                    policy_logprobs[rows.to(mask.device)] = logprobs.detach()
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                pg_loss, stats = policy_loss(
+                    logprobs, old, advantages[rows] * tis[rows], part_mask,
+                    epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
+                    agg=algorithm.loss_agg, constant=constant,
+                    importance_sampling_level=algorithm.importance_sampling_level,
+                    batch_tokens=batch_tokens, batch_sequences=batch.num_rollouts,
+                )
+                loss = pg_loss
+                share = part_mask.sum().item() / max(batch_tokens, 1.0)
+                if ref_logprobs is not None:
+                    kl_tokens = kl_k3(logprobs, ref_logprobs[rows], part_mask)  # [n, L]
+                    kl_term = (weights[rows] * kl_tokens).sum()
+                    loss = loss + algorithm.kl_coef * kl_term
+                    totals["kl"] += (kl_tokens * part_mask).sum().item() / max(batch_tokens, 1.0)
+                if self.value_head is not None:
+                    part_values = self.value_head(hidden)
+                    v_loss = value_loss(part_values, returns[rows], part_mask)
+                    loss = loss + algorithm.value_coef * v_loss * share
+                    totals["value_loss"] += v_loss.item() * share
+                if not torch.isfinite(loss):
+                    raise NonFiniteLossError(
+                        f"step {step}: loss is {loss.item()} (pg_loss {pg_loss.item()}); "
+                        "lower algorithm.lr or check the rewards"
+                    )
+                loss.backward()
+                if iteration == 0:
+                    totals["loss"] += loss.item()
+                    totals["pg_loss"] += pg_loss.item()
+                    totals["clip"] += stats["clip_frac"].item() * share
+                    totals["entropy"] += (entropy.detach() * part_mask).sum().item() / max(batch_tokens, 1.0)
+            if iteration == 0 and capture_layers is not None:
+                layer_grads = capture_layers()
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            max_norm = algorithm.max_grad_norm if algorithm.max_grad_norm > 0 else math.inf
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if iteration == 0:
+                grad_norm = norm.item()
+            if not math.isfinite(grad_norm):
+                raise NonFiniteLossError(f"step {step}: gradient norm is {grad_norm}")
+            self.optimizer.step()
+        self.backend.sync_weights(self.model)
+        time_train = time.perf_counter() - clock
+
+        lengths = batch.completion_lengths()
+        in_completion = mask > 0
+        logprob_diff = (batch.sampler_logprobs - policy_logprobs).abs()[in_completion]
+        metrics = {
+            "step": step,
+            "reward_mean": scored.rewards.mean().item(),
+            "reward_std": scored.rewards.std(correction=0).item(),
+            "accuracy_train": scored.correct.mean().item(),
+            "zero_variance_frac": zero_variance_groups(scored.rewards, batch.group_size).float().mean().item(),
+            "expected_zero_variance_frac": expected_zero_variance_fraction(
+                scored.correct.mean().item(), batch.group_size
+            ),
+            "loss": totals["loss"],
+            "pg_loss": totals["pg_loss"],
+            "kl": totals["kl"] if ref_logprobs is not None else math.nan,
+            "value_loss": totals["value_loss"] if self.value_head is not None else math.nan,
+            "entropy": totals["entropy"],
+            "clip_frac": totals["clip"],
+            "grad_norm": grad_norm,
+            "completion_len_mean": lengths.float().mean().item(),
+            "completion_len_max": int(lengths.max().item()),
+            "tokens": int(batch_tokens),
+            "logprob_diff_mean": logprob_diff.mean().item() if logprob_diff.numel() else 0.0,
+            "logprob_diff_max": logprob_diff.max().item() if logprob_diff.numel() else 0.0,
+            "groups_dropped": dropped,
+            "credit_uniform_frac": credit_uniform_fraction(advantages, mask),
+        }
+        timings = {
+            "step": step,
+            "time_rollout": time_rollout,
+            "time_reward": time_reward,
+            "time_train": time_train,
+        }
+        return StepOutput(metrics, timings, batch, advantages, scored, weights, layer_grads)
+
+
+def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
+    """A row subset (micro-batch) of a rollout batch; group bookkeeping is not preserved."""
+    rows = rows.to(batch.input_ids.device)
+    return RolloutBatch(
+        input_ids=batch.input_ids[rows],
+        attention_mask=batch.attention_mask[rows],
+        completion_mask=batch.completion_mask[rows],
+        sampler_logprobs=batch.sampler_logprobs[rows],
+        group_size=batch.group_size,
+        prompt_length=batch.prompt_length,
+    )

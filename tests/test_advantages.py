@@ -171,6 +171,24 @@ def test_process_identical_rollouts_get_zero_and_groups_are_separate():
         assert (out[2] < 0).all() and (out[3] > 0).all()
 
 
+def test_process_outcome_rewards_separate_a_step_ending_on_the_last_token():
+    # the last calculator step ends on the last token: its 0.5 and the outcome 1 share a column
+    mask = torch.ones(2, 4)
+    step_index = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1]])
+    rewards = torch.tensor([[0, 0.5, 0, 1.5], [0, 0.5, 0, 0.0]])
+    outcome = torch.tensor([1.0, 0.0])
+    out = process_advantages(rewards, mask, step_index, 2, "step_group", outcome_rewards=outcome)
+    # steps: row 0 [.5, .5], row 1 [.5, 0] -> step 1 centred +-.25; outcome centred +-.5
+    close(out, [[0.5, 0.5, 0.75, 0.75], [-0.5, -0.5, -0.75, -0.75]])
+    merged = process_advantages(rewards, mask, step_index, 2, "step_group")
+    # without it the 1.5 on the last token is all outcome: +-.75 everywhere
+    close(merged, [[0.75] * 4, [-0.75] * 4])
+    to_go = process_advantages(
+        rewards, mask, step_index, 2, "return_to_go", outcome_rewards=outcome
+    )
+    close(to_go, process_advantages(rewards, mask, step_index, 2, "return_to_go"))
+
+
 def test_process_rejects_unindexed_completion_tokens_and_bad_baseline():
     bad_index = STEP_INDEX.clone()
     bad_index[0, 1] = -1

@@ -143,19 +143,21 @@ def process_advantages(
     step_index: torch.Tensor,  # [N, L] long, step position of each token, -1 on prompt/padding
     group_size: int,
     baseline: str = "step_group",
+    outcome_rewards: torch.Tensor | None = None,  # [N] outcome part of the last token's reward
 ) -> torch.Tensor:  # [N, L] float32
     """Token advantages from step-level rewards with a per-step group baseline.
 
-    Let r_{n,k} be the sum of rollout n's step_rewards over the tokens of step k, f_n the value at
-    its last completion token (the outcome reward) and, for a per-step quantity x_{n,k},
+    Let r_{n,k} be the sum of rollout n's step_rewards over the tokens of step k, f_n the outcome
+    reward (`outcome_rewards`, or if None the whole value at n's last completion token, which
+    step_rewards must include either way) and, for a per-step quantity x_{n,k},
     mean_k(x) the mean over the members of n's group that have a step k. A token of step k gets
 
     - "return_to_go": G_{n,k} - mean_k(G), with G_{n,k} = sum_{k' >= k} r_{n,k'} (gamma = 1;
       the outcome f_n sits in the last step, so it is part of every G).
     - "step_group": (s_{n,k} - mean_k(s)) + (f_n - mean_group(f)), with s_{n,k} = r_{n,k}
-      without the outcome (so a step that ends on the last completion token has its reward
-      counted as outcome). The outcome term is the same for all tokens of a rollout; tokens
-      differ where their steps' centred rewards differ.
+      minus f_n in the last step. The outcome term is the same for all tokens of a rollout;
+      tokens differ where their steps' centred rewards differ. Without `outcome_rewards`, a step
+      reward on the last completion token cannot be told apart and counts as outcome.
 
     Every completion token must have a step index >= 0. Prompt and padding get 0.
     """
@@ -173,11 +175,14 @@ def process_advantages(
     token_step = step_index.clamp(min=0)  # [N, L]
     rewards = torch.where(in_completion, step_rewards.double(), 0.0)  # [N, L]
 
-    has_completion = in_completion.any(dim=1)  # [N]
-    last_column = length - 1 - in_completion.flip(1).int().argmax(dim=1)  # [N]
-    is_last_token = torch.zeros_like(in_completion)  # [N, L]
-    is_last_token[has_completion, last_column[has_completion]] = True
-    outcome = (rewards * is_last_token).sum(dim=1)  # [N] f_n
+    has_completion = in_completion.any(dim=1, keepdim=True)  # [N, 1]
+    last_column = length - 1 - in_completion.flip(1).int().argmax(dim=1, keepdim=True)  # [N, 1]
+    # [N, L] True on each non-empty rollout's last completion token
+    is_last_token = torch.zeros_like(in_completion).scatter(1, last_column, has_completion)
+    if outcome_rewards is None:
+        outcome = (rewards * is_last_token).sum(dim=1)  # [N] f_n
+    else:
+        outcome = outcome_rewards.to(rewards).reshape(-1) * has_completion.squeeze(1)  # [N] f_n
 
     def per_step(token_values: torch.Tensor) -> torch.Tensor:  # [N, L] -> [N, K] sum per step
         zeros = torch.zeros(num_rows, num_steps, dtype=rewards.dtype, device=rewards.device)
@@ -191,7 +196,7 @@ def process_advantages(
         step_advantage = to_go - _group_mean_where_present(to_go, present, group_size)  # [N, K]
         outcome_advantage = torch.zeros_like(outcome)  # [N]
     else:
-        step_only = per_step(torch.where(is_last_token, 0.0, rewards))  # [N, K] s_{n,k}
+        step_only = per_step(rewards - is_last_token * outcome[:, None])  # [N, K] s_{n,k}
         step_advantage = step_only - _group_mean_where_present(step_only, present, group_size)
         group_outcome = outcome.reshape(-1, group_size)  # [B, R]
         outcome_advantage = (group_outcome - group_outcome.mean(dim=1, keepdim=True)).reshape(-1)

@@ -1,0 +1,88 @@
+"""Time the per-rollout Gram routes on a ~1M-parameter Llama (CPU by default).
+
+    OMP_NUM_THREADS=1 python scripts/bench_gram.py [--rollouts 32] [--tokens 48] [--device cpu]
+
+Prints seconds per call and the largest entrywise deviation from the naive reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpo_cli.probes.gram import ghost_gram, naive_gram, sketch_gram
+
+
+def tiny_llama(dtype: torch.dtype) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def padded_batch(rollouts: int, tokens: int, vocab: int, device: str):
+    """Left-padded prompts (tokens // 3 columns), right-padded completions, random coefficients."""
+    gen = torch.Generator().manual_seed(0)
+    prompt_len = tokens // 3
+    input_ids = torch.randint(1, vocab, (rollouts, tokens), generator=gen)  # [N, L]
+    attention_mask = torch.ones_like(input_ids)
+    for i in range(rollouts):
+        attention_mask[i, : i % prompt_len] = 0  # left padding of the prompt
+        attention_mask[i, tokens - (i % (tokens - prompt_len)) :] = 0  # right padding of completion
+    input_ids = input_ids * attention_mask
+    completion = attention_mask.clone()
+    completion[:, :prompt_len] = 0
+    coeff = torch.randn(rollouts, tokens, generator=gen) * completion  # [N, L]
+    return input_ids.to(device), attention_mask.to(device), coeff.to(device)
+
+
+def timed(fn, repeats: int):
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = fn()
+    return (time.perf_counter() - start) / repeats, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sketch-dim", type=int, default=1024)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = tiny_llama(getattr(torch, args.dtype)).to(args.device)
+    batch = padded_batch(args.rollouts, args.tokens, model.config.vocab_size, args.device)
+    print(
+        f"params {sum(p.numel() for p in model.parameters()):,}  N={args.rollouts}  "
+        f"L={args.tokens}  device={args.device}  dtype={args.dtype}"
+    )
+    t_ref, ref = timed(lambda: naive_gram(model, *batch), args.repeats)
+    scale = float(ref.gram.abs().max())
+    print(f"naive (per_sample)   {t_ref:8.3f} s")
+    for route in ("auto", "ghost", "materialize"):
+        t, res = timed(lambda route=route: ghost_gram(model, *batch, route=route), args.repeats)
+        err = float((res.gram - ref.gram).abs().max()) / scale
+        print(f"ghost route={route:<11} {t:8.3f} s  x{t_ref / t:5.1f}  max|dK|/max|K| {err:.1e}")
+    t, res = timed(lambda: sketch_gram(model, *batch, sketch_dim=args.sketch_dim), args.repeats)
+    err = float((res.gram - ref.gram).norm() / ref.gram.norm())
+    print(
+        f"sketch k={args.sketch_dim:<10} {t:8.3f} s  x{t_ref / t:5.1f}  ||dK||_F/||K||_F {err:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

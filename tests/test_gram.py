@@ -1,0 +1,319 @@
+"""Per-rollout Gram matrices: ghost / materialize / sketch routes against the naive reference."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpo_cli.probes.gram import (
+    ghost_gram,
+    gram_for_method,
+    group_blocks,
+    group_sum_gram,
+    naive_gram,
+    per_rollout_grams,
+    sketch_gram,
+    sketch_mse_bound,
+)
+from grpo_cli.probes.per_sample import per_sample_grads, rollout_objectives, select_params
+from grpo_cli.probes.rank_measures import singular_values_from_gram
+
+VOCAB, PAD = 32, 0
+
+
+def tiny_llama(dtype=torch.float64, tie=False, bias=True, seed=0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        pad_token_id=PAD,
+        attention_bias=bias,
+        mlp_bias=bias,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():  # non-trivial norm weights and biases, so their gradients are generic
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def padded_batch(prompt_lens, completion_lens, seed=0):
+    """Left-padded prompts, right-padded completions; coefficients random on completion tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    n, p, c = len(prompt_lens), max(prompt_lens), max(completion_lens)
+    input_ids = torch.full((n, p + c), PAD, dtype=torch.long)  # [N, L]
+    attention_mask = torch.zeros_like(input_ids)
+    completion_mask = torch.zeros(n, p + c)
+    for i, (pl, cl) in enumerate(zip(prompt_lens, completion_lens, strict=True)):
+        input_ids[i, p - pl : p + cl] = torch.randint(1, VOCAB, (pl + cl,), generator=gen)
+        attention_mask[i, p - pl : p + cl] = 1
+        completion_mask[i, p : p + cl] = 1
+    coeff = torch.randn(n, p + c, generator=gen) * completion_mask  # per-token advantages
+    return input_ids, attention_mask, completion_mask, coeff
+
+
+PROMPTS, COMPLETIONS = [3, 5, 4, 2, 5, 3], [2, 6, 4, 3, 1, 5]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return padded_batch(PROMPTS, COMPLETIONS)
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return tiny_llama(torch.float64)
+
+
+@pytest.fixture(scope="module")
+def reference64(model64, batch):
+    ids, mask, _, coeff = batch
+    return naive_gram(model64, ids, mask, coeff, per_param=True)
+
+
+def max_rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x - ref).abs().max() / ref.abs().max())
+
+
+def top_sv_rel(x: torch.Tensor, ref: torch.Tensor, k: int = 3) -> float:
+    sx, sr = singular_values_from_gram(x)[:k], singular_values_from_gram(ref)[:k]
+    return float(((sx - sr).abs() / sr).max())
+
+
+@pytest.mark.parametrize("route", ["auto", "ghost", "materialize"])
+def test_ghost_matches_naive_float64(model64, batch, reference64, route):
+    ids, mask, _, coeff = batch
+    result = ghost_gram(model64, ids, mask, coeff, route=route, per_param=True)
+    assert result.gram.dtype == torch.float64 and result.gram.shape == (6, 6)
+    assert max_rel(result.gram, reference64.gram) < 1e-6
+    assert top_sv_rel(result.gram, reference64.gram) < 1e-6
+    for name, ref in reference64.per_param.items():
+        assert (
+            float((result.per_param[name] - ref).abs().max())
+            <= 1e-6 * float(ref.abs().max()) + 1e-300
+        )
+    assert "per_sample" not in result.methods.values()
+    expected = {"direct", "ghost", "materialize"} if route == "auto" else {"direct", route}
+    assert set(result.methods.values()) == expected
+    assert result.methods["model.layers.0.input_layernorm.weight"] == "direct"
+
+
+def test_float32_model_agreement(batch):
+    """Measured: max entrywise deviation ~5e-8 of max|K| (float32 activations, float64 Gram)."""
+    ids, mask, _, coeff = batch
+    model = tiny_llama(torch.float32)
+    ref = naive_gram(model, ids, mask, coeff).gram
+    result = ghost_gram(model, ids, mask, coeff).gram
+    assert max_rel(result, ref) < 1e-5
+    assert top_sv_rel(result, ref) < 1e-5
+
+
+def test_tied_embeddings_and_padding_idx(batch):
+    ids, mask, _, coeff = batch
+    model = tiny_llama(torch.float64, tie=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.model.embed_tokens.padding_idx == PAD
+    ref = naive_gram(model, ids, mask, coeff, per_param=True)
+    for route in ("ghost", "materialize"):
+        result = ghost_gram(model, ids, mask, coeff, route=route, per_param=True)
+        assert "lm_head.weight" not in result.methods  # the tied weight counts once
+        assert result.methods["model.embed_tokens.weight"] == route
+        tied = "model.embed_tokens.weight"
+        assert max_rel(result.per_param[tied], ref.per_param[tied]) < 1e-6
+        assert max_rel(result.gram, ref.gram) < 1e-6
+
+
+def test_batch_rows_do_not_interact(model64, batch, reference64):
+    """The premise of the one-forward routes: row i's gradient is the same computed alone."""
+    ids, mask, _, coeff = batch
+    params = select_params(model64)
+    rows = []
+    for i in range(ids.shape[0]):
+        (f_i,) = rollout_objectives(model64, ids[i : i + 1], mask[i : i + 1], [coeff[i : i + 1]])
+        grads = per_sample_grads(f_i, params)
+        rows.append(torch.cat([g[0] for g in grads.values()]))
+    stacked = torch.stack(rows)  # [N, P]
+    assert max_rel(stacked @ stacked.T, reference64.gram) < 1e-9
+
+
+def test_param_regex_restriction(model64, batch, reference64):
+    ids, mask, _, coeff = batch
+    regex = r"layers\.1\.(self_attn|mlp)"
+    result = ghost_gram(model64, ids, mask, coeff, params=regex)
+    assert result.methods and all("layers.1." in name for name in result.methods)
+    assert len(result.methods) == 14  # 7 weights + 7 biases
+    restricted_ref = naive_gram(model64, ids, mask, coeff, params=regex).gram
+    assert max_rel(result.gram, restricted_ref) < 1e-6
+    assert max_rel(reference64.restrict(regex), restricted_ref) < 1e-12
+    assert max_rel(result.gram, reference64.gram) > 1e-3  # the restriction changes K
+
+
+def test_grads_and_hooks_untouched(batch):
+    ids, mask, _, coeff = batch
+    model = tiny_llama(torch.float64)
+    params = list(model.parameters())
+    for p in params[::2]:
+        p.grad = torch.randn_like(p)
+    before = [None if p.grad is None else p.grad.clone() for p in params]
+    ghost_gram(model, ids, mask, coeff)
+    sketch_gram(model, ids, mask, coeff, sketch_dim=16)
+    for p, g in zip(params, before, strict=True):
+        assert (p.grad is None) if g is None else torch.equal(p.grad, g)
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_hooks_with_kwargs
+        assert not module._backward_hooks and not module._forward_pre_hooks
+
+
+class ScaleOnly(nn.Module):
+    """An elementwise scale the hooks do not know: must go through the per-rollout fallback."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(1 + 0.1 * torch.randn(dim, dtype=torch.float64))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_unsupported_layer_falls_back(batch):
+    ids, mask, _, coeff = batch
+    model = tiny_llama(torch.float64)
+    model.model.layers[0].post_attention_layernorm = ScaleOnly(16)
+    result = ghost_gram(model, ids, mask, coeff, per_param=True)
+    name = "model.layers.0.post_attention_layernorm.scale"
+    assert result.methods[name] == "per_sample"
+    ref = naive_gram(model, ids, mask, coeff, per_param=True)
+    assert max_rel(result.per_param[name], ref.per_param[name]) < 1e-9
+    assert max_rel(result.gram, ref.gram) < 1e-6
+
+
+class ReusedHead(nn.Module):
+    """Reads its head weight once through nn.Linear and once functionally (invisible to hooks)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = nn.Embedding(VOCAB, 8, dtype=torch.float64)
+        self.head = nn.Linear(8, VOCAB, bias=False, dtype=torch.float64)
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        h = torch.tanh(self.embed(input_ids)).cumsum(1)  # [N, L, 8] causal mixing
+        logits = self.head(h) + 0.5 * F.linear(torch.sin(h), self.head.weight)
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_missed_use_is_detected_and_falls_back(batch):
+    ids, mask, _, coeff = batch
+    model = ReusedHead()
+    ref = naive_gram(model, ids, mask, coeff)
+    with pytest.warns(UserWarning, match="missed a use"):
+        result = ghost_gram(model, ids, mask, coeff)
+    assert result.methods == {"embed.weight": "ghost", "head.weight": "per_sample"}
+    assert max_rel(result.gram, ref.gram) < 1e-9
+    unchecked = ghost_gram(model, ids, mask, coeff, check=False)
+    assert max_rel(unchecked.gram, ref.gram) > 1e-2  # what the check protects against
+
+
+def test_sketch_error_within_documented_bound(model64, batch, reference64):
+    ids, mask, _, coeff = batch
+    sketch_dim, seeds = 64, 12
+    results = [
+        sketch_gram(model64, ids, mask, coeff, sketch_dim=sketch_dim, seed=s) for s in range(seeds)
+    ]
+    dims = results[0].sketch_dims
+    assert dims["lm_head.weight"] == (VOCAB, 8, 16, 8)
+    bound = (
+        sum(
+            sketch_mse_bound(float(reference64.per_param[name].trace()), *d)
+            for name, d in dims.items()
+        )
+        ** 0.5
+    )  # rms Frobenius error bound
+    errors = [float((r.gram - reference64.gram).norm()) for r in results]
+    assert errors[0] <= 3 * bound
+    assert (sum(e * e for e in errors) / seeds) ** 0.5 <= 1.5 * bound
+    mean = torch.stack([r.gram for r in results]).mean(0)  # unbiased: averaging shrinks the error
+    assert float((mean - reference64.gram).norm()) < 0.5 * min(errors[0], bound)
+    assert not torch.equal(results[0].gram, results[1].gram)
+    again = sketch_gram(model64, ids, mask, coeff, sketch_dim=sketch_dim, seed=0)
+    assert torch.equal(again.gram, results[0].gram)  # fixed seed, fixed sketch
+    exact = sketch_gram(model64, ids, mask, coeff, sketch_dim=VOCAB * 16)  # every side fits
+    assert max_rel(exact.gram, reference64.gram) < 1e-9
+
+
+def test_sketch_bound_formula():
+    assert sketch_mse_bound(2.0, 10, 10, 10, 10) == 0.0  # no side projected: exact
+    assert sketch_mse_bound(2.0, 10, 5, 10, 10) == pytest.approx(4 * 2 / 5)
+    assert sketch_mse_bound(2.0, 10, 5, 10, 4) == pytest.approx(4 * (2 / 4 + 2 / 5 * 1.5))
+
+
+def test_group_helpers_hand_computed():
+    gram = torch.arange(16, dtype=torch.float64).reshape(4, 4)
+    blocks = group_blocks(gram, group_size=2)
+    assert torch.equal(blocks, torch.tensor([[[0.0, 1], [4, 5]], [[10, 11], [14, 15]]]))
+    assert torch.equal(group_sum_gram(gram, 2), torch.tensor([[10.0, 18], [42, 50]]))
+    g = torch.tensor([[3.0, 0, 0], [0, 2, 0]])
+    assert torch.allclose(
+        singular_values_from_gram(g @ g.T), torch.tensor([3.0, 2.0], dtype=torch.float64)
+    )
+
+
+def test_group_helpers_match_explicit_gradients(model64, batch):
+    ids, mask, _, coeff = batch
+    group_size = 3
+    params = select_params(model64)
+    (rows,) = rollout_objectives(model64, ids, mask, [coeff])
+    grads = torch.cat(list(per_sample_grads(rows, params).values()), dim=1)  # [N, P]
+    gram = ghost_gram(model64, ids, mask, coeff).gram
+    blocks = group_blocks(gram, group_size)  # [B, R, R]
+    for b in range(2):
+        g_b = grads[b * group_size : (b + 1) * group_size]
+        assert max_rel(blocks[b], g_b @ g_b.T) < 1e-6
+    summed = grads.reshape(2, group_size, -1).sum(1)  # [B, P]
+    assert max_rel(group_sum_gram(gram, group_size), summed @ summed.T) < 1e-6
+
+
+def test_outcome_advantages_group_structure(model64, batch):
+    """R = 2, advantages (a, -a) per group and a zero-advantage group; K_adv = D_a K_score D_a."""
+    ids, mask, completion_mask, _ = batch
+    advantages = torch.tensor([0.7, -0.7, 1.3, -1.3, 0.0, 0.0])  # [N] outcome, per rollout
+    grams = per_rollout_grams(
+        model64,
+        ids,
+        mask,
+        {"adv": advantages[:, None] * completion_mask, "score": completion_mask},
+    )
+    k_adv, k_score = grams["adv"].gram, grams["score"].gram
+    # 1e-6, not 1e-12: token_logprobs backpropagates through float32 log-softmax
+    assert max_rel(k_adv, advantages[:, None] * k_score * advantages[None, :]) < 1e-6
+    blocks = group_blocks(k_adv, group_size=2)
+    for b in range(2):
+        sigma = singular_values_from_gram(blocks[b])
+        assert int((sigma > 1e-6 * sigma[0]).sum()) <= 2 and sigma[0] > 0
+    assert torch.equal(blocks[2], torch.zeros(2, 2, dtype=torch.float64))
+    assert torch.equal(k_adv[4:], torch.zeros(2, 6, dtype=torch.float64))
+
+
+def test_gram_for_method_dispatch(model64, batch, reference64):
+    ids, mask, _, coeff = batch
+    for method in ("auto", "ghost", "per_sample"):
+        result = gram_for_method(method, model64, ids, mask, coeff)
+        assert max_rel(result.gram, reference64.gram) < 1e-6
+    sketch = gram_for_method("sketch", model64, ids, mask, coeff, sketch_dim=VOCAB * 16)
+    assert max_rel(sketch.gram, reference64.gram) < 1e-9
+    with pytest.raises(ValueError, match="unknown gram method"):
+        gram_for_method("svd", model64, ids, mask, coeff)
+    with pytest.raises(ValueError, match="per_param=True"):
+        gram_for_method("auto", model64, ids, mask, coeff).restrict(".*")

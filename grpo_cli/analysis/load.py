@@ -1,0 +1,232 @@
+"""Read run directories (docs/results.md) into plain pandas tables.
+
+A run directory is recognised by `run.json` (or, when that was never written, `config.yaml` or
+`metrics.csv`); a sweep directory is any directory whose sub-directories are runs. Every file is
+optional: a missing or half-written file becomes an empty table and a line in `Run.problems`, so
+a sweep that is still running, or a run that crashed early, can always be analysed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+RUN_MARKERS = ("run.json", "config.yaml", "metrics.csv")
+SKIP_DIRS = {"analysis", "checkpoints", "__pycache__"}
+GROUP_SIZE_KEY = "rollout.group_size"
+SEED_KEY = "seed"
+# run.json fields that stand in for config keys when config.yaml is missing
+RUN_JSON_KEYS = {
+    "group_size": GROUP_SIZE_KEY,
+    "estimator": "algorithm.name",
+    "seed": SEED_KEY,
+    "model": "model.name",
+    "task": "task.name",
+}
+EMPTY_COLUMNS = {
+    "metrics.csv": ["step", "reward_mean"],
+    "eval.csv": ["step", "accuracy", "n", "greedy"],
+    "ranks.csv": ["step", "matrix", "layer", "group"],
+    "events.csv": ["step", "alarm", "value", "message"],
+}
+
+
+@dataclass
+class Run:
+    """One run directory, its status and its tables (empty when a file is missing)."""
+
+    path: Path
+    status: str  # completed | failed | incomplete (run.json says running, or is missing)
+    error: str | None  # run.json `error` for failed runs
+    info: dict[str, Any]  # run.json as written
+    config: dict[str, Any]  # config.yaml flattened to dotted keys, lists as tuples
+    metrics: pd.DataFrame  # metrics.csv, one row per optimizer step
+    evals: pd.DataFrame  # eval.csv
+    ranks: pd.DataFrame  # ranks.csv, `layer`/`group` as strings ("" when empty)
+    events: pd.DataFrame  # events.csv (training-health alarms)
+    spectra_path: Path | None  # spectra.parquet, read lazily (it can be large)
+    problems: list[str] = field(default_factory=list)  # missing or unreadable files
+    variant: str = ""  # label of the non-R, non-seed config keys (set by grouping)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def group_size(self) -> int | None:
+        value = self.config.get(GROUP_SIZE_KEY)
+        return None if value is None else int(value)
+
+    @property
+    def seed(self) -> int | None:
+        value = self.config.get(SEED_KEY)
+        return None if value is None else int(value)
+
+    @property
+    def experiment(self) -> str:
+        return str(self.config.get("experiment.name") or self.path.parent.name)
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [t["step"].max() for t in (self.metrics, self.ranks) if len(t)]
+        if self.info.get("last_step") is not None:
+            steps.append(self.info["last_step"])
+        steps = [s for s in steps if pd.notna(s)]
+        return int(max(steps)) if steps else None
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / marker).is_file() for marker in RUN_MARKERS)
+
+
+def find_run_dirs(path: Path, depth: int = 3) -> list[Path]:
+    """Run directories at or below `path` (a run, a sweep, or a results root), sorted."""
+    path = Path(path)
+    if is_run_dir(path):
+        return [path]
+    if depth == 0 or not path.is_dir():
+        return []
+    found: list[Path] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and not child.name.startswith(".") and child.name not in SKIP_DIRS:
+            found.extend(find_run_dirs(child, depth - 1))
+    return found
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b.c": value}; lists become tuples so that values are hashable."""
+    if isinstance(tree, dict):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    if isinstance(tree, list):
+        tree = tuple(tree)
+    return {prefix[:-1]: tree}
+
+
+def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:
+    empty = pd.DataFrame(columns=EMPTY_COLUMNS.get(path.name, ["step"]))
+    if not path.is_file():
+        problems.append(f"{path.name} missing")
+        return empty
+    try:
+        # a run still writing may leave a torn last line: skip it rather than fail
+        table = pd.read_csv(path, on_bad_lines="skip", dtype={"layer": str, "group": str})
+    except pd.errors.EmptyDataError:
+        return empty
+    except (OSError, ValueError, pd.errors.ParserError) as err:
+        problems.append(f"{path.name} unreadable ({err})")
+        return empty
+    if "step" in table:
+        table["step"] = pd.to_numeric(table["step"], errors="coerce")
+        table = table.dropna(subset=["step"]).astype({"step": int})
+    for column in ("layer", "group"):
+        if column in table:
+            table[column] = table[column].fillna("").astype(str)
+    return table.reset_index(drop=True)
+
+
+def _read_yaml(path: Path, problems: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        problems.append(f"{path.name} missing")
+        return {}
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        problems.append(f"{path.name} unreadable ({err})")
+        return {}
+    return flatten(tree) if isinstance(tree, dict) else {}
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        problems.append(f"{path.name} missing")
+        return {}
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        problems.append(f"{path.name} unreadable ({err})")
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def load_run(path: Path) -> Run:
+    """Read one run directory; never raises for missing or partial files."""
+    path = Path(path)
+    problems: list[str] = []
+    info = _read_json(path / "run.json", problems)
+    config = _read_yaml(path / "config.yaml", problems)
+    for info_key, config_key in RUN_JSON_KEYS.items():
+        if config.get(config_key) is None and info.get(info_key) is not None:
+            config[config_key] = info[info_key]
+    raw_status = info.get("status")
+    status = raw_status if raw_status in ("completed", "failed") else "incomplete"
+    spectra = path / "spectra.parquet"
+    if not spectra.is_file():
+        problems.append("spectra.parquet missing")
+    return Run(
+        path=path,
+        status=status,
+        error=info.get("error") if status == "failed" else None,
+        info=info,
+        config=config,
+        metrics=_read_csv(path / "metrics.csv", problems),
+        evals=_read_csv(path / "eval.csv", problems),
+        ranks=_read_csv(path / "ranks.csv", problems),
+        events=_read_csv(path / "events.csv", problems),
+        spectra_path=spectra if spectra.is_file() else None,
+        problems=problems,
+    )
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """Every run under `paths` (runs or sweeps), each directory once, in path order."""
+    seen: set[Path] = set()
+    runs: list[Run] = []
+    for path in paths:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no such directory: {path}")
+        for run_dir in find_run_dirs(Path(path)):
+            if run_dir.resolve() not in seen:
+                seen.add(run_dir.resolve())
+                runs.append(load_run(run_dir))
+    if not runs:
+        raise FileNotFoundError(
+            f"no run directories (containing {', '.join(RUN_MARKERS)}) under: "
+            + ", ".join(str(p) for p in paths)
+        )
+    return runs
+
+
+def read_spectra(run: Run, steps: list[int] | None = None) -> pd.DataFrame:
+    """spectra.parquet rows (optionally only `steps`); empty table if absent or unreadable."""
+    columns = ["step", "matrix", "layer", "group", "k", "sigma"]
+    if run.spectra_path is None:
+        return pd.DataFrame(columns=columns)
+    try:
+        filters = [("step", "in", [int(s) for s in steps])] if steps is not None else None
+        table = pd.read_parquet(run.spectra_path, filters=filters)
+    except Exception as err:  # a parquet file still being written raises many error types
+        run.problems.append(f"spectra.parquet unreadable ({type(err).__name__})")
+        return pd.DataFrame(columns=columns)
+    for column in ("layer", "group"):
+        if column in table:
+            table[column] = table[column].fillna("").astype(str)
+    return table
+
+
+def spectra_steps(run: Run) -> list[int]:
+    """Probe steps present in a run's spectra.parquet."""
+    if run.spectra_path is None:
+        return []
+    try:
+        steps = pd.read_parquet(run.spectra_path, columns=["step"])["step"]
+    except Exception:
+        return []
+    return sorted(int(s) for s in steps.unique())

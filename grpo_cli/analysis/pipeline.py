@@ -1,0 +1,192 @@
+"""`grpo analyze`: run directories in, summary tables, verdicts, figures and a report out.
+
+Status policy: failed runs are listed (with their error) and left out of every average, table
+and figure. Incomplete runs (run.json still says `running`, or is missing) are left out too unless
+`include_incomplete=True`, in which case their rows carry n_incomplete > 0 and their verdicts are
+marked provisional. If no run has completed yet, incomplete runs are included automatically (with
+a note), so a sweep can be watched while it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from grpo_cli.analysis import composition as comp
+from grpo_cli.analysis import plots, plots_training, report, style
+from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
+from grpo_cli.analysis.load import Run, load_runs
+from grpo_cli.analysis.summary import (
+    Rule,
+    accuracy_summary,
+    last_part_means,
+    matched_verdicts,
+    rank_summary,
+    verdicts,
+)
+from grpo_cli.analysis.tables import (
+    ALIGNS,
+    X_LABELS,
+    X_NOTES,
+    event_table,
+    measures_present,
+    metric_table,
+    progress_edges,
+    rank_table,
+    with_x,
+)
+
+FIGURES = {
+    "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
+               "end of training (or --steps), one colour per R, one line style per step.",
+    "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
+                      "triangles = training-health alarms (events.csv).",
+    "rank_vs_R": "Effective rank (mean over the last part of training) against R; dashed line at 2, "
+                 "grey band = tolerance; hollow markers = matched-progress means.",
+    "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
+    "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected "
+                "p^R + (1-p)^R) and KL, with alarms.",
+    "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
+                   "closed-form prediction for m = 1..R/2.",
+}
+DYNAMICS_COLUMNS = ["grad_sparsity", "entropy", "zero_variance_frac", "expected_zero_variance_frac", "kl"]
+
+
+@dataclass
+class AnalysisResult:
+    out_dir: Path  # where every file below was written
+    runs: list[Run]  # every run found, failed ones included
+    analysed: list[Run]  # the runs that enter averages, verdicts and figures
+    grouping: Grouping  # which config keys differ
+    measures: list[str]  # rank measures analysed
+    rule: Rule  # the verdict rule
+    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std, n_seeds
+    verdicts: pd.DataFrame  # one row per variant x matrix x measure (on last-part means)
+    matched: pd.DataFrame  # the same verdicts at matched progress
+    composition: pd.DataFrame  # mean |measured - predicted| of rollout_group per-group rows
+    accuracy: pd.DataFrame  # held-out accuracy at the first and last eval, per variant x R
+    title: str  # experiment name(s)
+    align: str  # x-axis of the rank and dynamics figures
+    matched_progress: str  # progress variable of the matched verdicts (reward or accuracy)
+    progress_bins: int
+    last_fraction: float
+    include_incomplete: bool
+    variant_columns: dict[str, str]  # variant config key -> display name
+    variant_values: dict[str, dict]  # variant label -> {config key: value}
+    notes: list[str] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
+
+
+def _select(runs: list[Run], include_incomplete: bool, notes: list[str]) -> tuple[list[Run], bool]:
+    usable = [r for r in runs if r.status != "failed"]
+    if not include_incomplete and usable and not any(r.status == "completed" for r in usable):
+        include_incomplete = True
+        notes.append("no run has completed yet, so incomplete runs are included and every "
+                     "verdict is provisional")
+    analysed = [r for r in usable if include_incomplete or r.status == "completed"]
+    unsized = [r.name for r in analysed if r.group_size is None]
+    if unsized:
+        notes.append(f"left out (group size unknown): {', '.join(unsized)}")
+    return [r for r in analysed if r.group_size is not None], include_incomplete
+
+
+def analyze(
+    paths: list[Path],
+    out: Path | None = None,
+    measure: str = "all",
+    align: str = "step",
+    tolerance: float = 0.5,
+    trend_threshold: float = 0.25,
+    last_fraction: float = 0.25,
+    steps: list[int] | None = None,
+    include_incomplete: bool = False,
+    progress_bins: int = 8,
+    figures: bool = True,
+) -> AnalysisResult:
+    """Analyse run or sweep directories; write summary.csv/.md, figures and report.html.
+
+    Output goes to `out`, or `<first path>/analysis/`. `measure` is "all" or one ranks.csv
+    measure; `align` ("step" | "reward" | "accuracy") is the x-axis of the rank and dynamics
+    figures; matched-progress verdicts use `align`, or the training reward when align="step".
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("give at least one run or sweep directory")
+    if align not in ALIGNS:
+        raise ValueError(f"align must be one of {', '.join(ALIGNS)}, not {align!r}")
+    if not 0 < last_fraction <= 1:
+        raise ValueError(f"last_fraction must be in (0, 1], not {last_fraction}")
+    runs = load_runs(paths)
+    notes: list[str] = []
+    analysed, include_incomplete = _select(runs, include_incomplete, notes)
+    grouping = group_runs(runs, basis=analysed)
+    measures = measures_present(analysed, measure)
+    rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
+
+    ranks = rank_table(analysed, measures)
+    summary = rank_summary(last_part_means(ranks, last_fraction))
+    matched_progress = align if align != "step" else "reward"
+    edges = progress_edges(analysed, matched_progress, progress_bins)
+    matched = matched_verdicts(with_x(ranks, analysed, matched_progress, edges), rule,
+                               matched_progress)
+    comp_table = comp.composition_table(analysed, measures)
+    experiments = sorted({r.experiment for r in runs})
+    result = AnalysisResult(
+        out_dir=Path(out) if out is not None else paths[0] / "analysis",
+        runs=runs, analysed=analysed, grouping=grouping, measures=measures, rule=rule,
+        summary=summary, verdicts=verdicts(summary, rule), matched=matched,
+        composition=comp.departure(comp_table), accuracy=accuracy_summary(analysed),
+        title=", ".join(experiments), align=align, matched_progress=matched_progress,
+        progress_bins=progress_bins, last_fraction=last_fraction,
+        include_incomplete=include_incomplete,
+        variant_columns={k: display_name(k) for k in grouping.variant_keys},
+        variant_values={r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs},
+        notes=notes,
+    )
+    result.out_dir.mkdir(parents=True, exist_ok=True)
+    if figures:
+        result.figures = _figures(result, ranks, comp_table, steps)
+    _write(result)
+    return result
+
+
+def _figures(result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame,
+             steps: list[int] | None) -> dict[str, Path]:
+    runs, align, title = result.analysed, result.align, result.title
+    styles = style.Styles([r.variant for r in runs])
+    edges = progress_edges(runs, align, result.progress_bins)
+    alarms = with_x(event_table(runs), runs, align, edges)
+    alarms["x"] = alarms["progress"]  # alarms sit at their exact progress, not a bin centre
+    xlabel = X_LABELS[align]
+    if align != "step":
+        title = (f"{title} [{X_NOTES[align]}, {result.progress_bins} equal-width bins, "
+                 "each run averaged within a bin]")
+    per_run = last_part_means(ranks, result.last_fraction)
+    made = {
+        "spectra": plots.spectra_figure(runs, steps, styles, result.title),
+        "effective_rank": plots.effective_rank_figure(
+            with_x(ranks, runs, align, edges), alarms, result.measures, styles, title, xlabel),
+        "rank_vs_R": plots.rank_vs_r_figure(per_run, result.summary, result.matched,
+                                            result.measures, styles, result.title, result.rule,
+                                            result.last_fraction),
+        "accuracy": plots_training.accuracy_figure(runs, styles, result.title),
+        "dynamics": plots_training.dynamics_figure(
+            with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges), alarms, styles,
+            title, xlabel),
+        "composition": plots.composition_figure(comp_table, result.measures, styles,
+                                                result.title),
+    }
+    return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
+
+
+def _write(result: AnalysisResult) -> None:
+    out = result.out_dir
+    report.summary_frame(result).to_csv(out / "summary.csv", index=False)
+    content = report.blocks(result)
+    (out / "summary.md").write_text(report.render_markdown(content))
+    (out / "report.html").write_text(report.render_html(content, result.figures, FIGURES))
+    result.files = {"summary_csv": out / "summary.csv", "summary_md": out / "summary.md",
+                    "report": out / "report.html"}

@@ -1,0 +1,235 @@
+"""Rank figures: spectra, effective rank over training, rank vs R, group composition.
+
+Spectra aggregation (said in each panel title): per-group matrices average the normalised
+spectra of their groups; `layer`/`update` average the normalised spectra of all layers, cut to
+the shortest layer's length; other matrices show the whole-matrix spectrum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from grpo_cli.analysis.composition import prediction_curve
+from grpo_cli.analysis.load import Run, read_spectra, spectra_steps
+from grpo_cli.analysis.measures import MEASURE_LABELS
+from grpo_cli.analysis.style import (
+    Styles,
+    band,
+    draw_alarms,
+    empty_figure,
+    new_figure,
+    no_data,
+    r_color,
+)
+from grpo_cli.analysis.summary import Rule, verdict_rows
+from grpo_cli.analysis.tables import LAYER_MATRICES, PER_GROUP_MATRICES, curves, ordered_matrices
+
+STEP_STYLES = ("-", "--", ":", "-.")
+SPECTRUM_NOTES = {m: "mean over groups" for m in PER_GROUP_MATRICES} | {
+    m: "mean over layers" for m in LAYER_MATRICES
+}
+
+
+def default_steps(steps_per_run: list[list[int]]) -> list[int]:
+    """Start, middle and end of the steps every run has (of all runs' steps if none is shared)."""
+    sets = [set(s) for s in steps_per_run if s]
+    pool = sorted(set.intersection(*sets) or set.union(*sets)) if sets else []
+    if not pool:
+        return []
+    middle = min(pool, key=lambda s: abs(s - (pool[0] + pool[-1]) / 2))
+    return sorted({pool[0], middle, pool[-1]})
+
+
+def normalised_spectra(table: pd.DataFrame) -> pd.DataFrame:
+    """matrix, index (1-based, descending), value = sigma_index / sigma_1, aggregated per matrix."""
+    table = table[pd.to_numeric(table["sigma"], errors="coerce").notna()].copy()
+    table["sigma"] = table["sigma"].astype(float)
+    keys = ["matrix", "layer", "group"]
+    table = table.sort_values([*keys, "sigma"], ascending=[True, True, True, False])
+    table["index"] = table.groupby(keys).cumcount() + 1
+    top = table.groupby(keys)["sigma"].transform("max")
+    table = table[top > 0].assign(value=lambda t: t["sigma"] / top[top > 0])
+    parts = []
+    for matrix, rows in table.groupby("matrix"):
+        if matrix in PER_GROUP_MATRICES:
+            rows = rows[rows["group"].str.match(r"g\d")]
+        elif matrix in LAYER_MATRICES:
+            shortest = rows.groupby(["layer", "group"])["index"].max().min()
+            rows = rows[rows["index"] <= shortest]
+        else:
+            rows = rows[rows["group"].isin(["all", ""])]
+        parts.append(rows.groupby("index", as_index=False)["value"].mean().assign(matrix=matrix))
+    return pd.concat(parts) if parts else pd.DataFrame(columns=["index", "value", "matrix"])
+
+
+def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, title: str) -> Figure:
+    available = {str(run.path): spectra_steps(run) for run in runs}
+    chosen = sorted(steps) if steps else default_steps(list(available.values()))
+    parts = []
+    for run in runs:
+        have = available[str(run.path)]
+        if not have or not chosen:
+            continue
+        nearest = {s: min(have, key=lambda a, s=s: abs(a - s)) for s in chosen}
+        table = read_spectra(run, sorted(set(nearest.values())))
+        for wanted, actual in nearest.items():
+            spectrum = normalised_spectra(table[table["step"] == actual])
+            parts.append(spectrum.assign(step=wanted, group_size=run.group_size, variant=run.variant))
+    if not parts or all(p.empty for p in parts):
+        return empty_figure(f"{title}: singular-value spectra", "no spectra.parquet data")
+    data = pd.concat(parts).groupby(["variant", "matrix", "group_size", "step", "index"],
+                                    as_index=False)["value"].mean()
+    matrices, variants = ordered_matrices(data["matrix"].unique()), styles.variants
+    grid = new_figure(len(matrices), len(variants), width=4.6, height=3.0)
+    for i, matrix in enumerate(matrices):
+        for j, variant in enumerate(variants):
+            ax = grid.axes[i][j]
+            panel = data[(data["matrix"] == matrix) & (data["variant"] == variant)]
+            if panel.empty:
+                no_data(ax)
+                continue
+            for (size, step), curve in panel.groupby(["group_size", "step"]):
+                style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
+                ax.plot(curve["index"], curve["value"].clip(lower=1e-12), color=r_color(size),
+                        ls=style, lw=1.4, marker="." if len(curve) <= 16 else None)
+            ax.set_yscale("log")
+            if panel["index"].max() > 64:
+                ax.set_xscale("log")
+            note = SPECTRUM_NOTES.get(matrix, "whole matrix")
+            ax.set_title(f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""),
+                         fontsize=9)
+            ax.set_xlabel("singular-value index k")
+            ax.set_ylabel("sigma_k / sigma_1")
+            ax.grid(alpha=0.3)
+    handles = styles.legend_handles(data["group_size"].unique())
+    handles += [Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
+                for i, s in enumerate(chosen)]
+    return grid.finish(f"{title}: normalised singular-value spectra sigma_k / sigma_1 (mean over "
+                       "seeds; per-group matrices: mean over groups; layer/update: mean over "
+                       "layers, cut to the shortest layer)", handles)
+
+
+def effective_rank_figure(ranks_x: pd.DataFrame, alarms: pd.DataFrame, measures: list[str],
+                          styles: Styles, title: str, xlabel: str) -> Figure:
+    table = verdict_rows(ranks_x)
+    if table.empty:
+        return empty_figure(f"{title}: effective rank", "no ranks.csv data")
+    data = curves(table, ["matrix", "measure"])
+    matrices = ordered_matrices(data["matrix"].unique())
+    grid = new_figure(len(matrices), len(measures), width=3.3, height=2.8)
+    for i, matrix in enumerate(matrices):
+        for j, measure in enumerate(measures):
+            ax = grid.axes[i][j]
+            panel = data[(data["matrix"] == matrix) & (data["measure"] == measure)]
+            if panel.empty:
+                no_data(ax)
+                continue
+            for (size, variant), curve in panel.groupby(["group_size", "variant"]):
+                band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+            ax.axhline(2.0, color="0.5", ls="--", lw=0.8)
+            draw_alarms(ax, alarms)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(MEASURE_LABELS.get(measure, measure), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"{matrix}\neffective rank")
+            if i == len(matrices) - 1:
+                ax.set_xlabel(xlabel)
+    handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
+    handles.append(Line2D([], [], color="0.5", ls="--", lw=0.8, label="rank 2 (claim)"))
+    return grid.finish(f"{title}: effective rank (line: mean over seeds, band: min-max; "
+                       "per-group matrices: mean over groups, layer/update: mean over layers)",
+                       handles)
+
+
+def rank_vs_r_figure(per_run: pd.DataFrame, summary: pd.DataFrame, matched: pd.DataFrame,
+                     measures: list[str], styles: Styles, title: str, rule: Rule,
+                     last_fraction: float) -> Figure:
+    points, means = verdict_rows(per_run), verdict_rows(summary)
+    if means.empty:
+        return empty_figure(f"{title}: effective rank vs R", "no ranks.csv data")
+    matrices = ordered_matrices(means["matrix"].unique())
+    grid = new_figure(len(matrices), len(measures), width=3.1, height=2.8)
+    sizes = sorted(int(r) for r in means["group_size"].unique())
+    for i, matrix in enumerate(matrices):
+        for j, measure in enumerate(measures):
+            ax = grid.axes[i][j]
+            sel = (means["matrix"] == matrix) & (means["measure"] == measure)
+            if not sel.any():
+                no_data(ax)
+                continue
+            ax.axhspan(rule.target - rule.tolerance, rule.target + rule.tolerance, color="0.9")
+            ax.axhline(rule.target, color="k", ls="--", lw=1)
+            for variant, part in means[sel].groupby("variant"):
+                part = part.sort_values("group_size")
+                ax.plot(part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1)
+                colors = [r_color(r) for r in part["group_size"]]
+                spread = part["std"].fillna(0.0)
+                ax.vlines(part["group_size"], part["mean"] - spread, part["mean"] + spread,
+                          colors=colors, lw=1.5)
+                ax.scatter(part["group_size"], part["mean"], c=colors, s=36, zorder=3,
+                           marker=styles.marker(variant))
+                seeds = points[(points["matrix"] == matrix) & (points["measure"] == measure)
+                               & (points["variant"] == variant)]
+                ax.scatter(seeds["group_size"], seeds["value"], s=9, alpha=0.5,
+                           c=[r_color(r) for r in seeds["group_size"]])
+                hit = matched[(matched["matrix"] == matrix) & (matched["measure"] == measure)
+                              & (matched["variant"] == variant)] if not matched.empty else matched
+                for values in hit.get("means", []):
+                    for size, value in values.items():
+                        ax.scatter([size], [value], s=60, facecolors="none", linewidths=1.2,
+                                   edgecolors=r_color(size), marker=styles.marker(variant))
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(r) for r in sizes])
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(MEASURE_LABELS.get(measure, measure), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"{matrix}\neffective rank")
+            if i == len(matrices) - 1:
+                ax.set_xlabel("group size R")
+    handles = styles.legend_handles(sizes) + [
+        Line2D([], [], color="0.3", marker="o", ls="", label="mean +- std over seeds"),
+        Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="single seed"),
+        Line2D([], [], color="0.3", marker="o", ls="", mfc="none", label="matched progress"),
+        Line2D([], [], color="k", ls="--", label=f"rank {rule.target:g} +- {rule.tolerance:g}"),
+    ]
+    return grid.finish(f"{title}: effective rank vs group size R (mean over the last "
+                       f"{last_fraction:.0%} of probe steps)", handles)
+
+
+def composition_figure(table: pd.DataFrame, measures: list[str], styles: Styles, title: str,
+                       rank_rtol: float = 1e-6) -> Figure:
+    if table.empty:
+        return empty_figure(f"{title}: rollout_group rank vs group composition",
+                            "no per-group rollout_group rows with `minority` in ranks.csv")
+    variants = sorted(table["variant"].unique())
+    present = [m for m in measures if m in set(table["measure"])]
+    grid = new_figure(len(variants), len(present), width=3.3, height=3.0)
+    jitter = np.random.default_rng(0)
+    for i, variant in enumerate(variants):
+        for j, measure in enumerate(present):
+            ax = grid.axes[i][j]
+            panel = table[(table["variant"] == variant) & (table["measure"] == measure)]
+            for size, rows in panel.groupby("group_size"):
+                rows = rows.sample(min(len(rows), 1500), random_state=0)
+                x = rows["minority_frac"] + jitter.uniform(-0.012, 0.012, len(rows))
+                ax.scatter(x, rows["measured"], s=8, alpha=0.3, color=r_color(size), lw=0)
+                frac, pred = prediction_curve(measure, int(size), rank_rtol)
+                ax.plot(frac, pred, color=r_color(size), lw=1.5, marker="D", ms=5, mec="white")
+            ax.grid(alpha=0.3)
+            ax.set_title(MEASURE_LABELS.get(measure, measure)
+                         + (f"\n{variant}" if len(variants) > 1 else ""), fontsize=9)
+            ax.set_xlabel("minority fraction m/R")
+            if j == 0:
+                ax.set_ylabel("effective rank (per group)")
+    handles = styles.legend_handles(table["group_size"].unique()) + [
+        Line2D([], [], color="0.3", marker=".", ls="", label="measured (one group)"),
+        Line2D([], [], color="0.3", marker="D", mec="white", label="closed form, m=1..R/2"),
+    ]
+    return grid.finish(f"{title}: rollout_group per-group rank vs minority fraction m/R, with "
+                       "the closed-form composition prediction (singular values M, m times, and "
+                       "m, M times)", handles)

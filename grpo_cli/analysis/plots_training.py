@@ -1,0 +1,98 @@
+"""Training figures: held-out accuracy and reward, and training dynamics with alarms."""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.style import (
+    Styles,
+    band,
+    draw_alarms,
+    empty_figure,
+    new_figure,
+    no_data,
+    r_color,
+)
+from grpo_cli.analysis.tables import (
+    REWARD_WINDOW,
+    accuracy_curve,
+    curves,
+    reward_curve,
+    run_meta,
+)
+
+DYNAMICS = {
+    "grad_sparsity": "gradient sparsity (fraction)",
+    "entropy": "token entropy (nats)",
+    "zero_variance_frac": "zero-variance groups (fraction)",
+    "kl": "KL to reference (nats)",
+}
+
+
+def _long(runs: list[Run], curve_of) -> pd.DataFrame:
+    parts = []
+    for run in runs:
+        curve = curve_of(run)
+        if len(curve):
+            parts.append(pd.DataFrame({"step": curve["step"].to_numpy(), "x": curve["step"].to_numpy(),
+                                       "value": curve.iloc[:, 1].to_numpy()}).assign(**run_meta(run)))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def accuracy_figure(runs: list[Run], styles: Styles, title: str) -> Figure:
+    panels = [
+        (_long(runs, accuracy_curve), "held-out accuracy (fraction)", "held-out accuracy (eval.csv)"),
+        (_long(runs, reward_curve), f"training reward (rolling mean, {REWARD_WINDOW} steps)",
+         "training reward (metrics.csv reward_mean)"),
+    ]
+    if all(table.empty for table, _, _ in panels):
+        return empty_figure(f"{title}: accuracy and reward", "no eval.csv or metrics.csv data")
+    grid = new_figure(1, 2, width=5.2, height=3.8)
+    sizes = set()
+    for ax, (table, ylabel, panel_title) in zip(grid.axes[0], panels, strict=True):
+        if table.empty:
+            no_data(ax)
+            continue
+        for (size, variant), curve in curves(table, []).groupby(["group_size", "variant"]):
+            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+            sizes.add(size)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel_title, fontsize=10)
+        ax.grid(alpha=0.3)
+    handles = styles.legend_handles(sizes)
+    return grid.finish(f"{title}: held-out accuracy and training reward (mean over seeds, band: "
+                       "min-max)", handles)
+
+
+def dynamics_figure(metrics_x: pd.DataFrame, alarms: pd.DataFrame, styles: Styles, title: str,
+                    xlabel: str) -> Figure:
+    """grad_sparsity, entropy, zero_variance_frac (expected value dashed) and kl vs step/progress."""
+    if metrics_x.empty:
+        return empty_figure(f"{title}: training dynamics", "no metrics.csv data")
+    data = curves(metrics_x, ["metric"])
+    grid = new_figure(2, 2, width=5.2, height=3.4)
+    for ax, (metric, ylabel) in zip([a for row in grid.axes for a in row], DYNAMICS.items(), strict=True):
+        panel = data[data["metric"] == metric]
+        if panel.empty:
+            no_data(ax, f"no {metric} in metrics.csv")
+            ax.set_title(metric, fontsize=10)
+            continue
+        for (size, variant), curve in panel.groupby(["group_size", "variant"]):
+            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+        if metric == "zero_variance_frac":
+            expected = data[data["metric"] == "expected_zero_variance_frac"]
+            for (size, _), curve in expected.groupby(["group_size", "variant"]):
+                ax.plot(curve["x"], curve["mean"], color=r_color(size), ls="--", lw=1.0, alpha=0.8)
+        draw_alarms(ax, alarms)
+        ax.set_title(metric, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
+    handles.append(Line2D([], [], color="0.3", ls="--", lw=1.0,
+                          label="expected zero-variance frac, p^R + (1-p)^R"))
+    return grid.finish(f"{title}: training dynamics (mean over seeds, band: min-max)", handles)

@@ -1,0 +1,231 @@
+"""summary.csv, summary.md and report.html.
+
+The Markdown summary and the HTML report are rendered from the same list of blocks, so they
+always say the same thing; the HTML page adds every figure as a base64-embedded PNG and needs
+no other file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+Block = tuple[str, object]  # ("h1" | "h2" | "p" | "quote" | "list" | "table", payload)
+SUMMARY_COLUMNS = [
+    "kind", "variant", "matrix", "layer", "stat", "measure", "group_size", "mean", "std", "min",
+    "max", "n_seeds", "n_incomplete", "n_obs", "start_mean", "verdict", "max_deviation", "slope",
+    "detail",
+]
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    if isinstance(value, float | np.floating):
+        return f"{value + 0.0 if abs(value) >= 10 ** -(digits + 1) else 0.0:.{digits}f}"
+    return str(value)
+
+
+def _compact(table: pd.DataFrame) -> pd.DataFrame:
+    """For display: no all-empty variant column, `R` for the group size."""
+    if "variant" in table and table["variant"].fillna("").eq("").all():
+        table = table.drop(columns=["variant"])
+    return table.rename(columns={"group_size": "R"})
+
+
+def summary_frame(result) -> pd.DataFrame:
+    """Every summary row of an AnalysisResult in one tidy table; `kind` says what a row is."""
+    parts = [result.summary.assign(kind="rank")]
+    for kind, table in (("verdict", result.verdicts), ("verdict_matched", result.matched)):
+        if not table.empty:
+            parts.append(table.drop(columns=["means"]).rename(columns={"sentence": "detail"})
+                         .assign(kind=kind))
+    if not result.composition.empty:
+        comp = result.composition
+        parts.append(comp.rename(columns={"mean_abs_departure": "mean", "n_groups": "n_obs"}).assign(
+            kind="composition", matrix="rollout_group", layer="", stat="per group",
+            detail=[f"mean |measured - pred_{m}|; measured {a:.3f}, predicted {b:.3f}" for m, a, b
+                    in zip(comp["measure"], comp["mean_measured"], comp["mean_predicted"], strict=True)],
+        ).drop(columns=["mean_measured", "mean_predicted"]))
+    acc = result.accuracy
+    if not acc.empty:
+        parts.append(acc.rename(columns={"final_mean": "mean", "final_std": "std"}).assign(
+            kind="accuracy", measure="heldout_accuracy", detail="held-out accuracy at the last eval "
+            "(start_mean: at the first eval)").drop(columns=["final_reward_mean"]))
+        parts.append(acc.rename(columns={"final_reward_mean": "mean"})[
+            ["variant", "group_size", "mean", "n_seeds", "n_incomplete"]].assign(
+            kind="accuracy", measure="training_reward",
+            detail="reward_mean, rolling mean at the last step"))
+    frame = pd.concat([p for p in parts if not p.empty], ignore_index=True)
+    frame = frame.reindex(columns=SUMMARY_COLUMNS)
+    for column in ("group_size", "n_seeds", "n_incomplete", "n_obs"):
+        frame[column] = frame[column].astype("Int64")
+    for key, label in result.variant_columns.items():  # one column per differing key
+        frame.insert(2, label, frame["variant"].map(lambda v, k=key: result.variant_values.get(v, {}).get(k)))
+    return frame
+
+
+def _cell(summary: pd.DataFrame, key: tuple, size: int) -> str:
+    row = summary.get(key + (size,))
+    if row is None:
+        return "-"
+    spread = f" +- {row['std']:.2f}" if row["n_seeds"] > 1 else ""
+    mark = "*" if row["n_incomplete"] else ""
+    return f"{row['mean']:.2f}{spread} (n={row['n_seeds']}{mark})"
+
+
+def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd.DataFrame:
+    """variant, matrix, measure, one "mean +- std (n)" column per R, slope, verdict."""
+    summary = result.summary
+    sizes = sorted(int(r) for r in summary["group_size"].unique())
+    lookup = {
+        (r.variant, r.matrix, r.layer, r.stat, r.measure, int(r.group_size)): r._asdict()
+        for r in summary.itertuples(index=False)
+    }
+    rows = []
+    for v in verdicts.itertuples(index=False):
+        key = (v.variant, v.matrix, v.layer, stat or v.stat, v.measure)
+        row = {"variant": v.variant, "matrix": v.matrix, "measure": v.measure}
+        row |= {f"R={r}": _cell(lookup, key, r) for r in sizes}
+        if stat is None:
+            row |= {"slope / doubling": fmt(v.slope), "max dev. from 2": fmt(v.max_deviation),
+                    "verdict": v.verdict}
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if not table.empty and table["variant"].eq("").all():
+        table = table.drop(columns=["variant"])
+    return table
+
+
+def run_table(runs) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run": run.name, "status": run.status, "R": run.group_size, "variant": run.variant,
+        "seed": run.seed, "last step": run.last_step, "stopped by": run.info.get("stopped_by") or "",
+        "error / problems": "; ".join(filter(None, [run.error or "", *run.problems])),
+    } for run in runs])
+
+
+def blocks(result) -> list[Block]:
+    """The content of summary.md and report.html."""
+    counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
+    incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
+    out: list[Block] = [
+        ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
+        ("p", f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
+              "x-axis of the claim: rollout.group_size (R)."
+              + (f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
+                 if result.variant_columns else "")),
+        ("p", f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
+              f"{counts.get('failed', 0)} failed (excluded from every average), "
+              f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
+              f"Figures use align={result.align}."),
+        *[("p", f"Note: {note}") for note in result.notes],
+        ("table", run_table(result.runs)),
+        ("h2", "Verdict rule"),
+        ("quote", result.rule.text(result.last_fraction)),
+        ("p", "For layer/update the rank is first averaged over layers at each step (per-layer "
+              "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
+              "group == 'mean' rows (median below)."),
+        ("h2", "Verdicts"),
+        ("table", verdict_table(result, result.verdicts)),
+        ("list", list(result.verdicts["sentence"])),
+        ("h2", f"Verdicts at matched progress ({result.matched_progress})"),
+        ("p", f"Same rule; each R's rank is averaged over the {result.matched_progress} bins "
+              f"({result.progress_bins} equal-width bins over the range all runs reach) that every R "
+              "of the variant reaches, so fast and slow learners are compared at equal progress."),
+        ("table", result.matched.drop(columns=["means", "sentence", "layer", "stat"])
+                  if not result.matched.empty else pd.DataFrame()),
+        ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
+        ("h2", "Held-out accuracy"),
+        ("table", result.accuracy.round(3)),
+        ("h2", "rollout_group vs the composition prediction"),
+        ("p", "Mean |measured - pred_<measure>| over every informative per-group row "
+              "(group g<b>), per R; the prediction uses singular values M (m times) and m (M times)."),
+        ("table", result.composition.round(3)),
+    ]
+    median = result.verdicts[result.verdicts["stat"] == "mean"]
+    if not median.empty:
+        out += [("h2", "Per-group matrices: median over groups (last-part mean)"),
+                ("table", verdict_table(result, median, stat="median"))]
+    return out
+
+
+def _md_table(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "_(no data)_"
+    cells = [[fmt(v, 3).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
+    header = "| " + " | ".join(str(c).replace("|", "\\|") for c in table.columns) + " |"
+    lines = [header, "|" + "---|" * len(table.columns)] + ["| " + " | ".join(r) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def render_markdown(content: list[Block]) -> str:
+    parts = []
+    for kind, payload in content:
+        if kind == "h1":
+            parts.append(f"# {payload}")
+        elif kind == "h2":
+            parts.append(f"## {payload}")
+        elif kind == "quote":
+            parts.append(f"> {payload}")
+        elif kind == "list":
+            parts.append("\n".join(f"- {item}" for item in payload) or "_(none)_")
+        elif kind == "table":
+            parts.append(_md_table(_compact(payload)))
+        else:
+            parts.append(str(payload))
+    return "\n\n".join(parts) + "\n"
+
+
+def _html_table(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "<p><em>(no data)</em></p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = []
+    for row in table.itertuples(index=False):
+        cells = []
+        for value in row:
+            text = fmt(value, 3)
+            css = f' class="{text}"' if text in ("holds", "fails", "failed", "incomplete") else ""
+            cells.append(f"<td{css}>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
+table{border-collapse:collapse;margin:0.5em 0;font-size:0.85em}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}
+td.holds{background:#d9f2d9}td.fails,td.failed{background:#f9d6d5}td.incomplete{background:#fff3c4}
+blockquote{border-left:4px solid #888;margin:0.5em 0;padding:0.3em 1em;background:#f7f7f7}
+img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"""
+
+
+def render_html(content: list[Block], figures: dict[str, Path], captions: dict[str, str]) -> str:
+    parts = []
+    for kind, payload in content:
+        text = html.escape(str(payload)) if kind not in ("list", "table") else ""
+        if kind in ("h1", "h2"):
+            parts.append(f"<{kind}>{text}</{kind}>")
+        elif kind == "quote":
+            parts.append(f"<blockquote>{text}</blockquote>")
+        elif kind == "list":
+            parts.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in payload) + "</ul>")
+        elif kind == "table":
+            parts.append(_html_table(_compact(payload)))
+        else:
+            parts.append(f"<p>{text}</p>")
+    figures_html = ["<h2>Figures</h2>"]
+    for name, path in figures.items():
+        data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        figures_html.append(f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
+                            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+    # figures go after the verdicts and summaries, before the median table
+    cut = next((i for i, p in enumerate(parts) if p.startswith("<h2>Per-group")), len(parts))
+    body = parts[:cut] + figures_html + parts[cut:]
+    title = html.escape(str(content[0][1]))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")

@@ -158,8 +158,10 @@ class RunResults:
         return self.run_dir / "checkpoints" / "latest.pt"
 
     def truncate_from(self, step: int) -> None:
-        for log in (self.metrics, self.timings, self.evals, self.events, self.ranks, self.spectra):
-            log.truncate_from(step)
+        """Forget everything after a checkpoint taken once `step` optimizer steps were done."""
+        for log in (self.metrics, self.timings, self.events, self.ranks, self.spectra):
+            log.truncate_from(step)  # rows keyed by the 0-based index of the step
+        self.evals.truncate_from(step + 1)  # eval rows are keyed by steps completed
 
     def ensure_files(self) -> None:
         """Create every contract file (header only) so a run that stops early is still readable."""

@@ -100,6 +100,7 @@ def token_advantages(
             scored.step_index,
             batch.group_size,
             baseline=algorithm_cfg.process_baseline,
+            outcome_rewards=scored.rewards,
         )
         return advantages, None
     if name == "ppo":

@@ -51,7 +51,8 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 
-        return VllmBackend.from_config(cfg, model, tokenizer, source_path)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed)
     raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, vllm")
 
 

@@ -1,0 +1,174 @@
+"""`grpo run` end to end on the smoke preset: the results contract, resume, determinism, failures."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from grpo_cli.cli import app
+
+CONTRACT = [
+    "config.yaml",
+    "run.json",
+    "metrics.csv",
+    "eval.csv",
+    "spectra.parquet",
+    "ranks.csv",
+    "events.csv",
+    "timings.csv",
+    "checkpoints/latest.pt",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One warm-started smoke model for the whole session."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def grpo_run(results, cache, *overrides, multirun=False):
+    args = ["run"] + (["-m"] if multirun else [])
+    args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false"]
+    return CliRunner().invoke(app, args + list(overrides), catch_exceptions=True)
+
+
+def run_dir(results, name="R4-grpo-s0"):
+    return results / "smoke" / name
+
+
+def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir)
+    assert result.exit_code == 0, result.output
+    out = run_dir(tmp_path)
+    for name in CONTRACT:
+        assert (out / name).exists(), name
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "completed"
+    assert record["versions"]["torch"] == torch.__version__
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["step"].tolist() == [0, 1, 2, 3]
+    assert pd.read_csv(out / "eval.csv")["step"].tolist() == [0, 2, 4]
+    ranks = pd.read_csv(out / "ranks.csv")
+    assert {"rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update"} <= set(
+        ranks["matrix"]
+    )
+    spectra = pd.read_parquet(out / "spectra.parquet")
+    assert list(spectra.columns) == ["step", "matrix", "layer", "group", "k", "sigma"]
+    from grpo_cli.probes.rank_measure_names import RANK_MEASURES
+
+    measured = ranks[~ranks["group"].isin(["mean", "median"])]
+    assert not measured[list(RANK_MEASURES)].isna().any().any()  # zero matrices read 0, not NaN
+
+    warm = next((cache_dir / "warm_start").glob("*/model.safetensors")).parent
+    from transformers import AutoModelForCausalLM
+
+    before = AutoModelForCausalLM.from_pretrained(warm).state_dict()
+    after = torch.load(out / "checkpoints/latest.pt", weights_only=False)["model"]
+    unchanged = [name for name, tensor in before.items() if torch.equal(tensor, after[name])]
+    assert unchanged == []
+
+
+def test_same_seed_gives_identical_metrics(tmp_path, cache_dir):
+    assert grpo_run(tmp_path / "a", cache_dir).exit_code == 0
+    assert grpo_run(tmp_path / "b", cache_dir).exit_code == 0
+    first = (run_dir(tmp_path / "a") / "metrics.csv").read_text()
+    assert first == (run_dir(tmp_path / "b") / "metrics.csv").read_text()
+    assert first.count("\n") == 5
+
+
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monkeypatch):
+    assert grpo_run(tmp_path / "full", cache_dir).exit_code == 0
+
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def crash_at_step_3(self, step, capture_layers=None):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
+    crashed = grpo_run(tmp_path / "resumed", cache_dir)
+    assert crashed.exit_code != 0
+    out = run_dir(tmp_path / "resumed")
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed" and "simulated crash" in record["error"]
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    assert grpo_run(tmp_path / "resumed", cache_dir).exit_code == 0
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "completed" and record["resumed_from"] == 2
+    full = run_dir(tmp_path / "full")
+    for name in ("metrics.csv", "eval.csv", "ranks.csv"):
+        assert (out / name).read_text() == (full / name).read_text(), name
+
+
+def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir, monkeypatch):
+    from grpo_cli.train import trainer
+
+    def nan_loss(*args, **kwargs):
+        loss = (args[0] * 0).sum() * float("nan")
+        return loss, {"clip_frac": torch.tensor(0.0)}
+
+    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    result = grpo_run(tmp_path, cache_dir)
+    assert result.exit_code != 0
+    record = json.loads((run_dir(tmp_path) / "run.json").read_text())
+    assert record["status"] == "failed"
+    assert "NonFiniteLossError" in record["error"] and "step 0" in record["error"]
+
+
+def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir, monkeypatch):
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def fail_for_group_size_2(self, step, capture_layers=None):
+        if self.cfg.rollout.group_size == 2:
+            raise RuntimeError("boom")
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", fail_for_group_size_2)
+    result = grpo_run(tmp_path, cache_dir, "rollout.group_size=2,4", multirun=True)
+    assert result.exit_code == 1
+    status = {
+        name: json.loads((run_dir(tmp_path, name) / "run.json").read_text())["status"]
+        for name in ("R2-grpo-s0", "R4-grpo-s0")
+    }
+    assert status == {"R2-grpo-s0": "failed", "R4-grpo-s0": "completed"}
+
+
+def test_typo_in_config_key_names_the_key(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "rollout.group_sise=4")
+    assert result.exit_code != 0
+    assert "group_sise" in result.output
+
+    config = CliRunner().invoke(app, ["config", "algorithm.lr=fast"])
+    assert config.exit_code == 2
+    assert "algorithm.lr" in config.output
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "model=hf", "model.path=/nonexistent/model")
+    assert result.exit_code != 0
+    record = json.loads(next(tmp_path.glob("smoke/*/run.json")).read_text())
+    assert record["status"] == "failed"
+    assert "/nonexistent/model" in record["error"]
+
+
+def test_joblib_launcher_runs_a_sweep_in_parallel(tmp_path, cache_dir):
+    grpo_run(tmp_path / "warm", cache_dir, "algorithm.steps=1")  # build the cache once
+    result = grpo_run(
+        tmp_path, cache_dir, "hydra/launcher=local_parallel", "rollout.group_size=2,4",
+        "algorithm.steps=2", multirun=True,
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("R2-grpo-s0-algorithm.steps=2", "R4-grpo-s0-algorithm.steps=2"):
+        record = json.loads((run_dir(tmp_path, name) / "run.json").read_text())
+        assert record["status"] == "completed", name

@@ -43,3 +43,22 @@ def test_composition_prediction(group_size):
             2 * math.sqrt(minority * majority))
         assert predicted_measure("numerical_rank", minority, group_size) == group_size
     assert (composition_sigma(0, group_size) == 0).all()  # zero-variance group
+
+
+def test_numpy_measures_match_the_torch_probes():
+    """Two implementations: the analysis layer's numpy maths against the probes' torch maths."""
+    torch = pytest.importorskip("torch")
+    from grpo_cli.probes.composition import predicted_rank_measures
+    from grpo_cli.probes.rank_measures import all_rank_measures
+
+    rng = np.random.default_rng(0)
+    for shape in [(4, 9), (8, 3), (16, 16)]:
+        sigma = np.linalg.svd(rng.normal(size=shape) * rng.uniform(0.1, 3, size=shape[1]),
+                              compute_uv=False)
+        expected = all_rank_measures(torch.tensor(sigma, dtype=torch.float64))
+        assert rank_measures(sigma) == pytest.approx(expected, rel=1e-9)
+    for group_size in (2, 4, 8):
+        for minority in range(1, group_size // 2 + 1):
+            expected = predicted_rank_measures(minority, group_size - minority)
+            ours = {m: predicted_measure(m, minority, group_size) for m in MEASURES}
+            assert ours == pytest.approx(expected, rel=1e-9)

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-MEASURES = (
-    "erank_entropy",
-    "erank_entropy_sq",
-    "stable_rank",
-    "participation_ratio",
-    "energy_rank_90",
-    "energy_rank_99",
-    "numerical_rank",
-)
+from grpo_cli.probes.rank_measure_names import RANK_MEASURES as MEASURES  # torch-free
+
+ENERGY_TOLERANCE = 1e-12  # as grpo_cli.probes.rank_measures: 90% energy reached up to rounding
 MEASURE_LABELS = {
     "erank_entropy": "exp-entropy rank (sigma)",
     "erank_entropy_sq": "exp-entropy rank (sigma^2)",
@@ -38,7 +32,7 @@ def _exp_entropy(weights: np.ndarray) -> float:
 
 def _energy_rank(energy: np.ndarray, fraction: float) -> float:
     cumulative = np.cumsum(energy) / energy.sum()
-    return float(np.argmax(cumulative >= fraction * (1 - 1e-12)) + 1)
+    return float(np.argmax(cumulative >= fraction * (1 - ENERGY_TOLERANCE)) + 1)
 
 
 def rank_measures(sigma: np.ndarray, rank_rtol: float = 1e-6) -> dict[str, float]:

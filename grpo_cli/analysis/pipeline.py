@@ -127,6 +127,14 @@ def analyze(
     rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
 
     ranks = rank_table(analysed, measures)
+    if ranks.attrs.get("zero_rows"):
+        notes.append(f"{ranks.attrs['zero_rows']} ranks.csv rows of zero matrices (every measure 0: "
+                     "no gradient signal) are left out of every average")
+    recorded = {m for r in analysed if "matrix" in r.ranks for m in r.ranks["matrix"].unique()}
+    empty = sorted(recorded - set(ranks["matrix"]))
+    if empty:
+        notes.append(f"no finite rank values for {', '.join(empty)} (e.g. no group with "
+                     "unequal rewards at any probe step), so no verdict for them")
     summary = rank_summary(last_part_means(ranks, last_fraction))
     matched_progress = align if align != "step" else "reward"
     edges = progress_edges(analysed, matched_progress, progress_bins)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from grpo_cli.analysis.composition import prediction_curve
 from grpo_cli.analysis.load import Run, read_spectra, spectra_steps
@@ -28,6 +29,7 @@ from grpo_cli.analysis.summary import Rule, verdict_rows
 from grpo_cli.analysis.tables import LAYER_MATRICES, PER_GROUP_MATRICES, curves, ordered_matrices
 
 STEP_STYLES = ("-", "--", ":", "-.")
+SPECTRUM_FLOOR = 1e-6  # sigma_k / sigma_1 below this (numerically zero) is drawn at the floor
 SPECTRUM_NOTES = {m: "mean over groups" for m in PER_GROUP_MATRICES} | {
     m: "mean over layers" for m in LAYER_MATRICES
 }
@@ -83,33 +85,39 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
     data = pd.concat(parts).groupby(["variant", "matrix", "group_size", "step", "index"],
                                     as_index=False)["value"].mean()
     matrices, variants = ordered_matrices(data["matrix"].unique()), styles.variants
-    grid = new_figure(len(matrices), len(variants), width=4.6, height=3.0)
-    for i, matrix in enumerate(matrices):
-        for j, variant in enumerate(variants):
-            ax = grid.axes[i][j]
-            panel = data[(data["matrix"] == matrix) & (data["variant"] == variant)]
-            if panel.empty:
-                no_data(ax)
-                continue
-            for (size, step), curve in panel.groupby(["group_size", "step"]):
-                style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
-                ax.plot(curve["index"], curve["value"].clip(lower=1e-12), color=r_color(size),
-                        ls=style, lw=1.4, marker="." if len(curve) <= 16 else None)
-            ax.set_yscale("log")
-            if panel["index"].max() > 64:
-                ax.set_xscale("log")
-            note = SPECTRUM_NOTES.get(matrix, "whole matrix")
-            ax.set_title(f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""),
-                         fontsize=9)
-            ax.set_xlabel("singular-value index k")
-            ax.set_ylabel("sigma_k / sigma_1")
-            ax.grid(alpha=0.3)
+    panels = [(m, v) for m in matrices for v in variants]
+    cols = len(variants) if len(variants) > 1 else min(3, len(matrices))
+    grid = new_figure(-(-len(panels) // cols), cols, width=4.6, height=3.0)
+    flat = [ax for row in grid.axes for ax in row]
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (matrix, variant) in zip(flat, panels, strict=False):
+        panel = data[(data["matrix"] == matrix) & (data["variant"] == variant)]
+        if panel.empty:
+            no_data(ax)
+            continue
+        for (size, step), curve in panel.groupby(["group_size", "step"]):
+            style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
+            ax.plot(curve["index"], curve["value"].clip(lower=SPECTRUM_FLOOR), color=r_color(size),
+                    ls=style, lw=1.4, marker="." if len(curve) <= 16 else None)
+        ax.set_yscale("log")
+        ax.set_ylim(SPECTRUM_FLOOR / 2, 2)
+        if panel["index"].max() > 64:
+            ax.set_xscale("log")
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        note = SPECTRUM_NOTES.get(matrix, "whole matrix")
+        ax.set_title(f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""),
+                     fontsize=9)
+        ax.set_xlabel("singular-value index k")
+        ax.set_ylabel("sigma_k / sigma_1")
+        ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique())
     handles += [Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
                 for i, s in enumerate(chosen)]
     return grid.finish(f"{title}: normalised singular-value spectra sigma_k / sigma_1 (mean over "
                        "seeds; per-group matrices: mean over groups; layer/update: mean over "
-                       "layers, cut to the shortest layer)", handles)
+                       f"layers, cut to the shortest layer; floored at {SPECTRUM_FLOOR:g})", handles)
 
 
 def effective_rank_figure(ranks_x: pd.DataFrame, alarms: pd.DataFrame, measures: list[str],

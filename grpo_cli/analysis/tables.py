@@ -6,6 +6,9 @@ Which ranks.csv row stands for a matrix at a step:
 - `layer`, `update`: every layer's whole-matrix row, plus a derived `layer == "mean over layers"`
   row (mean across layers at that step), which is what verdicts use.
 - everything else: the whole-matrix row (`group == "all"`).
+A row whose every measure is 0 is a zero matrix (no gradient signal, e.g. every group had equal
+rewards, or the update at step 0); it has no rank and is left out (counted in
+`table.attrs["zero_rows"]`), and NaN measures (no informative group) are dropped too.
 
 Progress alignment replaces the step by the training reward (rolling mean of `reward_mean`) or
 the held-out accuracy (eval.csv, linearly interpolated between eval steps) at that step, binned
@@ -84,13 +87,16 @@ def _matrix_rows(ranks: pd.DataFrame, matrix: str, measures: list[str]) -> pd.Da
 def rank_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     """Long table: META + step, matrix, layer, stat, measure, value."""
     columns = [*META, "step", "matrix", "layer", "stat", "measure", "value"]
-    parts = []
+    parts, zero_rows = [], 0
     for run in runs:
         ranks = run.ranks
         have = [m for m in measures if m in ranks.columns]
         if ranks.empty or not have or "matrix" not in ranks:
             continue
         ranks = ranks.assign(**{m: pd.to_numeric(ranks[m], errors="coerce") for m in have})
+        zero = (ranks[have] == 0).all(axis=1)
+        zero_rows += int(zero.sum())
+        ranks = ranks[~zero]
         for matrix in ordered_matrices(ranks["matrix"].unique()):
             rows = _matrix_rows(ranks, matrix, have)
             if rows.empty:
@@ -98,9 +104,10 @@ def rank_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             rows = rows.assign(matrix=matrix)[["step", "matrix", "layer", "stat", *have]]
             long = rows.melt(id_vars=["step", "matrix", "layer", "stat"], var_name="measure")
             parts.append(long.assign(**run_meta(run)))
-    if not parts:
-        return pd.DataFrame(columns=columns)
-    return pd.concat(parts, ignore_index=True).dropna(subset=["value"])[columns]
+    table = (pd.concat(parts, ignore_index=True).dropna(subset=["value"])[columns] if parts
+             else pd.DataFrame(columns=columns))
+    table.attrs["zero_rows"] = zero_rows
+    return table
 
 
 def metric_table(runs: list[Run], columns: list[str]) -> pd.DataFrame:

@@ -196,12 +196,13 @@ def test_include_incomplete_marks_rows(tmp_path):
 
 def test_sweep_still_running_is_analysed(tmp_path):
     for r in (2, 4):
-        write_run(tmp_path, group_size=r, seed=0, status="running", steps_done=11)
+        write_run(tmp_path, group_size=r, seed=0, status="running", steps_done=11,
+                  alarms=[(8, "zero_variance", 0.95, "zero-variance groups above 0.9")])
     write_run(tmp_path, group_size=8, seed=0, status="running", steps_done=3,
               skip=("ranks.csv", "spectra.parquet", "events.csv", "eval.csv"))
     (tmp_path / "R16-grpo-s0").mkdir()  # just launched: a torn run.json and nothing else
     (tmp_path / "R16-grpo-s0" / "run.json").write_text('{"status": "running", "group_')
-    result = analyze([tmp_path], measure="erank_entropy")
+    result = analyze([tmp_path], measure="erank_entropy", align="reward")  # progress x-axis
     assert any("no run has completed yet" in note for note in result.notes)
     assert set(_rows(result.summary, matrix="group_batch")["group_size"]) == {2, 4}
     assert (result.verdicts["verdict"] == "holds").all()
@@ -262,3 +263,24 @@ def test_bad_arguments(tmp_path):
         analyze([tmp_path / "nowhere"], figures=False)
     single = analyze([tmp_path], measure="stable_rank", figures=False)
     assert (single.verdicts["verdict"] == "undetermined").all()
+
+
+def test_zero_matrices_are_left_out(tmp_path):
+    # a zero matrix (every measure 0: no gradient signal) at step 0 has no rank
+    write_sweep(tmp_path, group_sizes=(2, 4), seeds=(0,),
+                rank=lambda r, seed, step: 0.0 if step == 0 else 2.0)
+    result = analyze([tmp_path], measure="erank_entropy", last_fraction=1.0, figures=False)
+    assert np.allclose(_rows(result.summary, matrix="rollout_batch")["mean"], 2.0)  # not 1.5
+    assert any("zero matrices" in note for note in result.notes)
+
+
+def test_accuracy_alignment_and_spectra_steps(tmp_path):
+    from grpo_cli.analysis.plots import default_steps
+
+    assert default_steps([[0, 5, 10, 15], [0, 5, 10]]) == [0, 5, 10]  # shared steps only
+    assert default_steps([[0, 2, 4, 6, 8]]) == [0, 4, 8]
+    assert default_steps([[], []]) == []
+    write_sweep(tmp_path, group_sizes=(2, 4), seeds=(0,))
+    result = analyze([tmp_path], measure="erank_entropy", align="accuracy", figures=False)
+    assert result.matched_progress == "accuracy"
+    assert (result.matched["verdict"] == "holds").all()

@@ -69,8 +69,8 @@ def summary_frame(result) -> pd.DataFrame:
     return frame
 
 
-def _cell(summary: pd.DataFrame, key: tuple, size: int) -> str:
-    row = summary.get(key + (size,))
+def _cell(lookup: dict, key: tuple, size: int) -> str:
+    row = lookup.get(key + (size,))
     if row is None:
         return "-"
     spread = f" +- {row['std']:.2f}" if row["n_seeds"] > 1 else ""
@@ -99,6 +99,18 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
     if not table.empty and table["variant"].eq("").all():
         table = table.drop(columns=["variant"])
     return table
+
+
+def matched_table(matched: pd.DataFrame) -> pd.DataFrame:
+    """Matched-progress verdicts with one column of matched means per R."""
+    if matched.empty:
+        return matched
+    sizes = sorted({int(r) for means in matched["means"] for r in means})
+    per_r = pd.DataFrame([{f"R={r}": means.get(r, np.nan) for r in sizes}
+                          for means in matched["means"]], index=matched.index)
+    columns = ["variant", "matrix", "measure"]
+    return pd.concat([matched[columns], per_r,
+                      matched[["slope", "max_deviation", "common_bins", "verdict"]]], axis=1)
 
 
 def run_table(runs) -> pd.DataFrame:
@@ -135,10 +147,9 @@ def blocks(result) -> list[Block]:
         ("list", list(result.verdicts["sentence"])),
         ("h2", f"Verdicts at matched progress ({result.matched_progress})"),
         ("p", f"Same rule; each R's rank is averaged over the {result.matched_progress} bins "
-              f"({result.progress_bins} equal-width bins over the range all runs reach) that every R "
+              f"({result.progress_bins} equal-width bins over the pooled range of all runs) that every R "
               "of the variant reaches, so fast and slow learners are compared at equal progress."),
-        ("table", result.matched.drop(columns=["means", "sentence", "layer", "stat"])
-                  if not result.matched.empty else pd.DataFrame()),
+        ("table", matched_table(result.matched)),
         ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),

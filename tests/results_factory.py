@@ -20,8 +20,15 @@ from grpo_cli.analysis.measures import MEASURES, composition_sigma, predicted_me
 
 MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update")
 LAYER_OFFSETS = {"model.layers.0.self_attn.q_proj": -0.1, "lm_head": 0.1}
-FILES = ("config.yaml", "run.json", "metrics.csv", "eval.csv", "ranks.csv", "spectra.parquet",
-         "events.csv")
+FILES = (
+    "config.yaml",
+    "run.json",
+    "metrics.csv",
+    "eval.csv",
+    "ranks.csv",
+    "spectra.parquet",
+    "events.csv",
+)
 
 Number = float | Callable[..., float]
 
@@ -38,14 +45,25 @@ def default_accuracy(group_size: int, seed: int, step: int, steps: int) -> float
     return 0.05 + 0.4 * step / max(steps - 1, 1)
 
 
-def config_tree(group_size: int, seed: int, estimator: str, experiment: str, steps: int,
-                probe_every: int, overrides: dict | None = None) -> dict:
+def config_tree(
+    group_size: int,
+    seed: int,
+    estimator: str,
+    experiment: str,
+    steps: int,
+    probe_every: int,
+    overrides: dict | None = None,
+) -> dict:
     """A resolved config in the shape of grpo_cli.config.schema.Config (subset of keys)."""
     tree = {
         "model": {"name": "char-tiny", "source": "char_llama", "hidden_size": 64, "num_layers": 2},
         "task": {"name": "arith", "seed": 1234, "operators": ["+", "-", "*"], "path": None},
-        "rollout": {"backend": "hf", "group_size": group_size, "prompts_per_step": 8,
-                    "temperature": 1.0},
+        "rollout": {
+            "backend": "hf",
+            "group_size": group_size,
+            "prompts_per_step": 8,
+            "temperature": 1.0,
+        },
         "algorithm": {"name": estimator, "steps": steps, "lr": 1e-3, "betas": [0.9, 0.99]},
         "analysis": {"every": probe_every, "rank_rtol": 1e-6, "matrices": list(MATRICES)},
         "alarms": {"entropy_floor": 0.5},
@@ -64,8 +82,14 @@ def config_tree(group_size: int, seed: int, estimator: str, experiment: str, ste
     return tree
 
 
-def _rank_rows(step: int, group_size: int, values: dict[str, float], groups: int,
-               median_offset: float, composition_offset: float) -> list[dict]:
+def _rank_rows(
+    step: int,
+    group_size: int,
+    values: dict[str, float],
+    groups: int,
+    median_offset: float,
+    composition_offset: float,
+) -> list[dict]:
     rows = []
     for matrix in MATRICES:
         value = values[matrix]
@@ -73,23 +97,57 @@ def _rank_rows(step: int, group_size: int, values: dict[str, float], groups: int
             for b in range(groups):
                 minority = b % max(group_size // 2, 1) + 1
                 pred = {m: predicted_measure(m, minority, group_size) for m in MEASURES}
-                row = {"step": step, "matrix": matrix, "layer": "", "group": f"g{b}",
-                       "n_rows": group_size, "minority": minority,
-                       "majority": group_size - minority, "distinct": 2, "mean_abs_cosine": 0.5}
+                row = {
+                    "step": step,
+                    "matrix": matrix,
+                    "layer": "",
+                    "group": f"g{b}",
+                    "n_rows": group_size,
+                    "minority": minority,
+                    "majority": group_size - minority,
+                    "distinct": 2,
+                    "mean_abs_cosine": 0.5,
+                }
                 row |= {m: pred[m] + composition_offset for m in MEASURES}
                 row |= {f"pred_{m}": pred[m] for m in MEASURES}
                 rows.append(row)
             for stat, offset in (("mean", 0.0), ("median", median_offset)):
-                rows.append({"step": step, "matrix": matrix, "layer": "", "group": stat,
-                             "n_zero_groups": 1, **dict.fromkeys(MEASURES, value + offset)})
+                rows.append(
+                    {
+                        "step": step,
+                        "matrix": matrix,
+                        "layer": "",
+                        "group": stat,
+                        "n_zero_groups": 1,
+                        **dict.fromkeys(MEASURES, value + offset),
+                    }
+                )
         elif matrix in ("layer", "update"):
             for layer, offset in LAYER_OFFSETS.items():
-                rows.append({"step": step, "matrix": matrix, "layer": layer, "group": "all",
-                             "sparsity": 0.1, "hoyer": 0.3, "powerlaw_alpha": 1.5,
-                             "powerlaw_r2": 0.9, **dict.fromkeys(MEASURES, value + offset)})
+                rows.append(
+                    {
+                        "step": step,
+                        "matrix": matrix,
+                        "layer": layer,
+                        "group": "all",
+                        "sparsity": 0.1,
+                        "hoyer": 0.3,
+                        "powerlaw_alpha": 1.5,
+                        "powerlaw_r2": 0.9,
+                        **dict.fromkeys(MEASURES, value + offset),
+                    }
+                )
         else:
-            rows.append({"step": step, "matrix": matrix, "layer": "", "group": "all",
-                         "n_rows": 8 * group_size, **dict.fromkeys(MEASURES, value)})
+            rows.append(
+                {
+                    "step": step,
+                    "matrix": matrix,
+                    "layer": "",
+                    "group": "all",
+                    "n_rows": 8 * group_size,
+                    **dict.fromkeys(MEASURES, value),
+                }
+            )
     return rows
 
 
@@ -99,17 +157,29 @@ def _spectra_rows(step: int, group_size: int, groups: int) -> list[dict]:
         if matrix in ("rollout_group", "score_group"):
             for b in range(groups):
                 sigma = composition_sigma(b % max(group_size // 2, 1) + 1, group_size)
-                rows += [{"matrix": matrix, "layer": "", "group": f"g{b}", "k": k, "sigma": s}
-                         for k, s in enumerate(sorted(sigma, reverse=True))]
+                rows += [
+                    {"matrix": matrix, "layer": "", "group": f"g{b}", "k": k, "sigma": s}
+                    for k, s in enumerate(sorted(sigma, reverse=True))
+                ]
         elif matrix in ("layer", "update"):
             for i, layer in enumerate(LAYER_OFFSETS):
                 decay = 0.5 + 0.1 * i + 0.02 * step
-                rows += [{"matrix": matrix, "layer": layer, "group": "all", "k": k,
-                          "sigma": decay ** k} for k in range(12 + 4 * i)]
+                rows += [
+                    {"matrix": matrix, "layer": layer, "group": "all", "k": k, "sigma": decay**k}
+                    for k in range(12 + 4 * i)
+                ]
         else:
             n = min(8 * group_size, 24)
-            rows += [{"matrix": matrix, "layer": "", "group": "all", "k": k,
-                      "sigma": 1.0 / (1 + k) ** (1 + 0.1 * np.log2(group_size))} for k in range(n)]
+            rows += [
+                {
+                    "matrix": matrix,
+                    "layer": "",
+                    "group": "all",
+                    "k": k,
+                    "sigma": 1.0 / (1 + k) ** (1 + 0.1 * np.log2(group_size)),
+                }
+                for k in range(n)
+            ]
     return [row | {"step": step} for row in rows]
 
 
@@ -147,14 +217,26 @@ def write_run(
     skip = set(skip)
     files: dict[str, Callable[[Path], None]] = {}
 
-    tree = config_tree(group_size, seed, estimator, experiment, steps, probe_every, config_overrides)
+    tree = config_tree(
+        group_size, seed, estimator, experiment, steps, probe_every, config_overrides
+    )
     files["config.yaml"] = lambda p: p.write_text(yaml.safe_dump(tree, sort_keys=False))
-    info = {"status": status, "error": error, "started_at": "2026-01-01T00:00:00Z",
-            "ended_at": None if status == "running" else "2026-01-01T01:00:00Z",
-            "last_step": done - 1, "stopped_by": None,
-            "versions": {"python": "3.11", "torch": "2.4", "transformers": "4.56", "grpo_cli": "0.1.0"},
-            "device": "cpu", "seed": seed, "group_size": group_size, "estimator": estimator,
-            "model": "char-tiny", "task": "arith", "gram_params": ".*"}
+    info = {
+        "status": status,
+        "error": error,
+        "started_at": "2026-01-01T00:00:00Z",
+        "ended_at": None if status == "running" else "2026-01-01T01:00:00Z",
+        "last_step": done - 1,
+        "stopped_by": None,
+        "versions": {"python": "3.11", "torch": "2.4", "transformers": "4.56", "grpo_cli": "0.1.0"},
+        "device": "cpu",
+        "seed": seed,
+        "group_size": group_size,
+        "estimator": estimator,
+        "model": "char-tiny",
+        "task": "arith",
+        "gram_params": ".*",
+    }
     files["run.json"] = lambda p: p.write_text(json.dumps(info, indent=1))
 
     step_range = range(done)
@@ -174,15 +256,31 @@ def write_run(
     files["metrics.csv"] = lambda p: metrics.to_csv(p, index=False)
 
     eval_steps = sorted({*range(0, done, 5), done - 1}) if done else []
-    evals = pd.DataFrame({"step": eval_steps,
-                          "accuracy": [accuracy(group_size, seed, s, steps) for s in eval_steps],
-                          "n": 128, "greedy": True})
+    evals = pd.DataFrame(
+        {
+            "step": eval_steps,
+            "accuracy": [accuracy(group_size, seed, s, steps) for s in eval_steps],
+            "n": 128,
+            "greedy": True,
+        }
+    )
     files["eval.csv"] = lambda p: evals.to_csv(p, index=False)
 
     specs = {m: (matrix_ranks or {}).get(m, rank) for m in MATRICES}
-    ranks = pd.DataFrame([row for s in probes for row in _rank_rows(
-        s, group_size, {m: _value(spec, group_size, seed, s) for m, spec in specs.items()},
-        groups, median_offset, composition_offset)])
+    ranks = pd.DataFrame(
+        [
+            row
+            for s in probes
+            for row in _rank_rows(
+                s,
+                group_size,
+                {m: _value(spec, group_size, seed, s) for m, spec in specs.items()},
+                groups,
+                median_offset,
+                composition_offset,
+            )
+        ]
+    )
     files["ranks.csv"] = lambda p: ranks.to_csv(p, index=False)
     spectra = pd.DataFrame([row for s in probes for row in _spectra_rows(s, group_size, groups)])
     files["spectra.parquet"] = lambda p: spectra.to_parquet(p, index=False)
@@ -195,8 +293,13 @@ def write_run(
     return run
 
 
-def write_sweep(root: Path, group_sizes: Iterable[int] = (2, 4, 8), seeds: Iterable[int] = (0, 1),
-                estimators: Iterable[str] = ("grpo",), **kwargs) -> Path:
+def write_sweep(
+    root: Path,
+    group_sizes: Iterable[int] = (2, 4, 8),
+    seeds: Iterable[int] = (0, 1),
+    estimators: Iterable[str] = ("grpo",),
+    **kwargs,
+) -> Path:
     """R x seed (x estimator) completed runs under `root`; kwargs go to every `write_run`."""
     root = Path(root)
     for estimator in estimators:

@@ -40,7 +40,8 @@ def test_composition_prediction(group_size):
         sigma = composition_sigma(minority, group_size)
         assert sorted(sigma) == sorted([majority] * minority + [minority] * majority)
         assert predicted_measure("erank_entropy", minority, group_size) == pytest.approx(
-            2 * math.sqrt(minority * majority))
+            2 * math.sqrt(minority * majority)
+        )
         assert predicted_measure("numerical_rank", minority, group_size) == group_size
     assert (composition_sigma(0, group_size) == 0).all()  # zero-variance group
 
@@ -53,8 +54,9 @@ def test_numpy_measures_match_the_torch_probes():
 
     rng = np.random.default_rng(0)
     for shape in [(4, 9), (8, 3), (16, 16)]:
-        sigma = np.linalg.svd(rng.normal(size=shape) * rng.uniform(0.1, 3, size=shape[1]),
-                              compute_uv=False)
+        sigma = np.linalg.svd(
+            rng.normal(size=shape) * rng.uniform(0.1, 3, size=shape[1]), compute_uv=False
+        )
         expected = all_rank_measures(torch.tensor(sigma, dtype=torch.float64))
         assert rank_measures(sigma) == pytest.approx(expected, rel=1e-9)
     for group_size in (2, 4, 8):

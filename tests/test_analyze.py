@@ -24,10 +24,22 @@ def flat(tmp_path_factory):
     """R in {2,4,8} x seeds {0,1} with rank 2.0 + 0.1 * seed everywhere, plus a failed run and
     an incomplete run whose absurd ranks would show up in any average that included them."""
     root = tmp_path_factory.mktemp("results") / "toy"
-    write_sweep(root, rank=lambda r, seed, step: 2.0 + 0.1 * seed, composition_offset=0.1,
-                median_offset=0.3, alarms=[(12, "entropy_collapse", 0.4, "entropy below 0.5")])
-    write_run(root, group_size=4, seed=2, status="failed", error="CUDA out of memory",
-              rank=100.0, steps_done=7)
+    write_sweep(
+        root,
+        rank=lambda r, seed, step: 2.0 + 0.1 * seed,
+        composition_offset=0.1,
+        median_offset=0.3,
+        alarms=[(12, "entropy_collapse", 0.4, "entropy below 0.5")],
+    )
+    write_run(
+        root,
+        group_size=4,
+        seed=2,
+        status="failed",
+        error="CUDA out of memory",
+        rank=100.0,
+        steps_done=7,
+    )
     write_run(root, group_size=8, seed=2, status="running", rank=50.0, steps_done=12)
     return root, analyze([root])
 
@@ -90,7 +102,8 @@ def test_per_group_matrices_use_mean_and_report_median(flat):
     _, result = flat
     rows = _rows(result.summary, matrix="rollout_group", measure="erank_entropy", group_size=2)
     assert dict(zip(rows["stat"], rows["mean"], strict=True)) == pytest.approx(
-        {"mean": 2.05, "median": 2.35})
+        {"mean": 2.05, "median": 2.35}
+    )
     assert set(_rows(result.verdicts, matrix="rollout_group")["stat"]) == {"mean"}
 
 
@@ -196,10 +209,22 @@ def test_include_incomplete_marks_rows(tmp_path):
 
 def test_sweep_still_running_is_analysed(tmp_path):
     for r in (2, 4):
-        write_run(tmp_path, group_size=r, seed=0, status="running", steps_done=11,
-                  alarms=[(8, "zero_variance", 0.95, "zero-variance groups above 0.9")])
-    write_run(tmp_path, group_size=8, seed=0, status="running", steps_done=3,
-              skip=("ranks.csv", "spectra.parquet", "events.csv", "eval.csv"))
+        write_run(
+            tmp_path,
+            group_size=r,
+            seed=0,
+            status="running",
+            steps_done=11,
+            alarms=[(8, "zero_variance", 0.95, "zero-variance groups above 0.9")],
+        )
+    write_run(
+        tmp_path,
+        group_size=8,
+        seed=0,
+        status="running",
+        steps_done=3,
+        skip=("ranks.csv", "spectra.parquet", "events.csv", "eval.csv"),
+    )
     (tmp_path / "R16-grpo-s0").mkdir()  # just launched: a torn run.json and nothing else
     (tmp_path / "R16-grpo-s0" / "run.json").write_text('{"status": "running", "group_')
     result = analyze([tmp_path], measure="erank_entropy", align="reward")  # progress x-axis
@@ -217,11 +242,19 @@ def test_sweep_still_running_is_analysed(tmp_path):
 def test_estimators_are_grouped_and_judged_separately(tmp_path):
     rank = {"grpo": lambda r, seed, step: 2.0, "ppo": lambda r, seed, step: float(r)}
     for estimator, spec in rank.items():
-        write_sweep(tmp_path / f"sweep-{estimator}", estimators=(estimator,), rank=spec,
-                    experiment=f"exp-{estimator}")
+        write_sweep(
+            tmp_path / f"sweep-{estimator}",
+            estimators=(estimator,),
+            rank=spec,
+            experiment=f"exp-{estimator}",
+        )
     out = tmp_path / "combined"
-    result = analyze([tmp_path / "sweep-grpo", tmp_path / "sweep-ppo"], out=out,
-                     measure="erank_entropy", figures=False)
+    result = analyze(
+        [tmp_path / "sweep-grpo", tmp_path / "sweep-ppo"],
+        out=out,
+        measure="erank_entropy",
+        figures=False,
+    )
     # experiment.name differs too, but is implied by algorithm.name, so it is not a variant key
     assert result.grouping.differing == ["rollout.group_size", "algorithm.name", "seed"]
     by_variant = _rows(result.verdicts, matrix="rollout_batch").set_index("variant")["verdict"]
@@ -243,8 +276,13 @@ def test_matched_progress_compares_equal_reward(tmp_path):
     def rolled(r, step):  # the rolling mean (5 steps) of the linear reward, as analyze sees it
         return rates[r] * (step - min(step, 4) / 2) / (steps - 1)
 
-    write_sweep(tmp_path, steps=steps, probe_every=1, reward=reward,
-                rank=lambda r, seed, step: 2.0 + 3.0 * rolled(r, step))
+    write_sweep(
+        tmp_path,
+        steps=steps,
+        probe_every=1,
+        reward=reward,
+        rank=lambda r, seed, step: 2.0 + 3.0 * rolled(r, step),
+    )
     result = analyze([tmp_path], measure="erank_entropy", align="reward", figures=False)
     by_step = _rows(result.verdicts, matrix="rollout_batch").iloc[0]
     matched = _rows(result.matched, matrix="rollout_batch").iloc[0]
@@ -267,8 +305,12 @@ def test_bad_arguments(tmp_path):
 
 def test_zero_matrices_are_left_out(tmp_path):
     # a zero matrix (every measure 0: no gradient signal) at step 0 has no rank
-    write_sweep(tmp_path, group_sizes=(2, 4), seeds=(0,),
-                rank=lambda r, seed, step: 0.0 if step == 0 else 2.0)
+    write_sweep(
+        tmp_path,
+        group_sizes=(2, 4),
+        seeds=(0,),
+        rank=lambda r, seed, step: 0.0 if step == 0 else 2.0,
+    )
     result = analyze([tmp_path], measure="erank_entropy", last_fraction=1.0, figures=False)
     assert np.allclose(_rows(result.summary, matrix="rollout_batch")["mean"], 2.0)  # not 1.5
     assert any("zero matrices" in note for note in result.notes)

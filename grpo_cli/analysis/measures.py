@@ -66,7 +66,9 @@ def composition_sigma(minority: int, group_size: int) -> np.ndarray:
     return np.array([majority] * minority + [minority] * majority, dtype=float)
 
 
-def predicted_measure(measure: str, minority: int, group_size: int, rank_rtol: float = 1e-6) -> float:
+def predicted_measure(
+    measure: str, minority: int, group_size: int, rank_rtol: float = 1e-6
+) -> float:
     """Closed-form prediction of `measure` from the group composition.
 
     >>> predicted_measure("erank_entropy", 1, 2)

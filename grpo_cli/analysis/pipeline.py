@@ -40,18 +40,24 @@ from grpo_cli.analysis.tables import (
 
 FIGURES = {
     "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
-               "end of training (or --steps), one colour per R, one line style per step.",
+    "end of training (or --steps), one colour per R, one line style per step.",
     "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
-                      "triangles = training-health alarms (events.csv).",
+    "triangles = training-health alarms (events.csv).",
     "rank_vs_R": "Effective rank (mean over the last part of training) against R; dashed line at 2, "
-                 "grey band = tolerance; hollow markers = matched-progress means.",
+    "grey band = tolerance; hollow markers = matched-progress means.",
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
     "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected "
-                "p^R + (1-p)^R) and KL, with alarms.",
+    "p^R + (1-p)^R) and KL, with alarms.",
     "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
-                   "closed-form prediction for m = 1..R/2.",
+    "closed-form prediction for m = 1..R/2.",
 }
-DYNAMICS_COLUMNS = ["grad_sparsity", "entropy", "zero_variance_frac", "expected_zero_variance_frac", "kl"]
+DYNAMICS_COLUMNS = [
+    "grad_sparsity",
+    "entropy",
+    "zero_variance_frac",
+    "expected_zero_variance_frac",
+    "kl",
+]
 
 
 @dataclass
@@ -84,8 +90,10 @@ def _select(runs: list[Run], include_incomplete: bool, notes: list[str]) -> tupl
     usable = [r for r in runs if r.status != "failed"]
     if not include_incomplete and usable and not any(r.status == "completed" for r in usable):
         include_incomplete = True
-        notes.append("no run has completed yet, so incomplete runs are included and every "
-                     "verdict is provisional")
+        notes.append(
+            "no run has completed yet, so incomplete runs are included and every "
+            "verdict is provisional"
+        )
     analysed = [r for r in usable if include_incomplete or r.status == "completed"]
     unsized = [r.name for r in analysed if r.group_size is None]
     if unsized:
@@ -128,30 +136,47 @@ def analyze(
 
     ranks = rank_table(analysed, measures)
     if ranks.attrs.get("zero_rows"):
-        notes.append(f"{ranks.attrs['zero_rows']} ranks.csv rows of zero matrices (every measure 0: "
-                     "no gradient signal) are left out of every average")
+        notes.append(
+            f"{ranks.attrs['zero_rows']} ranks.csv rows of zero matrices (every measure 0: "
+            "no gradient signal) are left out of every average"
+        )
     recorded = {m for r in analysed if "matrix" in r.ranks for m in r.ranks["matrix"].unique()}
     empty = sorted(recorded - set(ranks["matrix"]))
     if empty:
-        notes.append(f"no finite rank values for {', '.join(empty)} (e.g. no group with "
-                     "unequal rewards at any probe step), so no verdict for them")
+        notes.append(
+            f"no finite rank values for {', '.join(empty)} (e.g. no group with "
+            "unequal rewards at any probe step), so no verdict for them"
+        )
     summary = rank_summary(last_part_means(ranks, last_fraction))
     matched_progress = align if align != "step" else "reward"
     edges = progress_edges(analysed, matched_progress, progress_bins)
-    matched = matched_verdicts(with_x(ranks, analysed, matched_progress, edges), rule,
-                               matched_progress)
+    matched = matched_verdicts(
+        with_x(ranks, analysed, matched_progress, edges), rule, matched_progress
+    )
     comp_table = comp.composition_table(analysed, measures)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
-        runs=runs, analysed=analysed, grouping=grouping, measures=measures, rule=rule,
-        summary=summary, verdicts=verdicts(summary, rule), matched=matched,
-        composition=comp.departure(comp_table), accuracy=accuracy_summary(analysed),
-        title=", ".join(experiments), align=align, matched_progress=matched_progress,
-        progress_bins=progress_bins, last_fraction=last_fraction,
+        runs=runs,
+        analysed=analysed,
+        grouping=grouping,
+        measures=measures,
+        rule=rule,
+        summary=summary,
+        verdicts=verdicts(summary, rule),
+        matched=matched,
+        composition=comp.departure(comp_table),
+        accuracy=accuracy_summary(analysed),
+        title=", ".join(experiments),
+        align=align,
+        matched_progress=matched_progress,
+        progress_bins=progress_bins,
+        last_fraction=last_fraction,
         include_incomplete=include_incomplete,
         variant_columns={k: display_name(k) for k in grouping.variant_keys},
-        variant_values={r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs},
+        variant_values={
+            r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs
+        },
         notes=notes,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +186,9 @@ def analyze(
     return result
 
 
-def _figures(result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame,
-             steps: list[int] | None) -> dict[str, Path]:
+def _figures(
+    result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame, steps: list[int] | None
+) -> dict[str, Path]:
     runs, align, title = result.analysed, result.align, result.title
     styles = style.Styles([r.variant for r in runs])
     edges = progress_edges(runs, align, result.progress_bins)
@@ -170,22 +196,35 @@ def _figures(result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFra
     alarms["x"] = alarms["progress"]  # alarms sit at their exact progress, not a bin centre
     xlabel = X_LABELS[align]
     if align != "step":
-        title = (f"{title} [{X_NOTES[align]}, {result.progress_bins} equal-width bins, "
-                 "each run averaged within a bin]")
+        title = (
+            f"{title} [{X_NOTES[align]}, {result.progress_bins} equal-width bins, "
+            "each run averaged within a bin]"
+        )
     per_run = last_part_means(ranks, result.last_fraction)
     made = {
         "spectra": plots.spectra_figure(runs, steps, styles, result.title),
         "effective_rank": plots.effective_rank_figure(
-            with_x(ranks, runs, align, edges), alarms, result.measures, styles, title, xlabel),
-        "rank_vs_R": plots.rank_vs_r_figure(per_run, result.summary, result.matched,
-                                            result.measures, styles, result.title, result.rule,
-                                            result.last_fraction),
+            with_x(ranks, runs, align, edges), alarms, result.measures, styles, title, xlabel
+        ),
+        "rank_vs_R": plots.rank_vs_r_figure(
+            per_run,
+            result.summary,
+            result.matched,
+            result.measures,
+            styles,
+            result.title,
+            result.rule,
+            result.last_fraction,
+        ),
         "accuracy": plots_training.accuracy_figure(runs, styles, result.title),
         "dynamics": plots_training.dynamics_figure(
-            with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges), alarms, styles,
-            title, xlabel),
-        "composition": plots.composition_figure(comp_table, result.measures, styles,
-                                                result.title),
+            with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges),
+            alarms,
+            styles,
+            title,
+            xlabel,
+        ),
+        "composition": plots.composition_figure(comp_table, result.measures, styles, result.title),
     }
     return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 
@@ -196,5 +235,8 @@ def _write(result: AnalysisResult) -> None:
     content = report.blocks(result)
     (out / "summary.md").write_text(report.render_markdown(content))
     (out / "report.html").write_text(report.render_html(content, result.figures, FIGURES))
-    result.files = {"summary_csv": out / "summary.csv", "summary_md": out / "summary.md",
-                    "report": out / "report.html"}
+    result.files = {
+        "summary_csv": out / "summary.csv",
+        "summary_md": out / "summary.md",
+        "report": out / "report.html",
+    }

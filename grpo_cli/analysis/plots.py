@@ -79,17 +79,22 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
         table = read_spectra(run, sorted(set(nearest.values())))
         for wanted, actual in nearest.items():
             spectrum = normalised_spectra(table[table["step"] == actual])
-            parts.append(spectrum.assign(step=wanted, group_size=run.group_size, variant=run.variant))
+            parts.append(
+                spectrum.assign(step=wanted, group_size=run.group_size, variant=run.variant)
+            )
     if not parts or all(p.empty for p in parts):
         return empty_figure(f"{title}: singular-value spectra", "no spectra.parquet data")
-    data = pd.concat(parts).groupby(["variant", "matrix", "group_size", "step", "index"],
-                                    as_index=False)["value"].mean()
+    data = (
+        pd.concat(parts)
+        .groupby(["variant", "matrix", "group_size", "step", "index"], as_index=False)["value"]
+        .mean()
+    )
     matrices, variants = ordered_matrices(data["matrix"].unique()), styles.variants
     panels = [(m, v) for m in matrices for v in variants]
     cols = len(variants) if len(variants) > 1 else min(3, len(matrices))
     grid = new_figure(-(-len(panels) // cols), cols, width=4.6, height=3.0)
     flat = [ax for row in grid.axes for ax in row]
-    for ax in flat[len(panels):]:
+    for ax in flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (matrix, variant) in zip(flat, panels, strict=False):
         panel = data[(data["matrix"] == matrix) & (data["variant"] == variant)]
@@ -98,8 +103,14 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
             continue
         for (size, step), curve in panel.groupby(["group_size", "step"]):
             style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
-            ax.plot(curve["index"], curve["value"].clip(lower=SPECTRUM_FLOOR), color=r_color(size),
-                    ls=style, lw=1.4, marker="." if len(curve) <= 16 else None)
+            ax.plot(
+                curve["index"],
+                curve["value"].clip(lower=SPECTRUM_FLOOR),
+                color=r_color(size),
+                ls=style,
+                lw=1.4,
+                marker="." if len(curve) <= 16 else None,
+            )
         ax.set_yscale("log")
         ax.set_ylim(SPECTRUM_FLOOR / 2, 2)
         if panel["index"].max() > 64:
@@ -107,21 +118,33 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         note = SPECTRUM_NOTES.get(matrix, "whole matrix")
-        ax.set_title(f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""),
-                     fontsize=9)
+        ax.set_title(
+            f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""), fontsize=9
+        )
         ax.set_xlabel("singular-value index k")
         ax.set_ylabel("sigma_k / sigma_1")
         ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique())
-    handles += [Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
-                for i, s in enumerate(chosen)]
-    return grid.finish(f"{title}: normalised singular-value spectra sigma_k / sigma_1 (mean over "
-                       "seeds; per-group matrices: mean over groups; layer/update: mean over "
-                       f"layers, cut to the shortest layer; floored at {SPECTRUM_FLOOR:g})", handles)
+    handles += [
+        Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
+        for i, s in enumerate(chosen)
+    ]
+    return grid.finish(
+        f"{title}: normalised singular-value spectra sigma_k / sigma_1 (mean over "
+        "seeds; per-group matrices: mean over groups; layer/update: mean over "
+        f"layers, cut to the shortest layer; floored at {SPECTRUM_FLOOR:g})",
+        handles,
+    )
 
 
-def effective_rank_figure(ranks_x: pd.DataFrame, alarms: pd.DataFrame, measures: list[str],
-                          styles: Styles, title: str, xlabel: str) -> Figure:
+def effective_rank_figure(
+    ranks_x: pd.DataFrame,
+    alarms: pd.DataFrame,
+    measures: list[str],
+    styles: Styles,
+    title: str,
+    xlabel: str,
+) -> Figure:
     table = verdict_rows(ranks_x)
     if table.empty:
         return empty_figure(f"{title}: effective rank", "no ranks.csv data")
@@ -148,14 +171,23 @@ def effective_rank_figure(ranks_x: pd.DataFrame, alarms: pd.DataFrame, measures:
                 ax.set_xlabel(xlabel)
     handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
     handles.append(Line2D([], [], color="0.5", ls="--", lw=0.8, label="rank 2 (claim)"))
-    return grid.finish(f"{title}: effective rank (line: mean over seeds, band: min-max; "
-                       "per-group matrices: mean over groups, layer/update: mean over layers)",
-                       handles)
+    return grid.finish(
+        f"{title}: effective rank (line: mean over seeds, band: min-max; "
+        "per-group matrices: mean over groups, layer/update: mean over layers)",
+        handles,
+    )
 
 
-def rank_vs_r_figure(per_run: pd.DataFrame, summary: pd.DataFrame, matched: pd.DataFrame,
-                     measures: list[str], styles: Styles, title: str, rule: Rule,
-                     last_fraction: float) -> Figure:
+def rank_vs_r_figure(
+    per_run: pd.DataFrame,
+    summary: pd.DataFrame,
+    matched: pd.DataFrame,
+    measures: list[str],
+    styles: Styles,
+    title: str,
+    rule: Rule,
+    last_fraction: float,
+) -> Figure:
     points, means = verdict_rows(per_run), verdict_rows(summary)
     if means.empty:
         return empty_figure(f"{title}: effective rank vs R", "no ranks.csv data")
@@ -173,23 +205,58 @@ def rank_vs_r_figure(per_run: pd.DataFrame, summary: pd.DataFrame, matched: pd.D
             ax.axhline(rule.target, color="k", ls="--", lw=1)
             for variant, part in means[sel].groupby("variant"):
                 part = part.sort_values("group_size")
-                ax.plot(part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1)
+                ax.plot(
+                    part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1
+                )
                 colors = [r_color(r) for r in part["group_size"]]
                 spread = part["std"].fillna(0.0)
-                ax.vlines(part["group_size"], part["mean"] - spread, part["mean"] + spread,
-                          colors=colors, lw=1.5)
-                ax.scatter(part["group_size"], part["mean"], c=colors, s=36, zorder=3,
-                           marker=styles.marker(variant))
-                seeds = points[(points["matrix"] == matrix) & (points["measure"] == measure)
-                               & (points["variant"] == variant)]
-                ax.scatter(seeds["group_size"], seeds["value"], s=9, alpha=0.5,
-                           c=[r_color(r) for r in seeds["group_size"]])
-                hit = matched[(matched["matrix"] == matrix) & (matched["measure"] == measure)
-                              & (matched["variant"] == variant)] if not matched.empty else matched
+                ax.vlines(
+                    part["group_size"],
+                    part["mean"] - spread,
+                    part["mean"] + spread,
+                    colors=colors,
+                    lw=1.5,
+                )
+                ax.scatter(
+                    part["group_size"],
+                    part["mean"],
+                    c=colors,
+                    s=36,
+                    zorder=3,
+                    marker=styles.marker(variant),
+                )
+                seeds = points[
+                    (points["matrix"] == matrix)
+                    & (points["measure"] == measure)
+                    & (points["variant"] == variant)
+                ]
+                ax.scatter(
+                    seeds["group_size"],
+                    seeds["value"],
+                    s=9,
+                    alpha=0.5,
+                    c=[r_color(r) for r in seeds["group_size"]],
+                )
+                hit = (
+                    matched[
+                        (matched["matrix"] == matrix)
+                        & (matched["measure"] == measure)
+                        & (matched["variant"] == variant)
+                    ]
+                    if not matched.empty
+                    else matched
+                )
                 for values in hit.get("means", []):
                     for size, value in values.items():
-                        ax.scatter([size], [value], s=60, facecolors="none", linewidths=1.2,
-                                   edgecolors=r_color(size), marker=styles.marker(variant))
+                        ax.scatter(
+                            [size],
+                            [value],
+                            s=60,
+                            facecolors="none",
+                            linewidths=1.2,
+                            edgecolors=r_color(size),
+                            marker=styles.marker(variant),
+                        )
             ax.set_xscale("log", base=2)
             ax.set_xticks(sizes, [str(r) for r in sizes])
             ax.grid(alpha=0.3)
@@ -205,15 +272,21 @@ def rank_vs_r_figure(per_run: pd.DataFrame, summary: pd.DataFrame, matched: pd.D
         Line2D([], [], color="0.3", marker="o", ls="", mfc="none", label="matched progress"),
         Line2D([], [], color="k", ls="--", label=f"rank {rule.target:g} +- {rule.tolerance:g}"),
     ]
-    return grid.finish(f"{title}: effective rank vs group size R (mean over the last "
-                       f"{last_fraction:.0%} of probe steps)", handles)
+    return grid.finish(
+        f"{title}: effective rank vs group size R (mean over the last "
+        f"{last_fraction:.0%} of probe steps)",
+        handles,
+    )
 
 
-def composition_figure(table: pd.DataFrame, measures: list[str], styles: Styles, title: str,
-                       rank_rtol: float = 1e-6) -> Figure:
+def composition_figure(
+    table: pd.DataFrame, measures: list[str], styles: Styles, title: str, rank_rtol: float = 1e-6
+) -> Figure:
     if table.empty:
-        return empty_figure(f"{title}: rollout_group rank vs group composition",
-                            "no per-group rollout_group rows with `minority` in ranks.csv")
+        return empty_figure(
+            f"{title}: rollout_group rank vs group composition",
+            "no per-group rollout_group rows with `minority` in ranks.csv",
+        )
     variants = sorted(table["variant"].unique())
     present = [m for m in measures if m in set(table["measure"])]
     grid = new_figure(len(variants), len(present), width=3.3, height=3.0)
@@ -229,8 +302,11 @@ def composition_figure(table: pd.DataFrame, measures: list[str], styles: Styles,
                 frac, pred = prediction_curve(measure, int(size), rank_rtol)
                 ax.plot(frac, pred, color=r_color(size), lw=1.5, marker="D", ms=5, mec="white")
             ax.grid(alpha=0.3)
-            ax.set_title(MEASURE_LABELS.get(measure, measure)
-                         + (f"\n{variant}" if len(variants) > 1 else ""), fontsize=9)
+            ax.set_title(
+                MEASURE_LABELS.get(measure, measure)
+                + (f"\n{variant}" if len(variants) > 1 else ""),
+                fontsize=9,
+            )
             ax.set_xlabel("minority fraction m/R")
             if j == 0:
                 ax.set_ylabel("effective rank (per group)")
@@ -238,6 +314,9 @@ def composition_figure(table: pd.DataFrame, measures: list[str], styles: Styles,
         Line2D([], [], color="0.3", marker=".", ls="", label="measured (one group)"),
         Line2D([], [], color="0.3", marker="D", mec="white", label="closed form, m=1..R/2"),
     ]
-    return grid.finish(f"{title}: rollout_group per-group rank vs minority fraction m/R, with "
-                       "the closed-form composition prediction (singular values M, m times, and "
-                       "m, M times)", handles)
+    return grid.finish(
+        f"{title}: rollout_group per-group rank vs minority fraction m/R, with "
+        "the closed-form composition prediction (singular values M, m times, and "
+        "m, M times)",
+        handles,
+    )

@@ -37,16 +37,30 @@ def _long(runs: list[Run], curve_of) -> pd.DataFrame:
     for run in runs:
         curve = curve_of(run)
         if len(curve):
-            parts.append(pd.DataFrame({"step": curve["step"].to_numpy(), "x": curve["step"].to_numpy(),
-                                       "value": curve.iloc[:, 1].to_numpy()}).assign(**run_meta(run)))
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "step": curve["step"].to_numpy(),
+                        "x": curve["step"].to_numpy(),
+                        "value": curve.iloc[:, 1].to_numpy(),
+                    }
+                ).assign(**run_meta(run))
+            )
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def accuracy_figure(runs: list[Run], styles: Styles, title: str) -> Figure:
     panels = [
-        (_long(runs, accuracy_curve), "held-out accuracy (fraction)", "held-out accuracy (eval.csv)"),
-        (_long(runs, reward_curve), f"training reward (rolling mean, {REWARD_WINDOW} steps)",
-         "training reward (metrics.csv reward_mean)"),
+        (
+            _long(runs, accuracy_curve),
+            "held-out accuracy (fraction)",
+            "held-out accuracy (eval.csv)",
+        ),
+        (
+            _long(runs, reward_curve),
+            f"training reward (rolling mean, {REWARD_WINDOW} steps)",
+            "training reward (metrics.csv reward_mean)",
+        ),
     ]
     if all(table.empty for table, _, _ in panels):
         return empty_figure(f"{title}: accuracy and reward", "no eval.csv or metrics.csv data")
@@ -64,18 +78,22 @@ def accuracy_figure(runs: list[Run], styles: Styles, title: str) -> Figure:
         ax.set_title(panel_title, fontsize=10)
         ax.grid(alpha=0.3)
     handles = styles.legend_handles(sizes)
-    return grid.finish(f"{title}: held-out accuracy and training reward (mean over seeds, band: "
-                       "min-max)", handles)
+    return grid.finish(
+        f"{title}: held-out accuracy and training reward (mean over seeds, band: min-max)", handles
+    )
 
 
-def dynamics_figure(metrics_x: pd.DataFrame, alarms: pd.DataFrame, styles: Styles, title: str,
-                    xlabel: str) -> Figure:
+def dynamics_figure(
+    metrics_x: pd.DataFrame, alarms: pd.DataFrame, styles: Styles, title: str, xlabel: str
+) -> Figure:
     """grad_sparsity, entropy, zero_variance_frac (expected value dashed) and kl vs step/progress."""
     if metrics_x.empty:
         return empty_figure(f"{title}: training dynamics", "no metrics.csv data")
     data = curves(metrics_x, ["metric"])
     grid = new_figure(2, 2, width=5.2, height=3.4)
-    for ax, (metric, ylabel) in zip([a for row in grid.axes for a in row], DYNAMICS.items(), strict=True):
+    for ax, (metric, ylabel) in zip(
+        [a for row in grid.axes for a in row], DYNAMICS.items(), strict=True
+    ):
         panel = data[data["metric"] == metric]
         if panel.empty:
             no_data(ax, f"no {metric} in metrics.csv")
@@ -93,6 +111,9 @@ def dynamics_figure(metrics_x: pd.DataFrame, alarms: pd.DataFrame, styles: Style
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
-    handles.append(Line2D([], [], color="0.3", ls="--", lw=1.0,
-                          label="expected zero-variance frac, p^R + (1-p)^R"))
+    handles.append(
+        Line2D(
+            [], [], color="0.3", ls="--", lw=1.0, label="expected zero-variance frac, p^R + (1-p)^R"
+        )
+    )
     return grid.finish(f"{title}: training dynamics (mean over seeds, band: min-max)", handles)

@@ -16,8 +16,24 @@ import pandas as pd
 
 Block = tuple[str, object]  # ("h1" | "h2" | "p" | "quote" | "list" | "table", payload)
 SUMMARY_COLUMNS = [
-    "kind", "variant", "matrix", "layer", "stat", "measure", "group_size", "mean", "std", "min",
-    "max", "n_seeds", "n_incomplete", "n_obs", "start_mean", "verdict", "max_deviation", "slope",
+    "kind",
+    "variant",
+    "matrix",
+    "layer",
+    "stat",
+    "measure",
+    "group_size",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "n_seeds",
+    "n_incomplete",
+    "n_obs",
+    "start_mean",
+    "verdict",
+    "max_deviation",
+    "slope",
     "detail",
 ]
 
@@ -42,30 +58,57 @@ def summary_frame(result) -> pd.DataFrame:
     parts = [result.summary.assign(kind="rank")]
     for kind, table in (("verdict", result.verdicts), ("verdict_matched", result.matched)):
         if not table.empty:
-            parts.append(table.drop(columns=["means"]).rename(columns={"sentence": "detail"})
-                         .assign(kind=kind))
+            parts.append(
+                table.drop(columns=["means"])
+                .rename(columns={"sentence": "detail"})
+                .assign(kind=kind)
+            )
     if not result.composition.empty:
         comp = result.composition
-        parts.append(comp.rename(columns={"mean_abs_departure": "mean", "n_groups": "n_obs"}).assign(
-            kind="composition", matrix="rollout_group", layer="", stat="per group",
-            detail=[f"mean |measured - pred_{m}|; measured {a:.3f}, predicted {b:.3f}" for m, a, b
-                    in zip(comp["measure"], comp["mean_measured"], comp["mean_predicted"], strict=True)],
-        ).drop(columns=["mean_measured", "mean_predicted"]))
+        parts.append(
+            comp.rename(columns={"mean_abs_departure": "mean", "n_groups": "n_obs"})
+            .assign(
+                kind="composition",
+                matrix="rollout_group",
+                layer="",
+                stat="per group",
+                detail=[
+                    f"mean |measured - pred_{m}|; measured {a:.3f}, predicted {b:.3f}"
+                    for m, a, b in zip(
+                        comp["measure"], comp["mean_measured"], comp["mean_predicted"], strict=True
+                    )
+                ],
+            )
+            .drop(columns=["mean_measured", "mean_predicted"])
+        )
     acc = result.accuracy
     if not acc.empty:
-        parts.append(acc.rename(columns={"final_mean": "mean", "final_std": "std"}).assign(
-            kind="accuracy", measure="heldout_accuracy", detail="held-out accuracy at the last eval "
-            "(start_mean: at the first eval)").drop(columns=["final_reward_mean"]))
-        parts.append(acc.rename(columns={"final_reward_mean": "mean"})[
-            ["variant", "group_size", "mean", "n_seeds", "n_incomplete"]].assign(
-            kind="accuracy", measure="training_reward",
-            detail="reward_mean, rolling mean at the last step"))
+        parts.append(
+            acc.rename(columns={"final_mean": "mean", "final_std": "std"})
+            .assign(
+                kind="accuracy",
+                measure="heldout_accuracy",
+                detail="held-out accuracy at the last eval (start_mean: at the first eval)",
+            )
+            .drop(columns=["final_reward_mean"])
+        )
+        parts.append(
+            acc.rename(columns={"final_reward_mean": "mean"})[
+                ["variant", "group_size", "mean", "n_seeds", "n_incomplete"]
+            ].assign(
+                kind="accuracy",
+                measure="training_reward",
+                detail="reward_mean, rolling mean at the last step",
+            )
+        )
     frame = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     frame = frame.reindex(columns=SUMMARY_COLUMNS)
     for column in ("group_size", "n_seeds", "n_incomplete", "n_obs"):
         frame[column] = frame[column].astype("Int64")
     for key, label in result.variant_columns.items():  # one column per differing key
-        frame.insert(2, label, frame["variant"].map(lambda v, k=key: result.variant_values.get(v, {}).get(k)))
+        frame.insert(
+            2, label, frame["variant"].map(lambda v, k=key: result.variant_values.get(v, {}).get(k))
+        )
     return frame
 
 
@@ -92,8 +135,11 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
         row = {"variant": v.variant, "matrix": v.matrix, "measure": v.measure}
         row |= {f"R={r}": _cell(lookup, key, r) for r in sizes}
         if stat is None:
-            row |= {"slope / doubling": fmt(v.slope), "max dev. from 2": fmt(v.max_deviation),
-                    "verdict": v.verdict}
+            row |= {
+                "slope / doubling": fmt(v.slope),
+                "max dev. from 2": fmt(v.max_deviation),
+                "verdict": v.verdict,
+            }
         rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty and table["variant"].eq("").all():
@@ -106,19 +152,33 @@ def matched_table(matched: pd.DataFrame) -> pd.DataFrame:
     if matched.empty:
         return matched
     sizes = sorted({int(r) for means in matched["means"] for r in means})
-    per_r = pd.DataFrame([{f"R={r}": means.get(r, np.nan) for r in sizes}
-                          for means in matched["means"]], index=matched.index)
+    per_r = pd.DataFrame(
+        [{f"R={r}": means.get(r, np.nan) for r in sizes} for means in matched["means"]],
+        index=matched.index,
+    )
     columns = ["variant", "matrix", "measure"]
-    return pd.concat([matched[columns], per_r,
-                      matched[["slope", "max_deviation", "common_bins", "verdict"]]], axis=1)
+    return pd.concat(
+        [matched[columns], per_r, matched[["slope", "max_deviation", "common_bins", "verdict"]]],
+        axis=1,
+    )
 
 
 def run_table(runs) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "run": run.name, "status": run.status, "R": run.group_size, "variant": run.variant,
-        "seed": run.seed, "last step": run.last_step, "stopped by": run.info.get("stopped_by") or "",
-        "error / problems": "; ".join(filter(None, [run.error or "", *run.problems])),
-    } for run in runs])
+    return pd.DataFrame(
+        [
+            {
+                "run": run.name,
+                "status": run.status,
+                "R": run.group_size,
+                "variant": run.variant,
+                "seed": run.seed,
+                "last step": run.last_step,
+                "stopped by": run.info.get("stopped_by") or "",
+                "error / problems": "; ".join(filter(None, [run.error or "", *run.problems])),
+            }
+            for run in runs
+        ]
+    )
 
 
 def blocks(result) -> list[Block]:
@@ -127,41 +187,62 @@ def blocks(result) -> list[Block]:
     incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
-        ("p", f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
-              "x-axis of the claim: rollout.group_size (R)."
-              + (f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
-                 if result.variant_columns else "")),
-        ("p", f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
-              f"{counts.get('failed', 0)} failed (excluded from every average), "
-              f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
-              f"Figures use align={result.align}."),
+        (
+            "p",
+            f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
+            "x-axis of the claim: rollout.group_size (R)."
+            + (
+                f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
+                if result.variant_columns
+                else ""
+            ),
+        ),
+        (
+            "p",
+            f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
+            f"{counts.get('failed', 0)} failed (excluded from every average), "
+            f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
+            f"Figures use align={result.align}.",
+        ),
         *[("p", f"Note: {note}") for note in result.notes],
         ("table", run_table(result.runs)),
         ("h2", "Verdict rule"),
         ("quote", result.rule.text(result.last_fraction)),
-        ("p", "For layer/update the rank is first averaged over layers at each step (per-layer "
-              "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
-              "group == 'mean' rows (median below)."),
+        (
+            "p",
+            "For layer/update the rank is first averaged over layers at each step (per-layer "
+            "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
+            "group == 'mean' rows (median below).",
+        ),
         ("h2", "Verdicts"),
         ("table", verdict_table(result, result.verdicts)),
         ("list", list(result.verdicts["sentence"])),
         ("h2", f"Verdicts at matched progress ({result.matched_progress})"),
-        ("p", f"Same rule; each R's rank is averaged over the {result.matched_progress} bins "
-              f"({result.progress_bins} equal-width bins over the pooled range of all runs) that every R "
-              "of the variant reaches, so fast and slow learners are compared at equal progress."),
+        (
+            "p",
+            f"Same rule; each R's rank is averaged over the {result.matched_progress} bins "
+            f"({result.progress_bins} equal-width bins over the pooled range of all runs) that "
+            "every R of the variant reaches, so fast and slow learners are compared at equal "
+            "progress.",
+        ),
         ("table", matched_table(result.matched)),
         ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),
         ("h2", "rollout_group vs the composition prediction"),
-        ("p", "Mean |measured - pred_<measure>| over every informative per-group row "
-              "(group g<b>), per R; the prediction uses singular values M (m times) and m (M times)."),
+        (
+            "p",
+            "Mean |measured - pred_<measure>| over every informative per-group row "
+            "(group g<b>), per R; the prediction uses singular values M (m times) and m (M times).",
+        ),
         ("table", result.composition.round(3)),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:
-        out += [("h2", "Per-group matrices: median over groups (last-part mean)"),
-                ("table", verdict_table(result, median, stat="median"))]
+        out += [
+            ("h2", "Per-group matrices: median over groups (last-part mean)"),
+            ("table", verdict_table(result, median, stat="median")),
+        ]
     return out
 
 
@@ -170,7 +251,9 @@ def _md_table(table: pd.DataFrame) -> str:
         return "_(no data)_"
     cells = [[fmt(v, 3).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
     header = "| " + " | ".join(str(c).replace("|", "\\|") for c in table.columns) + " |"
-    lines = [header, "|" + "---|" * len(table.columns)] + ["| " + " | ".join(r) + " |" for r in cells]
+    lines = [header, "|" + "---|" * len(table.columns)] + [
+        "| " + " | ".join(r) + " |" for r in cells
+    ]
     return "\n".join(lines)
 
 
@@ -232,11 +315,15 @@ def render_html(content: list[Block], figures: dict[str, Path], captions: dict[s
     figures_html = ["<h2>Figures</h2>"]
     for name, path in figures.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-        figures_html.append(f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
-                            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+        figures_html.append(
+            f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
+            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+        )
     # figures go after the verdicts and summaries, before the median table
     cut = next((i for i, p in enumerate(parts) if p.startswith("<h2>Per-group")), len(parts))
     body = parts[:cut] + figures_html + parts[cut:]
     title = html.escape(str(content[0][1]))
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )

@@ -15,8 +15,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 R_COLORS = {
-    1: "tab:gray", 2: "tab:blue", 4: "tab:orange", 8: "tab:green", 16: "tab:red",
-    32: "tab:purple", 64: "tab:brown",
+    1: "tab:gray",
+    2: "tab:blue",
+    4: "tab:orange",
+    8: "tab:green",
+    16: "tab:red",
+    32: "tab:purple",
+    64: "tab:brown",
 }
 _SPARE_COLORS = ("tab:pink", "tab:olive", "tab:cyan", "black")
 VARIANT_STYLES = ("-", "--", "-.", ":")
@@ -45,11 +50,17 @@ class Styles:
         return f"R={group_size}" + (f", {variant}" if variant and len(self.variants) > 1 else "")
 
     def legend_handles(self, group_sizes, alarms: bool = False) -> list[Line2D]:
-        handles = [Line2D([], [], color=r_color(r), lw=2, label=f"R={r}") for r in sorted(group_sizes)]
+        handles = [
+            Line2D([], [], color=r_color(r), lw=2, label=f"R={r}") for r in sorted(group_sizes)
+        ]
         if len(self.variants) > 1:
-            handles += [Line2D([], [], color="0.3", ls=self.line(v), label=v) for v in self.variants]
+            handles += [
+                Line2D([], [], color="0.3", ls=self.line(v), label=v) for v in self.variants
+            ]
         if alarms:
-            handles.append(Line2D([], [], color="0.3", marker="v", ls=":", label="alarm (events.csv)"))
+            handles.append(
+                Line2D([], [], color="0.3", marker="v", ls=":", label="alarm (events.csv)")
+            )
         return handles
 
 
@@ -79,14 +90,23 @@ class Grid:
         fig_h = self.height * rows + MARGIN_BOTTOM + top
         self.fig.set_size_inches(fig_w, fig_h)
         self.fig.subplots_adjust(
-            left=MARGIN_LEFT / fig_w, right=1 - MARGIN_RIGHT / fig_w,
-            bottom=MARGIN_BOTTOM / fig_h, top=1 - top / fig_h,
-            wspace=SPACE_W / (self.width - SPACE_W), hspace=SPACE_H / (self.height - SPACE_H),
+            left=MARGIN_LEFT / fig_w,
+            right=1 - MARGIN_RIGHT / fig_w,
+            bottom=MARGIN_BOTTOM / fig_h,
+            top=1 - top / fig_h,
+            wspace=SPACE_W / (self.width - SPACE_W),
+            hspace=SPACE_H / (self.height - SPACE_H),
         )
         self.fig.suptitle("\n".join(lines), y=1 - 0.08 / fig_h, va="top", fontsize=11)
         if handles:
-            self.fig.legend(handles=handles, loc="upper center", ncols=ncols, fontsize=8,
-                            frameon=False, bbox_to_anchor=(0.5, 1 - title_h / fig_h))
+            self.fig.legend(
+                handles=handles,
+                loc="upper center",
+                ncols=ncols,
+                fontsize=8,
+                frameon=False,
+                bbox_to_anchor=(0.5, 1 - title_h / fig_h),
+            )
         return self.fig
 
 
@@ -119,14 +139,29 @@ def draw_alarms(ax: Axes, alarms: pd.DataFrame) -> None:
     colors = [r_color(r) for r in alarms["group_size"]]
     where = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.vlines(alarms["x"], 0, 1, colors=colors, linestyles=":", lw=0.9, alpha=0.7, transform=where)
-    ax.scatter(alarms["x"], [1.0] * len(alarms), c=colors, marker="v", s=40, clip_on=False,
-               transform=where, zorder=4)
+    ax.scatter(
+        alarms["x"],
+        [1.0] * len(alarms),
+        c=colors,
+        marker="v",
+        s=40,
+        clip_on=False,
+        transform=where,
+        zorder=4,
+    )
 
 
 def band(ax: Axes, curve: pd.DataFrame, color: str, style: str, label: str) -> None:
     """A mean line with a shaded min-max band (columns x, mean, lo, hi)."""
-    ax.plot(curve["x"], curve["mean"], color=color, ls=style, lw=1.6, label=label,
-            marker="." if len(curve) < 12 else None)
+    ax.plot(
+        curve["x"],
+        curve["mean"],
+        color=color,
+        ls=style,
+        lw=1.6,
+        label=label,
+        marker="." if len(curve) < 12 else None,
+    )
     if (curve["hi"] > curve["lo"]).any():
         ax.fill_between(curve["x"], curve["lo"], curve["hi"], color=color, alpha=0.18, lw=0)
 

@@ -52,18 +52,26 @@ class Rule:
             return {"verdict": "undetermined", "max_deviation": deviation, "slope": np.nan}
         slope = float(np.polyfit(np.log2(list(means)), list(means.values()), 1)[0])
         holds = deviation <= self.tolerance and abs(slope) <= self.trend_threshold
-        return {"verdict": "holds" if holds else "fails", "max_deviation": deviation, "slope": slope}
+        return {
+            "verdict": "holds" if holds else "fails",
+            "max_deviation": deviation,
+            "slope": slope,
+        }
 
     def sentence(self, subject: str, means: dict[int, float], judged: dict) -> str:
         """One plain sentence that explains a verdict."""
         values = ", ".join(f"{m:.2f} at R={r}" for r, m in sorted(means.items()))
         target, tol = f"{self.target:g}", f"{self.tolerance:g}"
         if judged["verdict"] == "undetermined":
-            return f"{subject}: undetermined, only {len(means)} value(s) of R ({values or 'no data'})."
+            return (
+                f"{subject}: undetermined, only {len(means)} value(s) of R ({values or 'no data'})."
+            )
         slope = f"{judged['slope']:+.2f} per doubling of R"
         if judged["verdict"] == "holds":
-            return (f"{subject}: holds; the rank stays within {tol} of {target} ({values}) "
-                    f"and shows no trend in R ({slope}).")
+            return (
+                f"{subject}: holds; the rank stays within {tol} of {target} ({values}) "
+                f"and shows no trend in R ({slope})."
+            )
         far = [f"R={r}" for r, m in sorted(means.items()) if abs(m - self.target) > self.tolerance]
         reasons = []
         if far:
@@ -102,8 +110,10 @@ def rank_summary(per_run: pd.DataFrame) -> pd.DataFrame:
 def sort_rows(table: pd.DataFrame) -> pd.DataFrame:
     """Matrices in data-flow order, measures in MEASURES order, then layer, stat, R."""
     matrices = ordered_matrices(table["matrix"].unique()) if "matrix" in table else []
-    orders = {"matrix": {m: i for i, m in enumerate(matrices)},
-              "measure": {m: i for i, m in enumerate(MEASURES)}}
+    orders = {
+        "matrix": {m: i for i, m in enumerate(matrices)},
+        "measure": {m: i for i, m in enumerate(MEASURES)},
+    }
     by = [c for c in ["variant", "matrix", "measure", "layer", "stat", "group_size"] if c in table]
     return table.sort_values(
         by, key=lambda col: col.map(orders[col.name]).fillna(99) if col.name in orders else col
@@ -125,11 +135,31 @@ def verdicts(summary: pd.DataFrame, rule: Rule) -> pd.DataFrame:
         sentence = rule.sentence(_subject(variant, matrix, measure), means, judged)
         if part["n_incomplete"].sum():
             sentence += " Provisional: includes incomplete runs."
-        rows.append({"variant": variant, "matrix": matrix, "layer": layer, "stat": stat,
-                     "measure": measure, **judged, "n_incomplete": int(part["n_incomplete"].sum()),
-                     "means": means, "sentence": sentence})
-    return pd.DataFrame(rows, columns=[*SUMMARY_KEYS, "verdict", "max_deviation", "slope",
-                                       "n_incomplete", "means", "sentence"])
+        rows.append(
+            {
+                "variant": variant,
+                "matrix": matrix,
+                "layer": layer,
+                "stat": stat,
+                "measure": measure,
+                **judged,
+                "n_incomplete": int(part["n_incomplete"].sum()),
+                "means": means,
+                "sentence": sentence,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            *SUMMARY_KEYS,
+            "verdict",
+            "max_deviation",
+            "slope",
+            "n_incomplete",
+            "means",
+            "sentence",
+        ],
+    )
 
 
 def matched_verdicts(ranks_x: pd.DataFrame, rule: Rule, progress: str) -> pd.DataFrame:
@@ -139,28 +169,53 @@ def matched_verdicts(ranks_x: pd.DataFrame, rule: Rule, progress: str) -> pd.Dat
     averaged within each bin (first within a run, then over runs) and then over the bins that
     every R of the variant reaches; bins reached by only some Rs are left out.
     """
-    columns = [*SUMMARY_KEYS, "verdict", "max_deviation", "slope", "common_bins", "means", "sentence"]
+    columns = [
+        *SUMMARY_KEYS,
+        "verdict",
+        "max_deviation",
+        "slope",
+        "common_bins",
+        "means",
+        "sentence",
+    ]
     rows = []
     if ranks_x.empty:
         return pd.DataFrame(columns=columns)
     table = verdict_rows(ranks_x)
-    per_run = table.groupby([*SUMMARY_KEYS, "group_size", "run_id", "x"], as_index=False)["value"].mean()
+    per_run = table.groupby([*SUMMARY_KEYS, "group_size", "run_id", "x"], as_index=False)[
+        "value"
+    ].mean()
     per_bin = per_run.groupby([*SUMMARY_KEYS, "group_size", "x"], as_index=False)["value"].mean()
     for key, part in per_bin.groupby(SUMMARY_KEYS, sort=False):
         bins_per_r = part.groupby("group_size")["x"].apply(set)
         common = sorted(set.intersection(*bins_per_r)) if len(bins_per_r) else []
         matched = part[part["x"].isin(common)]
         means = matched.groupby("group_size")["value"].mean().to_dict()
-        judged = rule.judge(means) if common else {"verdict": "undetermined",
-                                                   "max_deviation": np.nan, "slope": np.nan}
+        judged = (
+            rule.judge(means)
+            if common
+            else {"verdict": "undetermined", "max_deviation": np.nan, "slope": np.nan}
+        )
         span = f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}" if common else "none"
-        sentence = rule.sentence(_subject(key[0], key[1], key[4]) + f" at matched {progress}",
-                                 {int(r): m for r, m in means.items()}, judged)
+        sentence = rule.sentence(
+            _subject(key[0], key[1], key[4]) + f" at matched {progress}",
+            {int(r): m for r, m in means.items()},
+            judged,
+        )
         if not common:
-            sentence = (f"{_subject(key[0], key[1], key[4])} at matched {progress}: undetermined, "
-                        "no progress bin is reached by every R.")
-        rows.append({**dict(zip(SUMMARY_KEYS, key, strict=True)), **judged,
-                     "common_bins": f"{len(common)} ({span})", "means": means, "sentence": sentence})
+            sentence = (
+                f"{_subject(key[0], key[1], key[4])} at matched {progress}: undetermined, "
+                "no progress bin is reached by every R."
+            )
+        rows.append(
+            {
+                **dict(zip(SUMMARY_KEYS, key, strict=True)),
+                **judged,
+                "common_bins": f"{len(common)} ({span})",
+                "means": means,
+                "sentence": sentence,
+            }
+        )
     return sort_rows(pd.DataFrame(rows, columns=columns)) if rows else pd.DataFrame(columns=columns)
 
 
@@ -169,24 +224,39 @@ def accuracy_summary(runs) -> pd.DataFrame:
     rows = []
     for run in runs:
         acc, reward = accuracy_curve(run), reward_curve(run)
-        rows.append({"variant": run.variant, "group_size": run.group_size or -1,
-                     "status": run.status,
-                     "start": acc["accuracy"].iloc[0] if len(acc) else np.nan,
-                     "final": acc["accuracy"].iloc[-1] if len(acc) else np.nan,
-                     "final_step": acc["step"].iloc[-1] if len(acc) else np.nan,
-                     "reward": reward["reward"].iloc[-1] if len(reward) else np.nan})
-    columns = ["variant", "group_size", "start_mean", "final_mean", "final_std", "n_seeds",
-               "final_reward_mean", "n_incomplete"]
+        rows.append(
+            {
+                "variant": run.variant,
+                "group_size": run.group_size or -1,
+                "status": run.status,
+                "start": acc["accuracy"].iloc[0] if len(acc) else np.nan,
+                "final": acc["accuracy"].iloc[-1] if len(acc) else np.nan,
+                "final_step": acc["step"].iloc[-1] if len(acc) else np.nan,
+                "reward": reward["reward"].iloc[-1] if len(reward) else np.nan,
+            }
+        )
+    columns = [
+        "variant",
+        "group_size",
+        "start_mean",
+        "final_mean",
+        "final_std",
+        "n_seeds",
+        "final_reward_mean",
+        "n_incomplete",
+    ]
     if not rows:
         return pd.DataFrame(columns=columns)
     table = pd.DataFrame(rows)
     grouped = table.groupby(["variant", "group_size"])
-    out = pd.DataFrame({
-        "start_mean": grouped["start"].mean(),
-        "final_mean": grouped["final"].mean(),
-        "final_std": grouped["final"].std(),
-        "n_seeds": grouped["final"].count(),
-        "final_reward_mean": grouped["reward"].mean(),
-        "n_incomplete": grouped["status"].apply(lambda s: int((s == "incomplete").sum())),
-    })
+    out = pd.DataFrame(
+        {
+            "start_mean": grouped["start"].mean(),
+            "final_mean": grouped["final"].mean(),
+            "final_std": grouped["final"].std(),
+            "n_seeds": grouped["final"].count(),
+            "final_reward_mean": grouped["reward"].mean(),
+            "n_incomplete": grouped["status"].apply(lambda s: int((s == "incomplete").sum())),
+        }
+    )
     return out.reset_index()[columns]

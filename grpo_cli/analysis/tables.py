@@ -29,8 +29,11 @@ MATRIX_ORDER = ("rollout_group", "rollout_batch", "score_group", "group_batch", 
 LAYER_MEAN = "mean over layers"
 REWARD_WINDOW = 5  # steps in the rolling mean of the training reward used as progress
 ALIGNS = ("step", "reward", "accuracy")
-X_LABELS = {"step": "step", "reward": "training reward (binned)",
-            "accuracy": "held-out accuracy (fraction, binned)"}
+X_LABELS = {
+    "step": "step",
+    "reward": "training reward (binned)",
+    "accuracy": "held-out accuracy (fraction, binned)",
+}
 X_NOTES = {  # said once in the figure title, too long for every axis
     "step": "",
     "reward": f"x: training reward = rolling mean of reward_mean over {REWARD_WINDOW} steps",
@@ -61,7 +64,9 @@ def measures_present(runs: list[Run], measure: str = "all") -> list[str]:
     if measure == "all":
         return present
     if measure not in MEASURES:
-        raise ValueError(f"unknown measure {measure!r}; choose 'all' or one of {', '.join(MEASURES)}")
+        raise ValueError(
+            f"unknown measure {measure!r}; choose 'all' or one of {', '.join(MEASURES)}"
+        )
     return [measure]
 
 
@@ -73,8 +78,10 @@ def _matrix_rows(ranks: pd.DataFrame, matrix: str, measures: list[str]) -> pd.Da
         if picked.empty and not per_group.empty:
             by_step = per_group.groupby("step")[measures]
             picked = pd.concat(
-                [by_step.mean().reset_index().assign(stat="mean"),
-                 by_step.median().reset_index().assign(stat="median")]
+                [
+                    by_step.mean().reset_index().assign(stat="mean"),
+                    by_step.median().reset_index().assign(stat="median"),
+                ]
             )
         return picked.assign(layer="")
     picked = rows[rows["group"].isin(["all", ""])].assign(stat="all")
@@ -104,8 +111,11 @@ def rank_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             rows = rows.assign(matrix=matrix)[["step", "matrix", "layer", "stat", *have]]
             long = rows.melt(id_vars=["step", "matrix", "layer", "stat"], var_name="measure")
             parts.append(long.assign(**run_meta(run)))
-    table = (pd.concat(parts, ignore_index=True).dropna(subset=["value"])[columns] if parts
-             else pd.DataFrame(columns=columns))
+    table = (
+        pd.concat(parts, ignore_index=True).dropna(subset=["value"])[columns]
+        if parts
+        else pd.DataFrame(columns=columns)
+    )
     table.attrs["zero_rows"] = zero_rows
     return table
 
@@ -176,7 +186,9 @@ def progress_edges(runs: list[Run], align: str, bins: int) -> np.ndarray | None:
     return np.linspace(low, high if high > low else low + 1e-9, bins + 1)
 
 
-def with_x(table: pd.DataFrame, runs: list[Run], align: str, edges: np.ndarray | None) -> pd.DataFrame:
+def with_x(
+    table: pd.DataFrame, runs: list[Run], align: str, edges: np.ndarray | None
+) -> pd.DataFrame:
     """Add `progress` (raw) and `x` (step, or the centre of the progress bin) to a long table."""
     table = table.copy()
     if align == "step" or table.empty:
@@ -188,7 +200,9 @@ def with_x(table: pd.DataFrame, runs: list[Run], align: str, edges: np.ndarray |
     for run_id, rows in table.groupby("run_id"):
         progress[rows.index] = progress_at(by_id[run_id], rows["step"].to_numpy(), align)
     table["progress"] = progress
-    index = np.clip(np.searchsorted(edges, progress.to_numpy(), side="right") - 1, 0, len(edges) - 2)
+    index = np.clip(
+        np.searchsorted(edges, progress.to_numpy(), side="right") - 1, 0, len(edges) - 2
+    )
     centres = (edges[:-1] + edges[1:]) / 2
     table["x"] = np.where(progress.notna(), centres[index], np.nan)
     return table.dropna(subset=["x"])

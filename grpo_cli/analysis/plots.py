@@ -112,7 +112,8 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
                 marker="." if len(curve) <= 16 else None,
             )
         ax.set_yscale("log")
-        ax.set_ylim(SPECTRUM_FLOOR / 2, 2)
+        lowest = panel["value"].clip(lower=SPECTRUM_FLOOR).min()
+        ax.set_ylim(max(SPECTRUM_FLOOR / 2, lowest / 3), 2)
         if panel["index"].max() > 64:
             ax.set_xscale("log")
         else:
@@ -124,7 +125,7 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
         ax.set_xlabel("singular-value index k")
         ax.set_ylabel("sigma_k / sigma_1")
         ax.grid(alpha=0.3)
-    handles = styles.legend_handles(data["group_size"].unique())
+    handles = styles.legend_handles(data["group_size"].unique(), variants=False)
     handles += [
         Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
         for i, s in enumerate(chosen)
@@ -310,7 +311,7 @@ def composition_figure(
             ax.set_xlabel("minority fraction m/R")
             if j == 0:
                 ax.set_ylabel("effective rank (per group)")
-    handles = styles.legend_handles(table["group_size"].unique()) + [
+    handles = styles.legend_handles(table["group_size"].unique(), variants=False) + [
         Line2D([], [], color="0.3", marker=".", ls="", label="measured (one group)"),
         Line2D([], [], color="0.3", marker="D", mec="white", label="closed form, m=1..R/2"),
     ]

@@ -49,11 +49,14 @@ class Styles:
     def label(self, group_size: int, variant: str) -> str:
         return f"R={group_size}" + (f", {variant}" if variant and len(self.variants) > 1 else "")
 
-    def legend_handles(self, group_sizes, alarms: bool = False) -> list[Line2D]:
+    def legend_handles(
+        self, group_sizes, alarms: bool = False, variants: bool = True
+    ) -> list[Line2D]:
+        """Colour per R; line style per variant unless variants have their own panels."""
         handles = [
             Line2D([], [], color=r_color(r), lw=2, label=f"R={r}") for r in sorted(group_sizes)
         ]
-        if len(self.variants) > 1:
+        if variants and len(self.variants) > 1:
             handles += [
                 Line2D([], [], color="0.3", ls=self.line(v), label=v) for v in self.variants
             ]

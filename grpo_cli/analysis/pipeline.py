@@ -190,41 +190,42 @@ def _figures(
     result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame, steps: list[int] | None
 ) -> dict[str, Path]:
     runs, align, title = result.analysed, result.align, result.title
+    if any(run.status == "incomplete" for run in runs):
+        title = f"{title} (provisional: includes incomplete runs)"
     styles = style.Styles([r.variant for r in runs])
     edges = progress_edges(runs, align, result.progress_bins)
     alarms = with_x(event_table(runs), runs, align, edges)
     alarms["x"] = alarms["progress"]  # alarms sit at their exact progress, not a bin centre
-    xlabel = X_LABELS[align]
+    xlabel, aligned_title = X_LABELS[align], title
     if align != "step":
-        title = (
+        aligned_title = (
             f"{title} [{X_NOTES[align]}, {result.progress_bins} equal-width bins, "
             "each run averaged within a bin]"
         )
+    ranks_x = with_x(ranks, runs, align, edges)
+    metrics_x = with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges)
     per_run = last_part_means(ranks, result.last_fraction)
+    measures, rule = result.measures, result.rule
     made = {
-        "spectra": plots.spectra_figure(runs, steps, styles, result.title),
+        "spectra": plots.spectra_figure(runs, steps, styles, title),
         "effective_rank": plots.effective_rank_figure(
-            with_x(ranks, runs, align, edges), alarms, result.measures, styles, title, xlabel
+            ranks_x, alarms, measures, styles, aligned_title, xlabel
         ),
         "rank_vs_R": plots.rank_vs_r_figure(
             per_run,
             result.summary,
             result.matched,
-            result.measures,
-            styles,
-            result.title,
-            result.rule,
-            result.last_fraction,
-        ),
-        "accuracy": plots_training.accuracy_figure(runs, styles, result.title),
-        "dynamics": plots_training.dynamics_figure(
-            with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges),
-            alarms,
+            measures,
             styles,
             title,
-            xlabel,
+            rule,
+            result.last_fraction,
         ),
-        "composition": plots.composition_figure(comp_table, result.measures, styles, result.title),
+        "accuracy": plots_training.accuracy_figure(runs, styles, title),
+        "dynamics": plots_training.dynamics_figure(
+            metrics_x, alarms, styles, aligned_title, xlabel
+        ),
+        "composition": plots.composition_figure(comp_table, measures, styles, title),
     }
     return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 

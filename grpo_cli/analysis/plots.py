@@ -17,6 +17,7 @@ from grpo_cli.analysis.composition import prediction_curve
 from grpo_cli.analysis.load import Run, read_spectra, spectra_steps
 from grpo_cli.analysis.measures import MEASURE_LABELS
 from grpo_cli.analysis.style import (
+    Grid,
     Styles,
     band,
     draw_alarms,
@@ -138,6 +139,43 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
     )
 
 
+def matrix_measure_panels(
+    matrices: list[str], measures: list[str], width: float, height: float, xlabel: str
+) -> tuple[Grid, list[tuple]]:
+    """A panel per matrix x measure: rows x columns, or a 3-column grid for a single measure.
+
+    Returns the grid and (ax, matrix, measure) per panel, with titles and axis labels set.
+    """
+    if len(measures) == 1:
+        cols = min(3, len(matrices))
+        grid = new_figure(-(-len(matrices) // cols), cols, width=width + 0.4, height=height)
+        flat = [ax for row in grid.axes for ax in row]
+        for ax in flat[len(matrices) :]:
+            ax.set_visible(False)
+        label = MEASURE_LABELS.get(measures[0], measures[0])
+        panels = []
+        for index, (ax, matrix) in enumerate(zip(flat, matrices, strict=False)):
+            ax.set_title(matrix, fontsize=10)
+            ax.set_xlabel(xlabel)
+            if index % cols == 0:
+                ax.set_ylabel(f"effective rank\n({label})")
+            panels.append((ax, matrix, measures[0]))
+        return grid, panels
+    grid = new_figure(len(matrices), len(measures), width=width, height=height)
+    panels = []
+    for i, matrix in enumerate(matrices):
+        for j, measure in enumerate(measures):
+            ax = grid.axes[i][j]
+            if i == 0:
+                ax.set_title(MEASURE_LABELS.get(measure, measure), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"{matrix}\neffective rank")
+            if i == len(matrices) - 1:
+                ax.set_xlabel(xlabel)
+            panels.append((ax, matrix, measure))
+    return grid, panels
+
+
 def effective_rank_figure(
     ranks_x: pd.DataFrame,
     alarms: pd.DataFrame,
@@ -151,25 +189,17 @@ def effective_rank_figure(
         return empty_figure(f"{title}: effective rank", "no ranks.csv data")
     data = curves(table, ["matrix", "measure"])
     matrices = ordered_matrices(data["matrix"].unique())
-    grid = new_figure(len(matrices), len(measures), width=3.3, height=2.8)
-    for i, matrix in enumerate(matrices):
-        for j, measure in enumerate(measures):
-            ax = grid.axes[i][j]
-            panel = data[(data["matrix"] == matrix) & (data["measure"] == measure)]
-            if panel.empty:
-                no_data(ax)
-                continue
-            for (size, variant), curve in panel.groupby(["group_size", "variant"]):
-                band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
-            ax.axhline(2.0, color="0.5", ls="--", lw=0.8)
-            draw_alarms(ax, alarms)
-            ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(MEASURE_LABELS.get(measure, measure), fontsize=9)
-            if j == 0:
-                ax.set_ylabel(f"{matrix}\neffective rank")
-            if i == len(matrices) - 1:
-                ax.set_xlabel(xlabel)
+    grid, panels = matrix_measure_panels(matrices, measures, 3.3, 2.8, xlabel)
+    for ax, matrix, measure in panels:
+        panel = data[(data["matrix"] == matrix) & (data["measure"] == measure)]
+        if panel.empty:
+            no_data(ax)
+            continue
+        for (size, variant), curve in panel.groupby(["group_size", "variant"]):
+            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+        ax.axhline(2.0, color="0.5", ls="--", lw=0.8)
+        draw_alarms(ax, alarms)
+        ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
     handles.append(Line2D([], [], color="0.5", ls="--", lw=0.8, label="rank 2 (claim)"))
     return grid.finish(
@@ -177,6 +207,48 @@ def effective_rank_figure(
         "per-group matrices: mean over groups, layer/update: mean over layers)",
         handles,
     )
+
+
+def _rank_vs_r_panel(ax, part, points, matched, matrix, measure, variant, styles) -> None:
+    """One variant in one panel: mean +- std per R, single seeds, matched-progress means."""
+    part = part.sort_values("group_size")
+    marker = styles.marker(variant)
+    ax.plot(part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1)
+    colors = [r_color(r) for r in part["group_size"]]
+    spread = part["std"].fillna(0.0)
+    ax.vlines(part["group_size"], part["mean"] - spread, part["mean"] + spread, colors=colors)
+    ax.scatter(part["group_size"], part["mean"], c=colors, s=36, zorder=3, marker=marker)
+    where = (
+        (points["matrix"] == matrix)
+        & (points["measure"] == measure)
+        & (points["variant"] == variant)
+    )
+    seeds = points[where]
+    ax.scatter(
+        seeds["group_size"],
+        seeds["value"],
+        s=9,
+        alpha=0.5,
+        c=[r_color(r) for r in seeds["group_size"]],
+    )
+    if matched.empty:
+        return
+    hit = matched[
+        (matched["matrix"] == matrix)
+        & (matched["measure"] == measure)
+        & (matched["variant"] == variant)
+    ]
+    pairs = [(size, value) for values in hit["means"] for size, value in values.items()]
+    if pairs:
+        ax.scatter(
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            s=60,
+            facecolors="none",
+            linewidths=1.2,
+            edgecolors=[r_color(p[0]) for p in pairs],
+            marker=marker,
+        )
 
 
 def rank_vs_r_figure(
@@ -193,80 +265,20 @@ def rank_vs_r_figure(
     if means.empty:
         return empty_figure(f"{title}: effective rank vs R", "no ranks.csv data")
     matrices = ordered_matrices(means["matrix"].unique())
-    grid = new_figure(len(matrices), len(measures), width=3.1, height=2.8)
+    grid, panels = matrix_measure_panels(matrices, measures, 3.1, 2.8, "group size R")
     sizes = sorted(int(r) for r in means["group_size"].unique())
-    for i, matrix in enumerate(matrices):
-        for j, measure in enumerate(measures):
-            ax = grid.axes[i][j]
-            sel = (means["matrix"] == matrix) & (means["measure"] == measure)
-            if not sel.any():
-                no_data(ax)
-                continue
-            ax.axhspan(rule.target - rule.tolerance, rule.target + rule.tolerance, color="0.9")
-            ax.axhline(rule.target, color="k", ls="--", lw=1)
-            for variant, part in means[sel].groupby("variant"):
-                part = part.sort_values("group_size")
-                ax.plot(
-                    part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1
-                )
-                colors = [r_color(r) for r in part["group_size"]]
-                spread = part["std"].fillna(0.0)
-                ax.vlines(
-                    part["group_size"],
-                    part["mean"] - spread,
-                    part["mean"] + spread,
-                    colors=colors,
-                    lw=1.5,
-                )
-                ax.scatter(
-                    part["group_size"],
-                    part["mean"],
-                    c=colors,
-                    s=36,
-                    zorder=3,
-                    marker=styles.marker(variant),
-                )
-                seeds = points[
-                    (points["matrix"] == matrix)
-                    & (points["measure"] == measure)
-                    & (points["variant"] == variant)
-                ]
-                ax.scatter(
-                    seeds["group_size"],
-                    seeds["value"],
-                    s=9,
-                    alpha=0.5,
-                    c=[r_color(r) for r in seeds["group_size"]],
-                )
-                hit = (
-                    matched[
-                        (matched["matrix"] == matrix)
-                        & (matched["measure"] == measure)
-                        & (matched["variant"] == variant)
-                    ]
-                    if not matched.empty
-                    else matched
-                )
-                for values in hit.get("means", []):
-                    for size, value in values.items():
-                        ax.scatter(
-                            [size],
-                            [value],
-                            s=60,
-                            facecolors="none",
-                            linewidths=1.2,
-                            edgecolors=r_color(size),
-                            marker=styles.marker(variant),
-                        )
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sizes, [str(r) for r in sizes])
-            ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(MEASURE_LABELS.get(measure, measure), fontsize=9)
-            if j == 0:
-                ax.set_ylabel(f"{matrix}\neffective rank")
-            if i == len(matrices) - 1:
-                ax.set_xlabel("group size R")
+    for ax, matrix, measure in panels:
+        sel = (means["matrix"] == matrix) & (means["measure"] == measure)
+        if not sel.any():
+            no_data(ax)
+            continue
+        ax.axhspan(rule.target - rule.tolerance, rule.target + rule.tolerance, color="0.9")
+        ax.axhline(rule.target, color="k", ls="--", lw=1)
+        for variant, part in means[sel].groupby("variant"):
+            _rank_vs_r_panel(ax, part, points, matched, matrix, measure, variant, styles)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(r) for r in sizes])
+        ax.grid(alpha=0.3)
     handles = styles.legend_handles(sizes) + [
         Line2D([], [], color="0.3", marker="o", ls="", label="mean +- std over seeds"),
         Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="single seed"),

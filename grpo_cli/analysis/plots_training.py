@@ -24,6 +24,7 @@ from grpo_cli.analysis.tables import (
     run_meta,
 )
 
+NO_DATA_HINTS = {"kl": "\n(e.g. no reference model: algorithm.kl_coef = 0)"}
 DYNAMICS = {
     "grad_sparsity": "gradient sparsity (fraction)",
     "entropy": "token entropy (nats)",
@@ -96,7 +97,7 @@ def dynamics_figure(
     ):
         panel = data[data["metric"] == metric]
         if panel.empty:
-            no_data(ax, f"no {metric} in metrics.csv")
+            no_data(ax, f"no {metric} values in metrics.csv" + NO_DATA_HINTS.get(metric, ""))
             ax.set_title(metric, fontsize=10)
             continue
         for (size, variant), curve in panel.groupby(["group_size", "variant"]):

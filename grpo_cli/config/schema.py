@@ -27,7 +27,6 @@ class WarmStartConfig:
     steps: int = 0  # supervised steps on generated solutions before GRPO (0 = none)
     batch_size: int = 32  # sequences per supervised step
     lr: float = 3e-3  # supervised learning rate
-    examples: int = 4000  # distinct solved problems drawn for the supervised phase
 
 
 @dataclass
@@ -55,7 +54,8 @@ class TaskConfig:
     max_steps: int = 2  # arith: most arithmetic steps in a problem
     operand_max: int = 9  # arith: operands are drawn from [1, operand_max]
     operators: list[str] = field(default_factory=lambda: ["+", "-", "*"])  # arith: allowed operators
-    train_size: int = 2000  # number of training problems (arith: generated; gsm8k: first N, -1 all)
+    train_size: int = 2000  # problems GRPO trains on (arith: generated; gsm8k: first N, -1 all)
+    warm_start_size: int = 2000  # problems set aside for the supervised warm start, never used by GRPO
     eval_size: int = 128  # number of held-out problems evaluated
     path: str | None = None  # gsm8k: directory with train.jsonl/test.jsonl; None = datasets hub
     hub_id: str = "openai/gsm8k"  # gsm8k: dataset id when path is None

@@ -35,7 +35,9 @@ def warm_start_key(model_cfg, task_cfg) -> str:
     """Hash of the settings that determine the warm-started weights."""
     model = {k: v for k, v in _plain(model_cfg).items() if k not in ("name", "lora", "dtype")}
     model.pop("gradient_checkpointing", None)
-    task = {k: v for k, v in _plain(task_cfg).items() if k not in ("eval_size",)}
+    # The warm-start split is a prefix of the generated problems: sizes of the other splits
+    # do not change it.
+    task = {k: v for k, v in _plain(task_cfg).items() if k not in ("eval_size", "train_size")}
     blob = json.dumps({"model": model, "task": task}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -81,7 +83,9 @@ def supervised_batch(tokenizer, prompts: list[str], targets: list[str]):
 def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> None:
     """Teacher-forced cross-entropy on task solutions (prompt tokens masked out)."""
     generator = random.Random(WARM_START_SEED)
-    problems = list(task.train)[: warm_cfg.examples]
+    problems = list(task.warm_start)
+    if not problems:
+        raise ValueError("the warm start needs task.warm_start_size > 0 problems")
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=warm_cfg.lr, total_steps=warm_cfg.steps, pct_start=0.1

@@ -37,7 +37,7 @@ __all__ = [
 
 def _arith_task(task_cfg: Any, tokenizer: Any) -> Task:
     train, eval_problems = generate_arith(
-        train_size=task_cfg.train_size,
+        train_size=task_cfg.warm_start_size + task_cfg.train_size,
         eval_size=task_cfg.eval_size,
         seed=task_cfg.seed,
         min_steps=task_cfg.min_steps,
@@ -49,9 +49,10 @@ def _arith_task(task_cfg: Any, tokenizer: Any) -> Task:
 
 
 def _gsm8k_task(task_cfg: Any, tokenizer: Any) -> Task:
-    train, eval_problems = load_gsm8k(
-        task_cfg.path, task_cfg.hub_id, task_cfg.train_size, task_cfg.eval_size
-    )
+    train_size = task_cfg.train_size
+    if train_size >= 0:
+        train_size += task_cfg.warm_start_size
+    train, eval_problems = load_gsm8k(task_cfg.path, task_cfg.hub_id, train_size, task_cfg.eval_size)
     return _task("gsm8k", train, eval_problems, check_steps_by_evaluation, task_cfg, tokenizer)
 
 
@@ -63,9 +64,12 @@ def _task(
     task_cfg: Any,
     tokenizer: Any,
 ) -> Task:
+    """Split off the first `warm_start_size` training problems for the supervised warm start."""
+    warm_start, train = train[: task_cfg.warm_start_size], train[task_cfg.warm_start_size :]
     return Task(
         name=name,
         train=train,
+        warm_start=warm_start,
         eval=eval_problems,
         step_checker=step_checker,
         prompt_template=task_cfg.prompt_template,

@@ -59,6 +59,7 @@ class Task:
     use_chat_template: bool = False  # wrap prompts with the tokenizer's chat template if any
     use_math_verify: bool = False  # math-verify fallback when the numeric comparison fails
     tokenizer: Any = field(default=None, repr=False)  # only needed for use_chat_template
+    warm_start: list[Problem] = field(default_factory=list)  # supervised warm-start split
 
     def prompt(self, problem: Problem) -> str:
         return format_prompt(problem, self.prompt_template, self.tokenizer, self.use_chat_template)

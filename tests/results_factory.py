@@ -83,6 +83,7 @@ def config_tree(
 
 
 def _rank_rows(
+    matrices: Iterable[str],
     step: int,
     group_size: int,
     values: dict[str, float],
@@ -91,7 +92,7 @@ def _rank_rows(
     composition_offset: float,
 ) -> list[dict]:
     rows = []
-    for matrix in MATRICES:
+    for matrix in matrices:
         value = values[matrix]
         if matrix in ("rollout_group", "score_group"):
             for b in range(groups):
@@ -151,9 +152,9 @@ def _rank_rows(
     return rows
 
 
-def _spectra_rows(step: int, group_size: int, groups: int) -> list[dict]:
+def _spectra_rows(matrices: Iterable[str], step: int, group_size: int, groups: int) -> list[dict]:
     rows = []
-    for matrix in MATRICES:
+    for matrix in matrices:
         if matrix in ("rollout_group", "score_group"):
             for b in range(groups):
                 sigma = composition_sigma(b % max(group_size // 2, 1) + 1, group_size)
@@ -196,6 +197,7 @@ def write_run(
     probe_every: int = 5,
     rank: Number = 2.0,
     matrix_ranks: dict[str, Number] | None = None,
+    matrices: Iterable[str] = MATRICES,
     reward: Callable[..., float] = default_reward,
     accuracy: Callable[..., float] = default_accuracy,
     groups: int = 3,
@@ -209,11 +211,13 @@ def write_run(
 ) -> Path:
     """Write one run directory; `rank(group_size, seed, step)` sets every rank measure.
 
-    `matrix_ranks` overrides `rank` for some matrices; files named in `skip` are not written.
+    `matrix_ranks` overrides `rank` for some matrices; only `matrices` are written (fewer
+    matrices, fewer figure panels: faster tests); files named in `skip` are not written.
     """
     run = Path(root) / (name or f"R{group_size}-{estimator}-s{seed}")
     run.mkdir(parents=True, exist_ok=True)
     done = steps if steps_done is None else steps_done
+    matrices = tuple(matrices)
     skip = set(skip)
     files: dict[str, Callable[[Path], None]] = {}
 
@@ -266,12 +270,13 @@ def write_run(
     )
     files["eval.csv"] = lambda p: evals.to_csv(p, index=False)
 
-    specs = {m: (matrix_ranks or {}).get(m, rank) for m in MATRICES}
+    specs = {m: (matrix_ranks or {}).get(m, rank) for m in matrices}
     ranks = pd.DataFrame(
         [
             row
             for s in probes
             for row in _rank_rows(
+                matrices,
                 s,
                 group_size,
                 {m: _value(spec, group_size, seed, s) for m, spec in specs.items()},
@@ -282,7 +287,9 @@ def write_run(
         ]
     )
     files["ranks.csv"] = lambda p: ranks.to_csv(p, index=False)
-    spectra = pd.DataFrame([row for s in probes for row in _spectra_rows(s, group_size, groups)])
+    spectra = pd.DataFrame(
+        [row for s in probes for row in _spectra_rows(matrices, s, group_size, groups)]
+    )
     files["spectra.parquet"] = lambda p: spectra.to_parquet(p, index=False)
     events = pd.DataFrame(list(alarms), columns=["step", "alarm", "value", "message"])
     files["events.csv"] = lambda p: events.to_csv(p, index=False)

@@ -18,3 +18,9 @@ def _one_torch_thread():
         return
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One warm-started smoke model for the whole session (shared by every CLI test)."""
+    return tmp_path_factory.mktemp("cache")

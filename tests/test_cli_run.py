@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
 import torch
+from cli_helpers import grpo_run, run_dir
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -22,22 +22,6 @@ CONTRACT = [
     "timings.csv",
     "checkpoints/latest.pt",
 ]
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One warm-started smoke model for the whole session."""
-    return tmp_path_factory.mktemp("cache")
-
-
-def grpo_run(results, cache, *overrides, multirun=False):
-    args = ["run"] + (["-m"] if multirun else [])
-    args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false"]
-    return CliRunner().invoke(app, args + list(overrides), catch_exceptions=True)
-
-
-def run_dir(results, name="R4-grpo-s0"):
-    return results / "smoke" / name
 
 
 def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_dir):

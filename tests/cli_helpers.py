@@ -1,0 +1,17 @@
+"""Run `grpo run` in-process on the smoke preset (shared by the CLI tests)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from grpo_cli.cli import app
+
+
+def grpo_run(results, cache, *overrides, multirun=False):
+    args = ["run"] + (["-m"] if multirun else [])
+    args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false"]
+    return CliRunner().invoke(app, args + list(overrides), catch_exceptions=True)
+
+
+def run_dir(results, name="R4-grpo-s0"):
+    return results / "smoke" / name

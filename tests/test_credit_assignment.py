@@ -1,0 +1,134 @@
+"""Estimators inside the training step: dynamic sampling, per-token credit, the credit check."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from cli_helpers import grpo_run, run_dir
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpo_cli.config.compose import compose_config
+from grpo_cli.models.char_tokenizer import build_char_tokenizer
+from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
+from grpo_cli.tasks.problem import Problem, Task
+from grpo_cli.train.credit import ScoredBatch, step_tensors, token_advantages, zero_variance_groups
+from grpo_cli.train.trainer import GRPOTrainer
+
+
+class ScriptedBackend:
+    """Returns fixed completions: problem q<i> gets `script(i)` (a list of R answers)."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+
+    def sync_weights(self, model):
+        pass
+
+    def generate(self, prompts, settings, generator_seed):
+        self.calls += 1
+        tok = self.tokenizer
+        texts, prompt_rows = [], []
+        for prompt in prompts:
+            index = int(tok.decode(prompt).strip()[1:])
+            for answer in self.script(index):
+                texts.append(f"#### {answer}")
+                prompt_rows.append(prompt)
+        prompt_ids, prompt_mask = left_pad(prompt_rows, tok.pad_token_id)
+        completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+        width = max(map(len, completions))
+        completion_ids = torch.full((len(texts), width), tok.pad_token_id)
+        for row, ids in enumerate(completions):
+            completion_ids[row, : len(ids)] = torch.tensor(ids)
+        mask = completion_mask_through_eos(completion_ids, tok.eos_token_id)
+        zeros = torch.zeros(prompt_ids.shape)
+        return RolloutBatch(
+            input_ids=torch.cat([prompt_ids, completion_ids], 1),
+            attention_mask=torch.cat([prompt_mask, mask.long()], 1),
+            completion_mask=torch.cat([zeros, mask], 1),
+            sampler_logprobs=torch.zeros(len(texts), prompt_ids.shape[1] + width),
+            group_size=settings.group_size,
+            prompt_length=prompt_ids.shape[1],
+            completions=texts,
+        )
+
+
+def scripted_trainer(script, *overrides):
+    cfg = compose_config(
+        ["rollout.group_size=4", "rollout.prompts_per_step=4", "algorithm.dynamic_sampling=true",
+         "algorithm.dynamic_sampling_max_draws=3", *overrides]
+    )
+    tokenizer = build_char_tokenizer()
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64))
+    problems = [Problem(question=f"q{i}", answer="1", solution="#### 1") for i in range(40)]
+    task = Task(name="scripted", train=problems, eval=problems[:2], step_checker=lambda *a: [])
+    backend = ScriptedBackend(tokenizer, script)
+    return GRPOTrainer(cfg, model, tokenizer, task, backend, torch.device("cpu")), backend
+
+
+def test_dynamic_sampling_keeps_only_informative_groups():
+    trainer, backend = scripted_trainer(lambda i: [1, 0, 0, 0] if i % 3 == 0 else [0, 0, 0, 0])
+    batch, scored, dropped = trainer.collect(step=0)
+    assert batch.num_groups == 4
+    assert not zero_variance_groups(scored.rewards, batch.group_size).any()
+    assert all(index % 3 == 0 for index in batch.problem_indices)
+    assert dropped > 0 and backend.calls >= 2
+
+
+def test_dynamic_sampling_stops_at_its_cap():
+    trainer, backend = scripted_trainer(lambda i: [0, 0, 0, 0])
+    batch, scored, dropped = trainer.collect(step=0)
+    assert backend.calls == 1 + 3  # the first draw plus dynamic_sampling_max_draws
+    assert dropped == 4 * 4
+    output = trainer.step(step=1)  # nothing informative: a step with zero gradient, no crash
+    assert output.metrics["grad_norm"] == 0.0
+
+
+def test_process_advantages_follow_step_rewards_within_a_rollout():
+    tokenizer = build_char_tokenizer()
+    texts = ["<<2+3=5>>5\n#### 5", "<<2+3=6>>6\n#### 6"]  # a right and a wrong step, group of 2
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    input_ids = torch.tensor(ids)
+    mask = torch.ones_like(input_ids, dtype=torch.float)
+    batch = RolloutBatch(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                         completion_mask=mask, sampler_logprobs=torch.zeros_like(mask),
+                         group_size=2, prompt_length=0, completions=texts)
+    from grpo_cli.tasks.problem import Step
+    from grpo_cli.tasks.step_rewards import reference_step_spans
+
+    checks = [reference_step_spans(t, (Step("2+3", 5.0),)) for t in texts]
+    final = torch.tensor([1.0, 0.0])
+    step_rewards, step_index = step_tensors(batch, checks, final, 0.5, tokenizer)
+    cfg = compose_config(["algorithm=process"]).algorithm
+    advantages, _ = token_advantages(cfg, batch, ScoredBatch(final, final, step_rewards, step_index))
+    step_end = len("<<2+3=5>>5")
+    right, wrong = advantages[0], advantages[1]
+    # step tokens carry the step's centred reward plus the outcome's; later tokens only the outcome's
+    assert torch.allclose(right[:step_end], torch.tensor(0.25 + 0.5))
+    assert torch.allclose(right[step_end:], torch.tensor(0.5))
+    assert torch.allclose(wrong[:step_end], torch.tensor(-0.25 - 0.5))
+    assert torch.allclose(wrong[step_end:], torch.tensor(-0.5))
+
+
+@pytest.mark.parametrize(
+    ("estimator", "uniform"),
+    [("grpo", True), ("dr_grpo", True), ("rloo", True), ("ppo", False), ("process", False)],
+)
+def test_credit_check_separates_outcome_from_token_level_estimators(
+    tmp_path, cache_dir, estimator, uniform
+):
+    result = grpo_run(tmp_path, cache_dir, f"algorithm={estimator}", "algorithm.steps=3")
+    assert result.exit_code == 0, result.output
+    out = run_dir(tmp_path, f"R4-{estimator}-s0-algorithm.steps=3")
+    assert json.loads((out / "run.json").read_text())["status"] == "completed"
+    metrics = pd.read_csv(out / "metrics.csv")
+    informative = metrics[metrics["zero_variance_frac"] < 1.0]
+    assert len(informative) > 0
+    if uniform:
+        assert (metrics["credit_uniform_frac"] == 1.0).all()
+    else:
+        assert (informative["credit_uniform_frac"] < 1.0).all()

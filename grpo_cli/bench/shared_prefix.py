@@ -1,0 +1,105 @@
+"""The training forward with each distinct prompt computed once (GRPO's R completions share it).
+
+A causal decoder's later tokens see earlier ones only through each layer's keys and values, so
+`forward_policy(model, batch)` equals: one forward over the U distinct prompts (U = B when a
+micro-batch holds whole groups) that keeps their KV cache, the cache rows gathered to the n
+completion rows, and one forward over the completion columns on top of it. Gradients flow back
+through the gather (summed over a group's R rows) into the single prompt forward. The prompt
+tokens are then computed U times instead of n = U*R times; the result is the same up to float
+summation order. Outputs match `forward_policy` on completion columns and on column P (the first
+completion token, predicted from the prompt's last logits); prompt columns are 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from grpo_cli.algorithm.logprobs import token_logprobs_and_entropy
+from grpo_cli.rollout.batch import RolloutBatch
+
+
+def distinct_prompts(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row of each distinct prompt [U], row -> distinct prompt index [n])."""
+    prompt = batch.input_ids[:, : batch.prompt_length]  # [n, P]
+    keyed = torch.where(batch.attention_mask[:, : batch.prompt_length] > 0, prompt, -1)  # [n, P]
+    _, inverse = torch.unique(keyed, dim=0, return_inverse=True)  # [n]
+    count = int(inverse.max()) + 1 if inverse.numel() else 0
+    first = torch.full((count,), inverse.numel(), dtype=torch.long, device=inverse.device)
+    rows = torch.arange(inverse.numel(), device=inverse.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # [U]
+    return first, inverse
+
+
+def checkpointing(model) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
+
+
+def can_share(model, batch: RolloutBatch, want_hidden: bool) -> bool:
+    width = batch.input_ids.shape[1]
+    return (
+        not want_hidden  # the ppo value head reads every column's hidden state
+        and 0 < batch.prompt_length < width
+        and not checkpointing(model)  # checkpointed layers keep no KV cache
+    )
+
+
+def shared_prefix_forward(model, batch: RolloutBatch, want_hidden: bool = False):
+    """`forward_policy` with shared prompts; falls back to it when nothing is shared."""
+    from grpo_cli.train.trainer import forward_policy
+
+    plain = getattr(forward_policy, "original", forward_policy)
+    if not can_share(model, batch, want_hidden):
+        return plain(model, batch, want_hidden)
+    first, inverse = distinct_prompts(batch)
+    if first.numel() == batch.num_rollouts:
+        return plain(model, batch, want_hidden)
+    prompt_length = batch.prompt_length
+    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
+    prompt_mask = batch.attention_mask[first, :prompt_length]  # [U, P]
+    cache = DynamicCache(config=model.config)
+    prompt_out = model(
+        input_ids=batch.input_ids[first, :prompt_length],
+        attention_mask=prompt_mask,
+        position_ids=positions[first, :prompt_length],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_select_indices(inverse)  # [U, H, P, D] -> [n, H, P, D], differentiable
+    completion_out = model(
+        input_ids=batch.input_ids[:, prompt_length:],
+        attention_mask=batch.attention_mask,
+        position_ids=positions[:, prompt_length:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    logits = torch.cat([prompt_out.logits[inverse], completion_out.logits], dim=1)  # [n, C+1, V]
+    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, prompt_length - 1 :])
+    pad = (prompt_length - 1, 0)
+    return (
+        torch.nn.functional.pad(logprobs, pad),  # [n, L]
+        torch.nn.functional.pad(entropy, pad),  # [n, L]
+        None,
+    )
+
+
+def apply_shared_prefix() -> None:
+    """Route grpo_cli.train.trainer.forward_policy through `shared_prefix_forward` (bench)."""
+    import grpo_cli.train.trainer as trainer_module
+
+    if getattr(trainer_module.forward_policy, "shared_prefix", False):
+        return
+    previous = trainer_module.forward_policy
+
+    def forward(model, batch, want_hidden=False):
+        if can_share(model, batch, want_hidden):
+            return shared_prefix_forward(model, batch, want_hidden)
+        return previous(model, batch, want_hidden)
+
+    forward.shared_prefix = True
+    forward.original = getattr(previous, "original", previous)
+    trainer_module.forward_policy = forward

@@ -1,0 +1,266 @@
+"""Rollouts with a hand-written decode loop over a preallocated KV cache (`rollout.backend=hf_static`).
+
+Same contract and batch layout as `HFGenerateBackend` (left-padded prompts, completions through
+EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), but faster:
+
+- the R completions of a prompt share one prefill: each prompt is run once and its KV cache is
+  repeated R times (`batch_repeat_interleave`), so the prefill costs B rows, not B*R;
+- the KV cache is preallocated to prompt + max_new_tokens and written in place (no per-token
+  `torch.cat`), and the 4-D attention mask is a view of one buffer (no per-token mask building);
+- no logits processors, stopping criteria or output bookkeeping: one `model(...)` per token,
+  sampling with temperature and top-p exactly as transformers' warpers do, greedy when the
+  temperature is 0, drawn from a `torch.Generator` seeded by `generator_seed`;
+- the loop stops when every row has emitted EOS, checked every `check_every` tokens (1 on CPU,
+  where the check costs nothing; more on CUDA to avoid a host sync per token).
+
+`compile=True` wraps the one-token step in `torch.compile`; the cache then always exposes its
+full capacity (masked), so every step has the same shapes. Models whose config declares
+non-full-attention layers (sliding windows, linear attention) fall back to transformers'
+DynamicCache.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
+
+CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV cache layer with room for `capacity` positions, written in place.
+
+    `update` returns views of the filled part, or with `full_view` the whole buffer (fixed shapes
+    for torch.compile; the caller masks the unfilled columns).
+    """
+
+    def __init__(self, capacity: int, full_view: bool = False):
+        super().__init__()
+        self.capacity = capacity
+        self.full_view = full_view
+        self.length = 0
+        self.position: torch.Tensor | None = None  # [1] long, next write column (compile path)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, head_dim = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (batch, heads, self.capacity, head_dim)
+        self.key_buffer = key_states.new_zeros(shape)  # [N, H, capacity, D]
+        self.value_buffer = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if self.full_view:  # no Python-side counters: the compiled step must not guard on them
+            columns = self.position + torch.arange(new, device=self.device)  # [new]
+            self.key_buffer.index_copy_(2, columns, key_states)
+            self.value_buffer.index_copy_(2, columns, value_states)
+            self.position.add_(new)
+            self.keys, self.values = self.key_buffer, self.value_buffer
+            return self.keys, self.values
+        self.key_buffer[:, :, self.length : self.length + new] = key_states
+        self.value_buffer[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        if self.full_view:
+            return int(self.position.item()) if self.position is not None else 0
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.capacity if self.full_view else self.length + query_length), 0
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+            filled = self.capacity if self.full_view else self.length
+            self.keys = self.key_buffer[:, :, :filled]
+            self.values = self.value_buffer[:, :, :filled]
+
+
+def full_attention_only(config) -> bool:
+    text = config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None)
+    return not layer_types or all(kind == "full_attention" for kind in layer_types)
+
+
+def make_cache(config, capacity: int, full_view: bool) -> Cache:
+    if not full_attention_only(config):
+        return DynamicCache(config=config)
+    layers = config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[PreallocatedLayer(capacity, full_view) for _ in range(layers)])
+
+
+def prefill_mask(prompt_mask: torch.Tensor, kv_width: int | None = None) -> torch.Tensor:
+    """[B, 1, P, S] bool: causal attention to real prompt tokens; pad queries see themselves.
+
+    S = `kv_width` (default P); columns past P (an unfilled cache) are never attended.
+
+    Letting a pad query attend to itself keeps every softmax row non-empty (no NaN in the cache);
+    real queries never attend to pad keys, so their outputs are those of the unpadded prompt.
+    """
+    width = prompt_mask.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=prompt_mask.device).tril()
+    keys_real = prompt_mask.bool()[:, None, None, :]  # [B, 1, 1, P]
+    diagonal = torch.eye(width, dtype=torch.bool, device=prompt_mask.device)
+    mask = (causal & keys_real) | diagonal  # [B, 1, P, P]
+    if kv_width is not None and kv_width > width:
+        mask = torch.nn.functional.pad(mask, (0, kv_width - width), value=False)
+    return mask
+
+
+def filter_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """transformers' TopPLogitsWarper: drop the smallest tokens whose mass is <= 1 - top_p."""
+    sorted_scores, sorted_indices = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = False  # keep at least one token
+    remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)
+    return scores.masked_fill(remove, -float("inf"))
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [N, V] float32 raw logits
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+) -> torch.Tensor:  # [N] long
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    scores = logits / temperature
+    if top_p < 1.0:
+        scores = filter_top_p(scores, top_p)
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+class StaticDecodeBackend:
+    """Batched sampling with a manual KV-cached loop; shares weights with the policy."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        device: torch.device,
+        compile: bool = False,
+        check_every: int | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.compile = compile
+        self.check_every = check_every or (1 if device.type == "cpu" else 8)
+        self._compiled_step = None
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def _decode_step(self, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
+        output = self.model(
+            input_ids=tokens, attention_mask=mask, position_ids=positions,
+            past_key_values=cache, use_cache=True,
+        )
+        return output.logits[:, -1].float()  # [N, V]
+
+    def _step_function(self):
+        if not self.compile:
+            return self._decode_step
+        if self._compiled_step is None:
+            self._compiled_step = torch.compile(self._decode_step, dynamic=False)
+        return self._compiled_step
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
+    ) -> RolloutBatch:
+        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        group_size, max_new = settings.group_size, settings.max_new_tokens
+        unique_ids, unique_mask = left_pad(prompts, pad_id)  # [B, P]
+        unique_ids, unique_mask = unique_ids.to(self.device), unique_mask.to(self.device)
+        prompt_length = unique_ids.shape[1]
+        capacity = prompt_length + max_new
+        if self.compile:  # a few cache sizes, so the compiled step is not rebuilt for every width
+            capacity = -(-capacity // CAPACITY_BUCKET) * CAPACITY_BUCKET
+        generator = torch.Generator(device=self.device).manual_seed(generator_seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            completion_ids, logprobs = self._sample(
+                unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
+                eos_id, pad_id,
+            )
+        finally:
+            self.model.train(was_training)
+        prompt_ids = unique_ids.repeat_interleave(group_size, dim=0)  # [N, P]
+        prompt_mask = unique_mask.repeat_interleave(group_size, dim=0)  # [N, P]
+        completion_mask = completion_mask_through_eos(completion_ids, eos_id)  # [N, T]
+        width = int(completion_mask.sum(dim=1).max().item()) if completion_ids.numel() else 0
+        completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
+        logprobs = logprobs[:, :width]
+        completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
+        zeros_prompt = torch.zeros(prompt_ids.shape, device=self.device)
+        texts = self.tokenizer.batch_decode(
+            [row[mask.bool()] for row, mask in zip(completion_ids, completion_mask, strict=True)],
+            skip_special_tokens=True,
+        )
+        return RolloutBatch(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+            completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
+            sampler_logprobs=torch.cat([zeros_prompt, logprobs * completion_mask], dim=1),
+            group_size=group_size,
+            prompt_length=prompt_length,
+            completions=texts,
+        )
+
+    def _sample(self, unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
+                eos_id, pad_id):
+        """Prefill each prompt once, repeat its cache R times, then decode token by token."""
+        model, full_view = self.model, self.compile
+        cache = make_cache(model.config, capacity, full_view)
+        prompt_length = unique_ids.shape[1]
+        positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        output = model(
+            input_ids=unique_ids,
+            attention_mask=prefill_mask(unique_mask, capacity if full_view else None),
+            position_ids=positions,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )
+        logits = output.logits[:, -1].float().repeat_interleave(group_size, dim=0)  # [N, V]
+        cache.batch_repeat_interleave(group_size)
+        rows = logits.shape[0]
+        mask = torch.zeros(rows, 1, 1, capacity, dtype=torch.bool, device=self.device)  # [N, 1, 1, S]
+        mask[:, 0, 0, :prompt_length] = unique_mask.bool().repeat_interleave(group_size, dim=0)
+        next_position = unique_mask.sum(dim=1, keepdim=True).repeat_interleave(group_size, dim=0)  # [N, 1]
+        tokens = torch.full((rows, max_new), pad_id, dtype=torch.long, device=self.device)  # [N, T]
+        logprobs = torch.zeros(rows, max_new, device=self.device)  # [N, T]
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [N]
+        step_function = self._step_function()
+        for t in range(max_new):
+            token = sample_tokens(logits, settings.temperature, settings.top_p, generator)  # [N]
+            token = torch.where(done, pad_id, token)
+            tokens[:, t] = token
+            logprobs[:, t] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            done |= token == eos_id
+            last = t == max_new - 1
+            if last or ((t + 1) % self.check_every == 0 and bool(done.all())):
+                break
+            column = prompt_length + t
+            mask[:, 0, 0, column] = True
+            step_mask = mask if full_view else mask[..., : column + 1]
+            logits = step_function(token[:, None], step_mask, next_position + t, cache)
+        return tokens, logprobs

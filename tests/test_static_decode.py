@@ -1,0 +1,178 @@
+"""StaticDecodeBackend against HFGenerateBackend on a tiny locally built Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import TopPLogitsWarper
+
+from grpo_cli.algorithm.logprobs import token_logprobs
+from grpo_cli.models.char_tokenizer import build_char_tokenizer
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.hf_backend import HFGenerateBackend
+from grpo_cli.rollout.static_decode import PreallocatedLayer, StaticDecodeBackend, filter_top_p
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def tiny_llama(tokenizer, eos_boost: float = 0.0, seed: int = 0) -> LlamaForCausalLM:
+    """A random 2-layer Llama; `eos_boost` makes EOS likely enough that some rows stop early."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # peaked distributions: greedy has no near-ties
+        model.lm_head.weight[tokenizer.eos_token_id] += eos_boost * model.model.norm.weight
+    return model
+
+
+def prompts_of(tokenizer, texts):
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+PROMPTS = ["Tom has 3 books.\n", "7+5=?\n", "How many apples are left over today?\n"]
+
+
+def assert_same_layout(expected, actual):
+    assert actual.prompt_length == expected.prompt_length
+    assert actual.group_size == expected.group_size
+    assert torch.equal(actual.input_ids, expected.input_ids)
+    assert torch.equal(actual.attention_mask, expected.attention_mask)
+    assert torch.equal(actual.completion_mask, expected.completion_mask)
+    assert actual.completions == expected.completions
+    assert actual.sampler_logprobs.dtype == expected.sampler_logprobs.dtype == torch.float32
+    torch.testing.assert_close(actual.sampler_logprobs, expected.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+def test_greedy_output_equals_hf_generate(tokenizer):
+    model = tiny_llama(tokenizer)
+    settings = SamplingSettings(group_size=2, max_new_tokens=12, temperature=0.0)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    actual = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    assert_same_layout(expected, actual)
+    assert actual.input_ids.shape[1] == actual.prompt_length + 12  # no EOS: runs to the cap
+
+
+def test_greedy_with_early_eos_equals_hf_generate(tokenizer):
+    """Rows stop at different lengths and the loop ends before the cap, as generate's does."""
+    model = tiny_llama(tokenizer, eos_boost=1.0, seed=1)
+    settings = SamplingSettings(group_size=2, max_new_tokens=16, temperature=0.0)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    actual = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    lengths = actual.completion_lengths()
+    assert lengths.min() < lengths.max() < 16
+    assert_same_layout(expected, actual)
+
+
+def test_layout_invariants_with_early_stop(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=6.0)
+    settings = SamplingSettings(group_size=3, max_new_tokens=20, temperature=1.0)
+    batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
+        prompts_of(tokenizer, PROMPTS), settings, generator_seed=3
+    )
+    completion = batch.input_ids[:, batch.prompt_length :]  # [N, T]
+    mask = batch.completion_mask[:, batch.prompt_length :]  # [N, T]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert mask.shape[1] == int(mask.sum(1).max()) < 20  # stopped early; no all-pad column
+    for row, row_mask in zip(completion, mask, strict=True):
+        length = int(row_mask.sum())
+        assert row_mask[:length].all() and not row_mask[length:].any()
+        assert (row[length:] == pad).all()
+        if length < 20 and length > 0 and row[length - 1] == eos:
+            assert (row[: length - 1] != eos).all()  # the first EOS ends the completion
+    assert (batch.attention_mask[:, : batch.prompt_length].sum(1) > 0).all()
+    assert (batch.completion_mask[:, : batch.prompt_length] == 0).all()
+    assert (batch.sampler_logprobs[batch.completion_mask == 0] == 0).all()
+
+
+def test_sampled_logprobs_equal_policy_logprobs(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=2.0)
+    settings = SamplingSettings(group_size=4, max_new_tokens=16, temperature=1.0)
+    batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
+        prompts_of(tokenizer, PROMPTS), settings, generator_seed=11
+    )
+    with torch.no_grad():
+        recomputed = token_logprobs(model, batch.input_ids, batch.attention_mask)  # [N, L]
+    in_completion = batch.completion_mask > 0
+    difference = (recomputed - batch.sampler_logprobs)[in_completion].abs().max()
+    assert difference <= 1e-5
+
+
+def test_raw_logprobs_under_temperature_and_top_p(tokenizer):
+    """The sampler's log-probs stay those of the untempered policy, like HFGenerateBackend's."""
+    model = tiny_llama(tokenizer, eos_boost=2.0)
+    settings = SamplingSettings(group_size=2, max_new_tokens=10, temperature=0.7, top_p=0.9)
+    batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
+        prompts_of(tokenizer, PROMPTS), settings, generator_seed=5
+    )
+    with torch.no_grad():
+        recomputed = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    in_completion = batch.completion_mask > 0
+    assert (recomputed - batch.sampler_logprobs)[in_completion].abs().max() <= 1e-5
+
+
+def test_deterministic_given_seed_and_restores_training_mode(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=2.0).train()
+    backend = StaticDecodeBackend(model, tokenizer, CPU)
+    settings = SamplingSettings(group_size=4, max_new_tokens=12)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    first = backend.generate(prompts, settings, generator_seed=1)
+    again = backend.generate(prompts, settings, generator_seed=1)
+    other = backend.generate(prompts, settings, generator_seed=2)
+    assert torch.equal(first.input_ids, again.input_ids)
+    assert not torch.equal(first.input_ids, other.input_ids)
+    assert model.training
+
+
+def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=6.0)
+    settings = SamplingSettings(group_size=3, max_new_tokens=20)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    every_token = StaticDecodeBackend(model, tokenizer, CPU, check_every=1)
+    every_eighth = StaticDecodeBackend(model, tokenizer, CPU, check_every=8)
+    assert_same_layout(
+        every_token.generate(prompts, settings, generator_seed=4),
+        every_eighth.generate(prompts, settings, generator_seed=4),
+    )
+
+
+def test_top_p_filter_matches_transformers_warper():
+    scores = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 3
+    for top_p in (0.3, 0.8, 0.95):
+        expected = TopPLogitsWarper(top_p)(None, scores.clone())
+        assert torch.equal(filter_top_p(scores.clone(), top_p), expected)
+
+
+def test_preallocated_layer_writes_in_place_and_repeats_rows():
+    layer = PreallocatedLayer(capacity=6)
+    keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float).reshape(2, 1, 3, 2)  # [B, H, 3, D]
+    out_keys, _ = layer.update(keys, keys + 100)
+    assert out_keys.shape == (2, 1, 3, 2) and layer.get_seq_length() == 3
+    layer.batch_repeat_interleave(2)  # [B, ...] -> [2B, ...]
+    step, _ = layer.update(torch.ones(4, 1, 1, 2), torch.ones(4, 1, 1, 2))
+    assert step.shape == (4, 1, 4, 2)
+    assert torch.equal(step[0, :, :3], keys[0]) and torch.equal(step[1, :, :3], keys[0])
+    assert torch.equal(step[2, :, :3], keys[1]) and (step[:, :, 3] == 1).all()
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_equals_eager(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=3.0)
+    settings = SamplingSettings(group_size=2, max_new_tokens=10)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    eager = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=9)
+    compiled = StaticDecodeBackend(model, tokenizer, CPU, compile=True)
+    assert_same_layout(eager, compiled.generate(prompts, settings, generator_seed=9))

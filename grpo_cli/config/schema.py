@@ -27,6 +27,7 @@ class WarmStartConfig:
     steps: int = 0  # supervised steps on generated solutions before GRPO (0 = none)
     batch_size: int = 32  # sequences per supervised step
     lr: float = 3e-3  # supervised learning rate
+    noisy_answer_fraction: float = 0.0  # demonstrations whose final "#### N" line is off by 1-3
 
 
 @dataclass

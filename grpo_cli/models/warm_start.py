@@ -5,6 +5,12 @@ CPU preset first runs a short supervised phase on generated solutions, aiming fo
 held-out success rate. The result is saved as an ordinary HF model directory under the cache,
 keyed by everything that determines it (not the training seed), and reused by every run of a
 sweep; a file lock keeps parallel sweep members from building it twice.
+
+`noisy_answer_fraction` makes the demonstrations imperfect: that fraction of them ends with a wrong
+final line (`#### N` off by 1-3) after correct calculator steps. The warm-started policy then has a
+general, fixable flaw (it sometimes misreports its own result), which outcome rewards can remove
+within minutes; a model this small cannot learn new arithmetic facts from outcome rewards in that
+time, so without the flaw its held-out accuracy barely moves under GRPO.
 """
 
 from __future__ import annotations
@@ -80,6 +86,15 @@ def supervised_batch(tokenizer, prompts: list[str], targets: list[str]):
     return input_ids, attention, loss_mask
 
 
+def demonstration(problem, generator: random.Random, noisy_fraction: float) -> str:
+    """The worked solution, with its final answer corrupted with probability `noisy_fraction`."""
+    if noisy_fraction <= 0 or generator.random() >= noisy_fraction:
+        return problem.solution
+    body, _, answer = problem.solution.rpartition("#### ")
+    wrong = int(float(answer)) + generator.choice([-3, -2, -1, 1, 2, 3])
+    return f"{body}#### {wrong}"
+
+
 def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> None:
     """Teacher-forced cross-entropy on task solutions (prompt tokens masked out)."""
     generator = random.Random(WARM_START_SEED)
@@ -94,7 +109,9 @@ def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> 
     for step in range(warm_cfg.steps):
         chosen = [generator.choice(problems) for _ in range(warm_cfg.batch_size)]
         input_ids, attention, loss_mask = supervised_batch(
-            tokenizer, [task.prompt(p) for p in chosen], [p.solution for p in chosen]
+            tokenizer,
+            [task.prompt(p) for p in chosen],
+            [demonstration(p, generator, warm_cfg.noisy_answer_fraction) for p in chosen],
         )
         input_ids, attention, loss_mask = (t.to(device) for t in (input_ids, attention, loss_mask))
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)

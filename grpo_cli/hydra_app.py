@@ -9,6 +9,7 @@ re-running the same command resumes the same directories.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
@@ -32,11 +33,21 @@ def conf_dir() -> Path:
     return Path(os.environ.get("GRPO_CONF_DIR", Path(__file__).resolve().parents[1] / "conf"))
 
 
+MAX_RUN_NAME = 160  # file systems allow 255 bytes per path component
+
+
 def run_name(group_size: int, estimator: str, seed: int, other_overrides: str = "") -> str:
-    """Directory name of a run; other overridden keys are appended so runs never collide."""
+    """Directory name of a run; other overridden keys are appended so runs never collide.
+
+    Long override lists (paths, say) are cut and end in a hash of the full list, so the name
+    stays unique and within file-system limits.
+    """
     name = f"R{group_size}-{estimator}-s{seed}"
     if other_overrides:
         name += "-" + re.sub(r"[^A-Za-z0-9_.=,+-]", "_", other_overrides)
+    if len(name) > MAX_RUN_NAME:
+        digest = hashlib.sha256(other_overrides.encode()).hexdigest()[:10]
+        name = f"{name[: MAX_RUN_NAME - 11]}~{digest}"
     return name
 
 

@@ -156,3 +156,13 @@ def test_joblib_launcher_runs_a_sweep_in_parallel(tmp_path, cache_dir):
     for name in ("R2-grpo-s0-algorithm.steps=2", "R4-grpo-s0-algorithm.steps=2"):
         record = json.loads((run_dir(tmp_path, name) / "run.json").read_text())
         assert record["status"] == "completed", name
+
+
+def test_run_names_stay_short_and_distinct():
+    from grpo_cli.hydra_app import MAX_RUN_NAME, run_name
+
+    assert run_name(4, "grpo", 0) == "R4-grpo-s0"
+    assert run_name(4, "rloo", 1, "algorithm.lr=0.1") == "R4-rloo-s1-algorithm.lr=0.1"
+    first = run_name(8, "grpo", 0, "model.path=/" + "a" * 300)
+    second = run_name(8, "grpo", 0, "model.path=/" + "a" * 299 + "b")
+    assert len(first) <= MAX_RUN_NAME and first != second

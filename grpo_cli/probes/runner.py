@@ -17,7 +17,11 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli.probes.composition import count_distinct_rows, group_composition, predicted_rank_measures
+from grpo_cli.probes.composition import (
+    count_distinct_rows,
+    group_composition,
+    predicted_rank_measures,
+)
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import select_params
 from grpo_cli.probes.powerlaw import fit_power_law
@@ -45,6 +49,19 @@ def mean_abs_cosine(gram: torch.Tensor) -> float:  # gram [R, R]
     sub = gram[keep][:, keep] / torch.outer(norms[keep], norms[keep])
     off = ~torch.eye(sub.shape[0], dtype=torch.bool)
     return float(sub[off].abs().mean())
+
+
+def per_rollout_advantage(
+    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
+) -> torch.Tensor | None:  # [N]
+    """Each rollout's advantage when all its completion tokens share one; None otherwise."""
+    in_completion = completion_mask > 0
+    high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
+    low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
+    has_tokens = in_completion.any(dim=1)
+    if bool(((high != low) & has_tokens).any()):
+        return None
+    return torch.where(has_tokens, high, 0.0)
 
 
 class ProbeSuite:
@@ -113,14 +130,7 @@ class ProbeSuite:
     def _per_rollout(self, step: int, output, model, rows: ProbeRows) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
-        coeffs = {"advantage": -(weights * output.advantages)}
-        if "score_group" in self.matrices:
-            coeffs["score"] = weights
-        results = per_rollout_grams(
-            model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
-            method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
-        )  # one forward for both coefficient sets
-        grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
+        grams = self._grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full))
@@ -131,6 +141,27 @@ class ProbeSuite:
             self._groups(step, "rollout_group", group_blocks(full, size), output, rows, score_blocks)
         if "score_group" in self.matrices:
             self._groups(step, "score_group", group_blocks(grams["score"], size), output, rows, None)
+
+    def _grams(self, step, batch, weights, advantages, model) -> dict[str, torch.Tensor]:
+        """K_adv (and K_score): Grams of the advantage-weighted and plain score rows, [N, N].
+
+        When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
+        a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
+        serves both; per-token advantages (ppo, process) need their own pass.
+        """
+        per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
+        coeffs = {"score": weights}
+        if per_rollout is None:
+            coeffs["advantage"] = -(weights * advantages)
+        results = per_rollout_grams(
+            model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
+            method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
+        )  # one forward shared by the coefficient sets
+        grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
+        if per_rollout is not None:
+            scale = per_rollout.double().to(grams["score"].device)
+            grams["advantage"] = torch.outer(scale, scale) * grams["score"]
+        return grams
 
     def _groups(self, step, matrix, blocks, output, rows: ProbeRows, score_blocks) -> None:
         """One row per informative group, then mean/median aggregates over them."""

@@ -1,0 +1,85 @@
+"""The probe runner on a real (tiny) model: derived Grams, group matrices, zero-variance groups."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpo_cli.config.schema import AnalysisConfig
+from grpo_cli.probes.gram import per_rollout_grams
+from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
+from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.train.credit import ScoredBatch
+from grpo_cli.train.trainer import StepOutput
+
+GROUP_SIZE = 2
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=32)
+    return LlamaForCausalLM(config).double()
+
+
+def padded_batch():
+    """4 rollouts (2 groups of 2), left-padded prompts and right-padded unequal completions."""
+    torch.manual_seed(1)
+    ids = torch.randint(3, 24, (4, 9))
+    attention = torch.ones_like(ids)
+    completion = torch.zeros(4, 9)
+    completion[:, 3:] = 1
+    attention[0, 0] = 0  # a shorter prompt
+    completion[1, 7:] = 0  # shorter completions
+    attention[1, 7:] = 0
+    completion[3, 5:] = 0
+    attention[3, 5:] = 0
+    return RolloutBatch(input_ids=ids, attention_mask=attention, completion_mask=completion,
+                        sampler_logprobs=torch.zeros(4, 9), group_size=GROUP_SIZE, prompt_length=3)
+
+
+def step_output(batch, rewards):
+    from grpo_cli.algorithm.advantages import broadcast_to_tokens, grpo
+
+    advantages = broadcast_to_tokens(grpo(rewards, GROUP_SIZE), batch.completion_mask)
+    weights = batch.completion_mask / batch.completion_mask.sum()
+    scored = ScoredBatch(rewards=rewards, correct=rewards)
+    return StepOutput({}, {}, batch, advantages.double(), scored, weights.double())
+
+
+def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w0.pt")
+    derived = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    direct = per_rollout_grams(
+        model, batch.input_ids, batch.attention_mask,
+        {"k": -(output.loss_weights * output.advantages)}, suite.gram_params,
+    )["k"].gram
+    # log-softmax runs in float32 even for a float64 model, hence 1e-6 rather than 1e-12
+    assert torch.allclose(derived, direct, rtol=1e-6, atol=1e-9 * direct.abs().max())
+
+
+def test_per_rollout_advantage_detects_token_level_credit():
+    mask = torch.tensor([[0.0, 1, 1], [0, 1, 0]])
+    assert per_rollout_advantage(torch.tensor([[0.0, 2, 2], [0, -1, 0]]), mask).tolist() == [2, -1]
+    assert per_rollout_advantage(torch.tensor([[0.0, 2, 1], [0, -1, 0]]), mask) is None
+
+
+def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # group 1 has zero variance
+    suite = ProbeSuite(AnalysisConfig(matrices=["rollout_group", "score_group", "rollout_batch",
+                                                 "group_batch"]), model, tmp_path / "w0.pt")
+    rows = suite.record(0, output, model)
+    group_rows = [r for r in rows.ranks if r["matrix"] == "rollout_group"]
+    per_group = [r for r in group_rows if r["group"].startswith("g")]
+    assert [r["group"] for r in per_group] == ["g0"]  # the zero-variance group is not decomposed
+    assert per_group[0]["numerical_rank"] <= 2 and per_group[0]["minority"] == 1
+    mean_row = next(r for r in group_rows if r["group"] == "mean")
+    assert mean_row["n_zero_groups"] == 1
+    for row in rows.ranks:
+        for key, value in row.items():
+            assert not (isinstance(value, float) and math.isnan(value) and key != "mean_abs_cosine"), key

@@ -149,3 +149,26 @@ def test_run_bench_against_trl(tmp_path, restore_forward):
     sides = sorted(row["side"] for row in rows)
     assert sides == ["grpo-cli", "trl"]
     assert all(row["ratio"] > 0 and row["tokens"] > 0 for row in rows)
+
+
+def test_bf16_autocast_gradient_stays_close_to_fp32(tmp_path):
+    """Not a parity claim: bf16 matmuls (fp32 lm_head) change the gradient by rounding only."""
+    from grpo_cli.bench.speedups import keep_lm_head_fp32
+
+    setup = setup_for(tmp_path)
+    batch = setup.trainer.rollout(0, draw=0)
+    weights = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(0))
+
+    def gradient(autocast: bool) -> torch.Tensor:
+        setup.model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logprobs, _, _ = trainer_module.forward_policy(setup.model, batch)
+        assert logprobs.dtype == torch.float32
+        (weights * batch.completion_mask * logprobs).sum().backward()
+        return torch.cat([p.grad.flatten() for p in setup.model.parameters()])
+
+    reference = gradient(False)
+    keep_lm_head_fp32(setup.model)
+    candidate = gradient(True)
+    assert not torch.equal(reference, candidate)  # bf16 really ran
+    assert torch.nn.functional.cosine_similarity(reference, candidate, dim=0) > 0.99

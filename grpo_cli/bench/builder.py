@@ -58,7 +58,9 @@ def build_backend(cfg, model, tokenizer, device, source_path: str, compile_decod
     return run_build_backend(cfg, model, tokenizer, device, source_path)
 
 
-def build_setup(cfg, log=print, scratch: Path | None = None, compile_decode: bool = False) -> BenchSetup:
+def build_setup(
+    cfg, log=print, scratch: Path | None = None, compile_decode: bool = False
+) -> BenchSetup:
     """Everything `_train` builds before its loop, from a composed config."""
     from grpo_cli.algorithm.value_head import ValueHead
     from grpo_cli.models.policy import load_policy

@@ -4,7 +4,8 @@ Defaults: `experiment=cpu_rank_collapse analysis=off` (the CPU preset's model an
 probes) plus the user's Hydra overrides. Bench flags mixed into the overrides:
 
   --model-size tiny|5m|25m   char Llama size (see grpo_cli/bench/builder.py); 25m is random
-  --autocast bf16            run the step under torch.autocast (bf16 matmuls, fp32 master weights)
+  --autocast bf16            run the step under torch.autocast (bf16 matmuls, fp32 master weights
+                             and lm_head, so log-probs come from fp32 logits)
   --shared-prefix            training forward computes each distinct prompt once (shared_prefix.py)
   --sorted-micro-batches N   length-sorted micro-batches of N rows, trimmed of all-pad columns
   --compile-decode           with rollout.backend=hf_static: torch.compile the one-token step
@@ -111,6 +112,10 @@ class GrpoStepper:
             apply_sorted_micro_batches(setup.trainer, options.sorted_micro_batches)
         if options.shared_prefix:
             apply_shared_prefix()
+        if options.autocast:
+            from grpo_cli.bench.speedups import keep_lm_head_fp32
+
+            keep_lm_head_fp32(setup.model)
 
     def _instrument(self) -> None:
         trainer, clock = self.setup.trainer, self.clock

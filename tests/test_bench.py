@@ -103,9 +103,12 @@ def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
     assert torch.equal(inverse[first], torch.arange(first.numel()))
     plain = trainer_module.forward_policy(setup.model, batch)
     shared = shared_prefix_forward(setup.model, batch)
+    assert shared is not None
     columns = slice(batch.prompt_length, None)
     torch.testing.assert_close(shared[0][:, columns], plain[0][:, columns], atol=1e-5, rtol=0)
     torch.testing.assert_close(shared[1][:, columns], plain[1][:, columns], atol=1e-5, rtol=0)
+    single = trainer_module.select_rows(batch, torch.arange(0, batch.num_rollouts, batch.group_size))
+    assert shared_prefix_forward(setup.model, single) is None  # nothing shared: plain forward
 
 
 def test_sorted_micro_batches_and_used_columns():

@@ -77,6 +77,15 @@ def test_greedy_with_early_eos_equals_hf_generate(tokenizer):
     assert_same_layout(expected, actual)
 
 
+def test_evaluation_batches_of_one_completion_per_prompt(tokenizer):
+    model = tiny_llama(tokenizer, eos_boost=1.0, seed=1)
+    settings = SamplingSettings(group_size=1, max_new_tokens=16, temperature=0.0)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    actual = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
+    assert_same_layout(expected, actual)
+
+
 def test_layout_invariants_with_early_stop(tokenizer):
     model = tiny_llama(tokenizer, eos_boost=6.0)
     settings = SamplingSettings(group_size=3, max_new_tokens=20, temperature=1.0)

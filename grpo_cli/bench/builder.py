@@ -1,8 +1,10 @@
 """Build a trainer the way `grpo run` does (grpo_cli/train/run.py), minus results and resume.
 
 Model-size presets turn `--model-size 25m` into char_llama overrides; a preset other than the
-CPU one is a random model (no warm start): a random policy rarely samples EOS, so completions
-run to `rollout.max_new_tokens` and tokens/s is the number to compare.
+CPU one is a random model (no warm start) trained with lr 0: the optimizer still does all its
+work, but the policy stays fixed, so every step of both grpo-cli and TRL samples from the same
+distribution (a random policy rarely samples EOS, so most completions run to
+`rollout.max_new_tokens`). Compare tokens/s as well as step times all the same.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ MODEL_SIZES: dict[str, list[str]] = {
     "5m": [
         "model.name=char_llama_5m", "model.hidden_size=256", "model.num_layers=6",
         "model.num_heads=4", "model.intermediate_size=688", "model.warm_start.steps=0",
+        "algorithm.lr=0.0",
     ],
     "25m": [
         "model.name=char_llama_25m", "model.hidden_size=512", "model.num_layers=8",
         "model.num_heads=8", "model.intermediate_size=1376", "model.warm_start.steps=0",
+        "algorithm.lr=0.0",
     ],
 }
 

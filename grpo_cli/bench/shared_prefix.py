@@ -47,23 +47,20 @@ def can_share(model, batch: RolloutBatch, want_hidden: bool) -> bool:
     )
 
 
-def shared_prefix_forward(model, batch: RolloutBatch, want_hidden: bool = False):
-    """`forward_policy` with shared prompts; falls back to it when nothing is shared."""
-    from grpo_cli.train.trainer import forward_policy
-
-    plain = getattr(forward_policy, "original", forward_policy)
-    if not can_share(model, batch, want_hidden):
-        return plain(model, batch, want_hidden)
+def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(logprobs [n, L], entropy [n, L]) like `forward_policy`, or None when no prompt is shared
+    (or the model keeps no KV cache); the caller then runs the plain forward."""
+    if not can_share(model, batch, want_hidden=False):
+        return None
     first, inverse = distinct_prompts(batch)
     if first.numel() == batch.num_rollouts:
-        return plain(model, batch, want_hidden)
+        return None
     prompt_length = batch.prompt_length
     positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
-    prompt_mask = batch.attention_mask[first, :prompt_length]  # [U, P]
     cache = DynamicCache(config=model.config)
     prompt_out = model(
         input_ids=batch.input_ids[first, :prompt_length],
-        attention_mask=prompt_mask,
+        attention_mask=batch.attention_mask[first, :prompt_length],
         position_ids=positions[first, :prompt_length],
         past_key_values=cache,
         use_cache=True,
@@ -80,11 +77,7 @@ def shared_prefix_forward(model, batch: RolloutBatch, want_hidden: bool = False)
     logits = torch.cat([prompt_out.logits[inverse], completion_out.logits], dim=1)  # [n, C+1, V]
     logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, prompt_length - 1 :])
     pad = (prompt_length - 1, 0)
-    return (
-        torch.nn.functional.pad(logprobs, pad),  # [n, L]
-        torch.nn.functional.pad(entropy, pad),  # [n, L]
-        None,
-    )
+    return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)  # [n, L]
 
 
 def apply_shared_prefix() -> None:
@@ -96,9 +89,10 @@ def apply_shared_prefix() -> None:
     previous = trainer_module.forward_policy
 
     def forward(model, batch, want_hidden=False):
-        if can_share(model, batch, want_hidden):
-            return shared_prefix_forward(model, batch, want_hidden)
-        return previous(model, batch, want_hidden)
+        shared = None if want_hidden else shared_prefix_forward(model, batch)
+        if shared is None:
+            return previous(model, batch, want_hidden)
+        return (*shared, None)
 
     forward.shared_prefix = True
     forward.original = getattr(previous, "original", previous)

@@ -260,6 +260,10 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
     stepper = GrpoStepper(setup, options)
     meta = {"label": label, "load_start": load_average(), "model_size": options.model_size}
     if vs_trl:
+        meta["trl"] = ("bf16" if options.trl_bf16 else "fp32") + (
+            " +grad-ckpt" if options.trl_gradient_checkpointing else ""
+        )
+    if vs_trl:
         from grpo_cli.bench.trl_bench import run_vs_trl
 
         rows = run_vs_trl(setup, stepper, steps, options, console)

@@ -19,6 +19,7 @@ import torch
 
 from grpo_cli.algorithm.logprobs import token_logprobs_and_entropy
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
+from grpo_cli.algorithm.optim import build_optimizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
 from grpo_cli.train.alarms import expected_zero_variance_fraction
@@ -92,9 +93,7 @@ class GRPOTrainer:
         trainable = [p for p in model.parameters() if p.requires_grad]
         if value_head is not None:
             trainable += list(value_head.parameters())
-        self.optimizer = torch.optim.AdamW(
-            trainable, lr=algorithm.lr, betas=tuple(algorithm.betas), weight_decay=algorithm.weight_decay
-        )
+        self.optimizer = build_optimizer(trainable, algorithm, seed=cfg.seed)
         self.settings = SamplingSettings(
             group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,

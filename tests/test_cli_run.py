@@ -166,3 +166,16 @@ def test_run_names_stay_short_and_distinct():
     first = run_name(8, "grpo", 0, "model.path=/" + "a" * 300)
     second = run_name(8, "grpo", 0, "model.path=/" + "a" * 299 + "b")
     assert len(first) <= MAX_RUN_NAME and first != second
+
+
+def test_warm_start_cache_key_follows_what_changes_the_weights():
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.models.warm_start import warm_start_key
+
+    def key(*overrides):
+        cfg = compose_config(["experiment=smoke", *overrides])
+        return warm_start_key(cfg.model, cfg.task)
+
+    assert key() == key("task.train_size=999", "seed=3")  # shared by every seed and train size
+    assert key() != key("task.eval_size=32")  # held-out problems are excluded from training draws
+    assert key() != key("model.warm_start.steps=10")

@@ -41,9 +41,9 @@ def warm_start_key(model_cfg, task_cfg) -> str:
     """Hash of the settings that determine the warm-started weights."""
     model = {k: v for k, v in _plain(model_cfg).items() if k not in ("name", "lora", "dtype")}
     model.pop("gradient_checkpointing", None)
-    # The warm-start split is a prefix of the generated problems: sizes of the other splits
-    # do not change it.
-    task = {k: v for k, v in _plain(task_cfg).items() if k not in ("eval_size", "train_size")}
+    # The warm-start split is a prefix of the generated training problems, so train_size does not
+    # change it; eval_size does (training draws skip every held-out problem).
+    task = {k: v for k, v in _plain(task_cfg).items() if k != "train_size"}
     blob = json.dumps({"model": model, "task": task}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

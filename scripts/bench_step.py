@@ -11,7 +11,8 @@ re-tabulating are separate steps:
 Variants (grpo-cli side; TRL is always its vanilla fp32 GRPOTrainer unless the name says bf16):
 baseline (hf generate, plain forward), static (rollout.backend=hf_static), compiled (+ compiled
 decode step), shared (training forward with shared prompts), fast (static + shared), fast_bf16
-(fast under bf16 autocast), fast_bf16_vs_trl_bf16 (both sides bf16).
+(fast under bf16 autocast), fast_compiled (fast + compiled decode step), ..._vs_trl_bf16 (both
+sides bf16).
 """
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ VARIANTS: dict[str, list[str]] = {
     "fast_bf16_vs_trl_bf16": [
         "rollout.backend=hf_static", "--shared-prefix", "--autocast", "bf16", "--trl-bf16",
     ],
+    "fast_compiled_bf16": [
+        "rollout.backend=hf_static", "--compile-decode", "--shared-prefix", "--autocast", "bf16",
+    ],
+    "fast_compiled_bf16_vs_trl_bf16": [
+        "rollout.backend=hf_static", "--compile-decode", "--shared-prefix", "--autocast", "bf16",
+        "--trl-bf16",
+    ],
 }
-DEFAULT_VARIANTS = ["baseline", "fast", "fast_bf16"]
+DEFAULT_VARIANTS = ["baseline", "fast", "fast_compiled", "fast_compiled_bf16"]
 
 
 def run_variant(size: str, variant: str, steps: int, out: str, vs_trl: bool, extra: list[str]) -> int:

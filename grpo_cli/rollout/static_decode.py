@@ -197,6 +197,29 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0
 
 AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
 
+DECODE_MATH_ATTENTION = "grpo_decode_math"
+
+
+def decode_math_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                          **kwargs):
+    """One-query attention as matmul + softmax (compiled decode: inductor fuses it; CPU SDPA
+    kernels are slow for a single query). Anything else goes to SDPA."""
+    if query.shape[2] != 1 or attention_mask is None or attention_mask.dtype != torch.bool:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    rows, heads, _, head_dim = query.shape
+    kv_heads = key.shape[1]
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    q = query.reshape(rows, kv_heads, heads // kv_heads, head_dim)  # [N, H_kv, G, D]
+    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [N, H_kv, G, S]
+    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = torch.matmul(weights, value)  # [N, H_kv, G, D]
+    return output.reshape(rows, 1, heads, head_dim), None
+
+
+AttentionInterface.register(DECODE_MATH_ATTENTION, decode_math_attention)
+
 
 def supports_shared_prefix(model) -> bool:
     config = model.config.get_text_config(decoder=True)
@@ -208,16 +231,18 @@ def supports_shared_prefix(model) -> bool:
 
 
 @contextmanager
-def shared_prefix_decoding(model, cache: Cache):
-    """Route the model's attention through `shared_prefix_attention` for this cache."""
+def attention_routed(model, name: str, cache: Cache | None = None):
+    """Route the model's attention through the registered function `name` while decoding."""
     config = model.config
     previous = config._attn_implementation
-    config._attn_implementation = SHARED_PREFIX_ATTENTION
-    _active_caches.append(cache)
+    config._attn_implementation = name
+    if cache is not None:
+        _active_caches.append(cache)
     try:
         yield
     finally:
-        _active_caches.pop()
+        if cache is not None:
+            _active_caches.pop()
         config._attn_implementation = previous
 
 
@@ -291,15 +316,19 @@ class StaticDecodeBackend:
         device: torch.device,
         compile: bool = False,
         check_every: int | None = None,
+        share_prompt_cache: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.compile = compile
         self.check_every = check_every or (1 if device.type == "cpu" else 8)
+        self.share_prompt_cache = share_prompt_cache  # shared_prefix_attention (else R copies)
         self._compiled_step = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
+        if model is not self.model:
+            self._compiled_step = None  # compiled without module guards: recompile for a new model
         self.model = model
 
     def _decode_step(self, model, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
@@ -313,7 +342,10 @@ class StaticDecodeBackend:
         if not self.compile:
             return self._decode_step
         if self._compiled_step is None:
-            self._compiled_step = torch.compile(self._decode_step, dynamic=False)
+            # The policy's weights change in place between steps; guards on module attributes
+            # would only cost time on every call (the model object is checked in sync_weights).
+            options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+            self._compiled_step = torch.compile(self._decode_step, dynamic=False, options=options)
         return self._compiled_step
 
     @torch.no_grad()
@@ -364,12 +396,16 @@ class StaticDecodeBackend:
     def _sample(self, model, unique_ids, unique_mask, group_size, max_new, capacity, settings,
                 generator, eos_id, pad_id):
         """Prefill each prompt once, then decode all B*R rows token by token."""
-        if not self.compile and supports_shared_prefix(model):
+        if self.share_prompt_cache and not self.compile and supports_shared_prefix(model):
             cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
-            with shared_prefix_decoding(model, cache):
+            with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
                                   capacity, settings, generator, eos_id, pad_id)
         cache = make_cache(model.config, capacity, full_view=self.compile)
+        if self.compile and supports_shared_prefix(model):
+            with attention_routed(model, DECODE_MATH_ATTENTION):
+                return self._loop(model, cache, True, unique_ids, unique_mask, group_size, max_new,
+                                  capacity, settings, generator, eos_id, pad_id)
         return self._loop(model, cache, self.compile, unique_ids, unique_mask, group_size, max_new,
                           capacity, settings, generator, eos_id, pad_id)
 

@@ -101,6 +101,7 @@ def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
     by_group = inverse.reshape(batch.num_groups, batch.group_size)  # [B, R]
     assert (by_group == by_group[:, :1]).all()  # a group's rows share their prompt
     assert torch.equal(inverse[first], torch.arange(first.numel()))
+    assert torch.equal(inverse, torch.arange(batch.num_groups).repeat_interleave(batch.group_size))
     plain = trainer_module.forward_policy(setup.model, batch)
     shared = shared_prefix_forward(setup.model, batch)
     assert shared is not None

@@ -20,15 +20,34 @@ from grpo_cli.rollout.batch import RolloutBatch
 
 
 def distinct_prompts(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first row of each distinct prompt [U], row -> distinct prompt index [n])."""
+    """(first row of each distinct prompt [U], row -> distinct prompt index [n]).
+
+    Distinct prompts are numbered in order of first appearance, so a batch of contiguous groups
+    gets inverse = [0]*R + [1]*R + ... (see `expand_rows`).
+    """
     prompt = batch.input_ids[:, : batch.prompt_length]  # [n, P]
     keyed = torch.where(batch.attention_mask[:, : batch.prompt_length] > 0, prompt, -1)  # [n, P]
-    _, inverse = torch.unique(keyed, dim=0, return_inverse=True)  # [n]
+    _, inverse = torch.unique(keyed, dim=0, return_inverse=True)  # [n], numbered by sort order
     count = int(inverse.max()) + 1 if inverse.numel() else 0
-    first = torch.full((count,), inverse.numel(), dtype=torch.long, device=inverse.device)
     rows = torch.arange(inverse.numel(), device=inverse.device)
+    first = torch.full((count,), inverse.numel(), dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # [U]
-    return first, inverse
+    order = torch.argsort(first)  # renumber by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(count, device=order.device)
+    return first[order], rank[inverse]
+
+
+def expand_rows(tensor: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """tensor[inverse] along dim 0; a repeat (whose backward is a sum, not a scatter) when the
+    rows come in equal contiguous groups."""
+    count = tensor.shape[0]
+    if count and inverse.numel() % count == 0:
+        repeats = inverse.numel() // count
+        expected = torch.arange(count, device=inverse.device).repeat_interleave(repeats)
+        if torch.equal(inverse, expected):
+            return tensor.repeat_interleave(repeats, dim=0)
+    return tensor[inverse]
 
 
 def checkpointing(model) -> bool:
@@ -39,11 +58,14 @@ def checkpointing(model) -> bool:
 
 
 def can_share(model, batch: RolloutBatch, want_hidden: bool) -> bool:
+    from grpo_cli.rollout.static_decode import full_attention_only
+
     width = batch.input_ids.shape[1]
     return (
         not want_hidden  # the ppo value head reads every column's hidden state
         and 0 < batch.prompt_length < width
         and not checkpointing(model)  # checkpointed layers keep no KV cache
+        and full_attention_only(model.config)  # sliding-window caches drop old prompt keys
     )
 
 
@@ -66,7 +88,8 @@ def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, tor
         use_cache=True,
         logits_to_keep=1,
     )
-    cache.batch_select_indices(inverse)  # [U, H, P, D] -> [n, H, P, D], differentiable
+    for layer in cache.layers:  # [U, H, P, D] -> [n, H, P, D], differentiable
+        layer.keys, layer.values = expand_rows(layer.keys, inverse), expand_rows(layer.values, inverse)
     completion_out = model(
         input_ids=batch.input_ids[:, prompt_length:],
         attention_mask=batch.attention_mask,
@@ -74,7 +97,8 @@ def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, tor
         past_key_values=cache,
         use_cache=True,
     )
-    logits = torch.cat([prompt_out.logits[inverse], completion_out.logits], dim=1)  # [n, C+1, V]
+    last_prompt_logits = expand_rows(prompt_out.logits, inverse)  # [n, 1, V]
+    logits = torch.cat([last_prompt_logits, completion_out.logits], dim=1)  # [n, C+1, V]
     logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, prompt_length - 1 :])
     pad = (prompt_length - 1, 0)
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)  # [n, L]

@@ -14,7 +14,7 @@ from grpo_cli.bench.shared_prefix import (
     shared_prefix_forward,
 )
 from grpo_cli.bench.speedups import apply_sorted_micro_batches, sorted_micro_batches, used_columns
-from grpo_cli.bench.step_bench import parse_bench_args, run_bench
+from grpo_cli.bench.step_bench import parse_bench_args, run_bench, schema_has
 from grpo_cli.config.compose import compose_config
 
 TINY = [
@@ -30,8 +30,12 @@ def parity_reward(text: str, problem) -> float:
     return float(sum(map(ord, text)) % 3 == 0)
 
 
+# Plain reference forward, also once the trainer shares prompts natively (proposed setting).
+PLAIN = ["algorithm.shared_prompt_forward=false"] if schema_has("algorithm", "shared_prompt_forward") else []
+
+
 def setup_for(cache_dir, *overrides):
-    cfg = compose_config(TINY + [f"cache_dir={cache_dir}"] + list(overrides))
+    cfg = compose_config(TINY + PLAIN + [f"cache_dir={cache_dir}"] + list(overrides))
     setup = build_setup(cfg, log=lambda message: None)
     setup.task.reward = parity_reward
     return setup
@@ -176,3 +180,12 @@ def test_bf16_autocast_gradient_stays_close_to_fp32(tmp_path):
     candidate = gradient(True)
     assert not torch.equal(reference, candidate)  # bf16 really ran
     assert torch.nn.functional.cosine_similarity(reference, candidate, dim=0) > 0.99
+
+
+@pytest.mark.skipif(
+    not schema_has("algorithm", "shared_prompt_forward"), reason="trainer diff not applied yet"
+)
+def test_native_shared_prompt_forward_keeps_the_update(tmp_path):
+    reference = step_loss_and_grads(setup_for(tmp_path))
+    shared = step_loss_and_grads(setup_for(tmp_path, "algorithm.shared_prompt_forward=true"))
+    assert_same_update(reference, shared)

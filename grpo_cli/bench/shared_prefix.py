@@ -112,10 +112,10 @@ def apply_shared_prefix() -> None:
         return
     previous = trainer_module.forward_policy
 
-    def forward(model, batch, want_hidden=False):
+    def forward(model, batch, want_hidden=False, **kwargs):
         shared = None if want_hidden else shared_prefix_forward(model, batch)
         if shared is None:
-            return previous(model, batch, want_hidden)
+            return previous(model, batch, want_hidden, **kwargs)
         return (*shared, None)
 
     forward.shared_prefix = True

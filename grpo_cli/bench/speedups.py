@@ -49,12 +49,13 @@ def trim_columns(batch: RolloutBatch, first: int, last: int) -> RolloutBatch:
 def make_trimmed_forward(forward_policy):
     """Wrap trainer.forward_policy: run on the used columns only, pad the outputs back to [n, L]."""
 
-    def trimmed_forward_policy(model, batch: RolloutBatch, want_hidden: bool = False):
+    def trimmed_forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, **kwargs):
         width = batch.input_ids.shape[1]
         first, last = used_columns(batch.attention_mask)
         if first == 0 and last == width:
-            return forward_policy(model, batch, want_hidden)
-        logprobs, entropy, hidden = forward_policy(model, trim_columns(batch, first, last), want_hidden)
+            return forward_policy(model, batch, want_hidden, **kwargs)
+        trimmed = trim_columns(batch, first, last)
+        logprobs, entropy, hidden = forward_policy(model, trimmed, want_hidden, **kwargs)
         pad = (first, width - last)
         logprobs = torch.nn.functional.pad(logprobs, pad)  # [n, L]
         entropy = torch.nn.functional.pad(entropy, pad)  # [n, L]

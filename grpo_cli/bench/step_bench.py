@@ -44,6 +44,7 @@ class BenchOptions:
     sorted_micro_batches: int = 0  # rows per length-sorted, trimmed micro-batch (0 = off)
     shared_prefix: bool = False  # training forward with each distinct prompt computed once
     compile_decode: bool = False  # hf_static: torch.compile the decode step
+    native: set[str] = field(default_factory=set)  # flags the trainer handles (config settings)
     out: str | None = None
     trl_bf16: bool = False
     trl_gradient_checkpointing: bool = False
@@ -84,12 +85,39 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
     return options
 
 
+def schema_has(section: str, name: str) -> bool:
+    """Whether the config schema already has a setting (the speed-ups moved into the trainer)."""
+    from dataclasses import fields
+
+    from grpo_cli.config import schema
+
+    node = {"algorithm": schema.AlgorithmConfig, "model": schema.ModelConfig,
+            "rollout": schema.RolloutConfig}[section]
+    return name in {item.name for item in fields(node)}
+
+
+def native_overrides(options: BenchOptions) -> list[str]:
+    """Bench flags as config settings where the trainer supports them natively; the bench's own
+    prototypes (patches) then stay off. Explicit, so that a run without a flag means 'off'."""
+    overrides = []
+    if schema_has("algorithm", "shared_prompt_forward"):
+        overrides.append(f"algorithm.shared_prompt_forward={str(options.shared_prefix).lower()}")
+        options.native.add("shared_prefix")
+    if schema_has("model", "autocast"):
+        overrides.append(f"model.autocast={options.autocast or 'none'}")
+        options.native.add("autocast")
+    if schema_has("rollout", "compile_decode"):
+        overrides.append(f"rollout.compile_decode={str(options.compile_decode).lower()}")
+        options.native.add("compile_decode")
+    return overrides
+
+
 def compose_bench_config(options: BenchOptions, extra: list[str] | None = None):
     from grpo_cli.bench.builder import size_overrides
     from grpo_cli.config.compose import compose_config
 
     overrides = DEFAULT_OVERRIDES + size_overrides(options.model_size) + list(extra or [])
-    return compose_config(overrides + options.overrides)
+    return compose_config(overrides + native_overrides(options) + options.overrides)
 
 
 def autocast_context(kind: str | None, device: torch.device):
@@ -110,9 +138,9 @@ class GrpoStepper:
         self.clock = PhaseClock(synchronize=setup.device.type == "cuda")
         if options.sorted_micro_batches > 0:
             apply_sorted_micro_batches(setup.trainer, options.sorted_micro_batches)
-        if options.shared_prefix:
+        if options.shared_prefix and "shared_prefix" not in options.native:
             apply_shared_prefix()
-        if options.autocast:
+        if options.autocast and "autocast" not in options.native:
             from grpo_cli.bench.speedups import keep_lm_head_fp32
 
             keep_lm_head_fp32(setup.model)
@@ -134,7 +162,8 @@ class GrpoStepper:
         self._instrument()
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            with autocast_context(self.options.autocast, setup.device):
+            bench_autocast = None if "autocast" in self.options.native else self.options.autocast
+            with autocast_context(bench_autocast, setup.device):
                 output = trainer.step(step, capture_layers=probes.capture_layer_grads if probes else None)
             if probes is not None:
                 with self.clock.phase("probes", own_passes=True):

@@ -9,7 +9,6 @@ distribution (a random policy rarely samples EOS, so most completions run to
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,46 +51,27 @@ class BenchSetup:
 
 
 def build_backend(cfg, model, tokenizer, device, source_path: str, compile_decode: bool = False):
-    """run.py's backends plus `hf_static` (grpo_cli/rollout/static_decode.py)."""
-    if cfg.rollout.backend == "hf_static":
+    """run.py's backends, with `hf_static` optionally compiled."""
+    if cfg.rollout.backend == "hf_static" and compile_decode:
         from grpo_cli.rollout.static_decode import StaticDecodeBackend
 
         return StaticDecodeBackend(model, tokenizer, device, compile=compile_decode)
-    from grpo_cli.train.run import build_backend as run_build_backend
+    from grpo_cli.train.setup import build_backend as shared_build_backend
 
-    return run_build_backend(cfg, model, tokenizer, device, source_path)
+    return shared_build_backend(cfg, model, tokenizer, device, source_path)
 
 
 def build_setup(
     cfg, log=print, scratch: Path | None = None, compile_decode: bool = False
 ) -> BenchSetup:
-    """Everything `_train` builds before its loop, from a composed config."""
-    from grpo_cli.algorithm.value_head import ValueHead
-    from grpo_cli.models.policy import load_policy
-    from grpo_cli.probes.runner import ProbeSuite
-    from grpo_cli.tasks import build_task
-    from grpo_cli.train.run import resolve_device
-    from grpo_cli.train.trainer import GRPOTrainer
+    """Everything `_train` builds before its loop (grpo_cli/train/setup.py), from a composed config."""
+    from grpo_cli.train.setup import build_components
 
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg.task)
-    loaded = load_policy(cfg, task, device, log=log)
-    task.tokenizer = loaded.tokenizer
-    model = loaded.model
-    reference = None
-    if cfg.algorithm.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    value_head = None
-    if cfg.algorithm.name == "ppo":
-        value_head = ValueHead(model.config.hidden_size).to(device)
-    backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path, compile_decode)
-    trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
-    probes = None
-    if cfg.analysis.every > 0:
-        scratch = scratch or Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-        probes = ProbeSuite(cfg.analysis, model, scratch / "initial_layers.pt")
-    path = loaded.source_path
-    return BenchSetup(cfg, trainer, model, loaded.tokenizer, task, probes, device, path)
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="grpo-bench-"))
+    parts = build_components(cfg, scratch / "initial_layers.pt", log=log)
+    if compile_decode and cfg.rollout.backend == "hf_static":
+        parts.trainer.backend = build_backend(
+            cfg, parts.model, parts.tokenizer, parts.device, parts.loaded.source_path, compile_decode
+        )
+    return BenchSetup(cfg, parts.trainer, parts.model, parts.tokenizer, parts.task, parts.probes,
+                      parts.device, parts.loaded.source_path)

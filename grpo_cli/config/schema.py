@@ -67,7 +67,7 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf (transformers generate) | vllm
+    backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
     temperature: float = 1.0  # sampling temperature

@@ -6,7 +6,6 @@ error) on any exception, including a NaN loss or Ctrl-C; every row written befor
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import platform
 import sys
@@ -24,14 +23,6 @@ def utc_now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or auto")
-    return torch.device(name)
-
-
 def versions() -> dict:
     import transformers
 
@@ -41,19 +32,6 @@ def versions() -> dict:
         "transformers": transformers.__version__,
         "grpo_cli": grpo_cli.__version__,
     }
-
-
-def build_backend(cfg, model, tokenizer, device, source_path: str):
-    if cfg.rollout.backend == "hf":
-        from grpo_cli.rollout.hf_backend import HFGenerateBackend
-
-        return HFGenerateBackend(model, tokenizer, device)
-    if cfg.rollout.backend == "vllm":
-        from grpo_cli.rollout.vllm_backend import VllmBackend
-
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed)
-    raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, vllm")
 
 
 def run_experiment(cfg, run_dir: Path, log=print) -> str:
@@ -100,37 +78,22 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 
 
 def _train(cfg, results: RunResults, record: dict, log) -> None:
-    from grpo_cli.algorithm.value_head import ValueHead
-    from grpo_cli.models.policy import load_policy
-    from grpo_cli.probes.runner import ProbeSuite
-    from grpo_cli.tasks import build_task
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import load_checkpoint, save_checkpoint
     from grpo_cli.train.evaluate import evaluate
     from grpo_cli.train.progress import StepProgress
-    from grpo_cli.train.trainer import GRPOTrainer, step_seed
+    from grpo_cli.train.setup import build_components
+    from grpo_cli.train.trainer import step_seed
 
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
+    device, task, loaded, backend, trainer, probes = (
+        parts.device, parts.task, parts.loaded, parts.backend, parts.trainer, parts.probes
+    )
+    model = loaded.model
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     )
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg.task)
-    loaded = load_policy(cfg, task, device, log=log)
-    task.tokenizer = loaded.tokenizer
-    model = loaded.model
-    reference = None
-    if cfg.algorithm.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    value_head = None
-    if cfg.algorithm.name == "ppo":
-        value_head = ValueHead(model.config.hidden_size).to(device)
-    backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
-    trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
     monitor = AlarmMonitor.from_config(cfg.alarms)
-    probes = ProbeSuite(cfg.analysis, model, results.run_dir / "checkpoints" / "initial_layers.pt")
 
     start = 0
     if cfg.resume and results.checkpoint_path.exists():
@@ -148,7 +111,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
             accuracy = _evaluate_into(results, evaluate, backend, loaded.tokenizer, task, cfg, 0)
         for step in range(start, steps):
             clock = time.perf_counter()
-            probe_now = probes.due(step, steps)
+            probe_now = probes is not None and probes.due(step, steps)
             output = trainer.step(step, capture_layers=probes.capture_layer_grads if probe_now else None)
             time_probe = 0.0
             if probe_now:

@@ -1,0 +1,81 @@
+"""Build everything a run needs before its loop, from a composed config (shared by run and bench)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class RunComponents:
+    device: torch.device
+    task: object  # grpo_cli.tasks.Task, with its tokenizer set
+    loaded: object  # grpo_cli.models.loading.LoadedModel
+    backend: object  # a RolloutBackend
+    trainer: object  # grpo_cli.train.trainer.GRPOTrainer
+    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when analysis.every == 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or auto")
+    return torch.device(name)
+
+
+def build_backend(cfg, model, tokenizer, device, source_path: str):
+    """The rollout backend named by `rollout.backend`; vLLM is imported only when chosen."""
+    if cfg.rollout.backend == "hf":
+        from grpo_cli.rollout.hf_backend import HFGenerateBackend
+
+        return HFGenerateBackend(model, tokenizer, device)
+    if cfg.rollout.backend == "hf_static":
+        from grpo_cli.rollout.static_decode import StaticDecodeBackend
+
+        return StaticDecodeBackend(model, tokenizer, device)
+    if cfg.rollout.backend == "vllm":
+        from grpo_cli.rollout.vllm_backend import VllmBackend
+
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed)
+    raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, hf_static, vllm")
+
+
+def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents:
+    """Task, policy (with reference and value head when needed), sampler, trainer and probes."""
+    from grpo_cli.algorithm.value_head import ValueHead
+    from grpo_cli.models.policy import load_policy
+    from grpo_cli.probes.runner import ProbeSuite
+    from grpo_cli.tasks import build_task
+    from grpo_cli.train.trainer import GRPOTrainer
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg.task)
+    loaded = load_policy(cfg, task, device, log=log)
+    task.tokenizer = loaded.tokenizer
+    model = loaded.model
+    reference = None
+    if cfg.algorithm.kl_coef > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    value_head = None
+    if cfg.algorithm.name == "ppo":
+        value_head = ValueHead(model.config.hidden_size).to(device)
+    backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
+    trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
+    probes = ProbeSuite(cfg.analysis, model, initial_layers_path) if cfg.analysis.every > 0 else None
+    return RunComponents(device, task, loaded, backend, trainer, probes)

@@ -180,12 +180,3 @@ def test_bf16_autocast_gradient_stays_close_to_fp32(tmp_path):
     candidate = gradient(True)
     assert not torch.equal(reference, candidate)  # bf16 really ran
     assert torch.nn.functional.cosine_similarity(reference, candidate, dim=0) > 0.99
-
-
-@pytest.mark.skipif(
-    not schema_has("algorithm", "shared_prompt_forward"), reason="trainer diff not applied yet"
-)
-def test_native_shared_prompt_forward_keeps_the_update(tmp_path):
-    reference = step_loss_and_grads(setup_for(tmp_path))
-    shared = step_loss_and_grads(setup_for(tmp_path, "algorithm.shared_prompt_forward=true"))
-    assert_same_update(reference, shared)

@@ -28,6 +28,7 @@ from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measure_names import RANK_MEASURES
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
 from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
+from grpo_cli.train.credit import advantage_range
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update")
@@ -55,10 +56,7 @@ def per_rollout_advantage(
     advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
 ) -> torch.Tensor | None:  # [N]
     """Each rollout's advantage when all its completion tokens share one; None otherwise."""
-    in_completion = completion_mask > 0
-    high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
-    low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
-    has_tokens = in_completion.any(dim=1)
+    low, high, has_tokens = advantage_range(advantages, completion_mask)
     if bool(((high != low) & has_tokens).any()):
         return None
     return torch.where(has_tokens, high, 0.0)

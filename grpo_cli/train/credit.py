@@ -122,12 +122,19 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
 
 
-def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """Fraction of rollouts whose completion tokens all received the same advantage."""
+def advantage_range(
+    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # low [N], high [N], has_tokens [N]
+    """Smallest and largest advantage over each rollout's completion tokens."""
     in_completion = completion_mask > 0  # [N, L]
     high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
     low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
-    has_tokens = in_completion.any(dim=1)
+    return low, high, in_completion.any(dim=1)
+
+
+def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Fraction of rollouts whose completion tokens all received the same advantage."""
+    low, high, has_tokens = advantage_range(advantages, completion_mask)
     scale = advantages.abs().max().clamp(min=1e-12)
     uniform = ((high - low) <= 1e-6 * scale) | ~has_tokens
     return uniform.float().mean().item()

@@ -157,7 +157,7 @@ class GRPOTrainer:
         for draw in range(algorithm.dynamic_sampling_max_draws + 1):
             if draw > 0:
                 candidate = self.rollout(step, draw)
-            candidate_scored = self.score(candidate)
+            candidate_scored = scored if draw == 0 else self.score(candidate)
             informative = (~zero_variance_groups(candidate_scored.rewards, candidate.group_size)).nonzero()
             informative = informative.flatten().tolist()
             dropped += candidate.num_groups - len(informative)

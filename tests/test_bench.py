@@ -6,63 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
+from step_parity import TINY, assert_same_update, setup_for, step_loss_and_grads
+
 import grpo_cli.train.trainer as trainer_module
-from grpo_cli.bench.builder import build_setup
-from grpo_cli.bench.shared_prefix import (
-    apply_shared_prefix,
-    distinct_prompts,
-    shared_prefix_forward,
-)
 from grpo_cli.bench.speedups import apply_sorted_micro_batches, sorted_micro_batches, used_columns
-from grpo_cli.bench.step_bench import parse_bench_args, run_bench, schema_has
-from grpo_cli.config.compose import compose_config
-
-TINY = [
-    "experiment=smoke", "analysis.every=0", "progress=false", "model.name=bench_tiny",
-    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-    "model.intermediate_size=64", "model.warm_start.steps=0", "rollout.prompts_per_step=3",
-    "rollout.group_size=4", "rollout.max_new_tokens=10", "task.train_size=50",
-]
-
-
-def parity_reward(text: str, problem) -> float:
-    """Any reward that varies within groups, so advantages (and gradients) are not all zero."""
-    return float(sum(map(ord, text)) % 3 == 0)
-
-
-# Plain reference forward, also once the trainer shares prompts natively (proposed setting).
-PLAIN = ["algorithm.shared_prompt_forward=false"] if schema_has("algorithm", "shared_prompt_forward") else []
-
-
-def setup_for(cache_dir, *overrides):
-    cfg = compose_config(TINY + PLAIN + [f"cache_dir={cache_dir}"] + list(overrides))
-    setup = build_setup(cfg, log=lambda message: None)
-    setup.task.reward = parity_reward
-    return setup
-
-
-def step_loss_and_grads(setup, step: int = 0):
-    grads: dict[str, torch.Tensor] = {}
-
-    def capture() -> dict:
-        for name, p in setup.model.named_parameters():
-            grads[name] = p.grad.detach().clone()
-        return {}
-
-    output = setup.trainer.step(step, capture_layers=capture)
-    return output.metrics["loss"], grads, output
-
-
-def assert_same_update(reference, candidate, rtol=1e-5):
-    loss_a, grads_a, out_a = reference
-    loss_b, grads_b, out_b = candidate
-    assert torch.equal(out_a.batch.input_ids, out_b.batch.input_ids)  # identical inputs
-    assert out_a.advantages.abs().sum() > 0  # a real gradient, not an all-zero one
-    assert abs(loss_a - loss_b) <= rtol * max(abs(loss_a), 1e-12)
-    for name, grad in grads_a.items():
-        scale = grad.norm().clamp(min=1e-12)
-        assert (grads_b[name] - grad).norm() <= rtol * scale, name
-    assert sum(grad.norm() for grad in grads_a.values()) > 0
+from grpo_cli.bench.step_bench import flag_overrides, parse_bench_args, run_bench
 
 
 @pytest.fixture
@@ -71,49 +19,11 @@ def restore_forward(monkeypatch):
     monkeypatch.setattr(trainer_module, "forward_policy", trainer_module.forward_policy)
 
 
-@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
-@pytest.mark.parametrize("micro_batch_size", [64, 3])
-def test_shared_prefix_step_keeps_loss_and_gradients(
-    tmp_path, restore_forward, loss_agg, micro_batch_size
-):
-    overrides = [f"algorithm.loss_agg={loss_agg}", f"algorithm.micro_batch_size={micro_batch_size}"]
-    reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
-    apply_shared_prefix()
-    assert getattr(trainer_module.forward_policy, "shared_prefix", False)
-    assert_same_update(reference, step_loss_and_grads(setup_for(tmp_path, *overrides)))
-
-
 def test_sorted_trimmed_micro_batches_keep_loss_and_gradients(tmp_path, restore_forward):
     reference = step_loss_and_grads(setup_for(tmp_path, "algorithm.micro_batch_size=5"))
     candidate_setup = setup_for(tmp_path, "algorithm.micro_batch_size=5")
     apply_sorted_micro_batches(candidate_setup.trainer, 5)
     assert_same_update(reference, step_loss_and_grads(candidate_setup))
-
-
-def test_static_backend_with_shared_prefix_keeps_the_update(tmp_path, restore_forward):
-    """The bench's fast configuration: hf_static rollouts, shared-prefix training forward."""
-    reference = step_loss_and_grads(setup_for(tmp_path, "rollout.backend=hf_static"))
-    apply_shared_prefix()
-    assert_same_update(reference, step_loss_and_grads(setup_for(tmp_path, "rollout.backend=hf_static")))
-
-
-def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
-    setup = setup_for(tmp_path)
-    batch = setup.trainer.rollout(0, draw=0)
-    first, inverse = distinct_prompts(batch)
-    assert first.numel() == batch.num_groups
-    by_group = inverse.reshape(batch.num_groups, batch.group_size)  # [B, R]
-    assert (by_group == by_group[:, :1]).all()  # a group's rows share their prompt
-    assert torch.equal(inverse[first], torch.arange(first.numel()))
-    assert torch.equal(inverse, torch.arange(batch.num_groups).repeat_interleave(batch.group_size))
-    plain = trainer_module.forward_policy(setup.model, batch)
-    shared = shared_prefix_forward(setup.model, batch)
-    assert shared is not None
-    columns = slice(batch.prompt_length, None)
-    torch.testing.assert_close(shared[0][:, columns], plain[0][:, columns], atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared[1][:, columns], plain[1][:, columns], atol=1e-5, rtol=0)
-    single = trainer_module.select_rows(batch, torch.arange(0, batch.num_rollouts, batch.group_size))
-    assert shared_prefix_forward(setup.model, single) is None  # nothing shared: plain forward
 
 
 def test_sorted_micro_batches_and_used_columns():
@@ -131,6 +41,10 @@ def test_parse_bench_args_splits_flags_from_overrides():
     assert options.model_size == "25m" and options.autocast == "bf16"
     assert options.shared_prefix and options.sorted_micro_batches == 8
     assert options.overrides == ["rollout.max_new_tokens=64"]
+    assert flag_overrides(options) == [
+        "algorithm.shared_prompt_forward=true", "model.autocast=bf16", "rollout.compile_decode=false"
+    ]
+    assert "algorithm.shared_prompt_forward=false" in flag_overrides(parse_bench_args([]))
     with pytest.raises(ValueError, match="unknown bench option"):
         parse_bench_args(["--fast"])
 
@@ -157,26 +71,3 @@ def test_run_bench_against_trl(tmp_path, restore_forward):
     sides = sorted(row["side"] for row in rows)
     assert sides == ["grpo-cli", "trl"]
     assert all(row["ratio"] > 0 and row["tokens"] > 0 for row in rows)
-
-
-def test_bf16_autocast_gradient_stays_close_to_fp32(tmp_path):
-    """Not a parity claim: bf16 matmuls (fp32 lm_head) change the gradient by rounding only."""
-    from grpo_cli.bench.speedups import keep_lm_head_fp32
-
-    setup = setup_for(tmp_path)
-    batch = setup.trainer.rollout(0, draw=0)
-    weights = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(0))
-
-    def gradient(autocast: bool) -> torch.Tensor:
-        setup.model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logprobs, _, _ = trainer_module.forward_policy(setup.model, batch)
-        assert logprobs.dtype == torch.float32
-        (weights * batch.completion_mask * logprobs).sum().backward()
-        return torch.cat([p.grad.flatten() for p in setup.model.parameters()])
-
-    reference = gradient(False)
-    keep_lm_head_fp32(setup.model)
-    candidate = gradient(True)
-    assert not torch.equal(reference, candidate)  # bf16 really ran
-    assert torch.nn.functional.cosine_similarity(reference, candidate, dim=0) > 0.99

@@ -9,6 +9,8 @@ distribution (a random policy rarely samples EOS, so most completions run to
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,28 +52,13 @@ class BenchSetup:
     source_path: str  # HF directory of the starting weights (TRL loads the same one)
 
 
-def build_backend(cfg, model, tokenizer, device, source_path: str, compile_decode: bool = False):
-    """run.py's backends, with `hf_static` optionally compiled."""
-    if cfg.rollout.backend == "hf_static" and compile_decode:
-        from grpo_cli.rollout.static_decode import StaticDecodeBackend
-
-        return StaticDecodeBackend(model, tokenizer, device, compile=compile_decode)
-    from grpo_cli.train.setup import build_backend as shared_build_backend
-
-    return shared_build_backend(cfg, model, tokenizer, device, source_path)
-
-
-def build_setup(
-    cfg, log=print, scratch: Path | None = None, compile_decode: bool = False
-) -> BenchSetup:
+def build_setup(cfg, log=print, scratch: Path | None = None) -> BenchSetup:
     """Everything `_train` builds before its loop (grpo_cli/train/setup.py), from a composed config."""
     from grpo_cli.train.setup import build_components
 
-    scratch = scratch or Path(tempfile.mkdtemp(prefix="grpo-bench-"))
+    if scratch is None:  # the probes' initial-weights snapshot; removed when the process ends
+        scratch = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     parts = build_components(cfg, scratch / "initial_layers.pt", log=log)
-    if compile_decode and cfg.rollout.backend == "hf_static":
-        parts.trainer.backend = build_backend(
-            cfg, parts.model, parts.tokenizer, parts.device, parts.loaded.source_path, compile_decode
-        )
     return BenchSetup(cfg, parts.trainer, parts.model, parts.tokenizer, parts.task, parts.probes,
                       parts.device, parts.loaded.source_path)

@@ -89,18 +89,3 @@ def apply_sorted_micro_batches(trainer, size: int) -> None:
 
     trainer.collect = collect_and_remember
     trainer.micro_batches = micro_batches
-
-
-def keep_lm_head_fp32(model: torch.nn.Module) -> None:
-    """Under autocast, run the output projection in fp32 so log-probs come from fp32 logits."""
-    head = model.get_output_embeddings()
-    if head is None or getattr(head, "_fp32_under_autocast", False):
-        return
-    original = head.forward
-
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(hidden.device.type, enabled=False):
-            return original(hidden.float())
-
-    head.forward = forward
-    head._fp32_under_autocast = True

@@ -4,11 +4,14 @@ Defaults: `experiment=cpu_rank_collapse analysis=off` (the CPU preset's model an
 probes) plus the user's Hydra overrides. Bench flags mixed into the overrides:
 
   --model-size tiny|5m|25m   char Llama size (see grpo_cli/bench/builder.py); 25m is random
-  --autocast bf16            run the step under torch.autocast (bf16 matmuls, fp32 master weights
-                             and lm_head, so log-probs come from fp32 logits)
-  --shared-prefix            training forward computes each distinct prompt once (shared_prefix.py)
+  --autocast bf16            = model.autocast=bf16 (bf16 matmuls, fp32 master weights and lm_head,
+                             so log-probs come from fp32 logits; grpo_cli/train/autocast.py)
+  --shared-prefix            = algorithm.shared_prompt_forward=true (each distinct prompt computed
+                             once in the training forward; grpo_cli/train/policy_forward.py);
+                             without it the bench sets it false, so flags mean what they say
   --sorted-micro-batches N   length-sorted micro-batches of N rows, trimmed of all-pad columns
-  --compile-decode           with rollout.backend=hf_static: torch.compile the one-token step
+                             (a prototype the bench patches in; grpo_cli/bench/speedups.py)
+  --compile-decode           = rollout.compile_decode=true (with rollout.backend=hf_static)
   --out PATH                 also write one CSV row per timed step (re-runnable comparisons)
   --trl-bf16                 with --vs-trl: TRL with bf16=True (default: fp32, like grpo-cli)
   --trl-gradient-checkpointing  with --vs-trl: TRL's own default (default here: off, like grpo-cli)
@@ -25,7 +28,6 @@ import os
 import platform
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +46,6 @@ class BenchOptions:
     sorted_micro_batches: int = 0  # rows per length-sorted, trimmed micro-batch (0 = off)
     shared_prefix: bool = False  # training forward with each distinct prompt computed once
     compile_decode: bool = False  # hf_static: torch.compile the decode step
-    native: set[str] = field(default_factory=set)  # flags the trainer handles (config settings)
     out: str | None = None
     trl_bf16: bool = False
     trl_gradient_checkpointing: bool = False
@@ -85,31 +86,13 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
     return options
 
 
-def schema_has(section: str, name: str) -> bool:
-    """Whether the config schema already has a setting (the speed-ups moved into the trainer)."""
-    from dataclasses import fields
-
-    from grpo_cli.config import schema
-
-    node = {"algorithm": schema.AlgorithmConfig, "model": schema.ModelConfig,
-            "rollout": schema.RolloutConfig}[section]
-    return name in {item.name for item in fields(node)}
-
-
-def native_overrides(options: BenchOptions) -> list[str]:
-    """Bench flags as config settings where the trainer supports them natively; the bench's own
-    prototypes (patches) then stay off. Explicit, so that a run without a flag means 'off'."""
-    overrides = []
-    if schema_has("algorithm", "shared_prompt_forward"):
-        overrides.append(f"algorithm.shared_prompt_forward={str(options.shared_prefix).lower()}")
-        options.native.add("shared_prefix")
-    if schema_has("model", "autocast"):
-        overrides.append(f"model.autocast={options.autocast or 'none'}")
-        options.native.add("autocast")
-    if schema_has("rollout", "compile_decode"):
-        overrides.append(f"rollout.compile_decode={str(options.compile_decode).lower()}")
-        options.native.add("compile_decode")
-    return overrides
+def flag_overrides(options: BenchOptions) -> list[str]:
+    """Bench flags as config settings, explicit both ways: a run without a flag means 'off'."""
+    return [
+        f"algorithm.shared_prompt_forward={str(options.shared_prefix).lower()}",
+        f"model.autocast={options.autocast or 'none'}",
+        f"rollout.compile_decode={str(options.compile_decode).lower()}",
+    ]
 
 
 def compose_bench_config(options: BenchOptions, extra: list[str] | None = None):
@@ -117,20 +100,13 @@ def compose_bench_config(options: BenchOptions, extra: list[str] | None = None):
     from grpo_cli.config.compose import compose_config
 
     overrides = DEFAULT_OVERRIDES + size_overrides(options.model_size) + list(extra or [])
-    return compose_config(overrides + native_overrides(options) + options.overrides)
-
-
-def autocast_context(kind: str | None, device: torch.device):
-    if kind == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    return compose_config(overrides + flag_overrides(options) + options.overrides)
 
 
 class GrpoStepper:
     """Runs and times grpo-cli steps of one BenchSetup."""
 
     def __init__(self, setup, options: BenchOptions):
-        from grpo_cli.bench.shared_prefix import apply_shared_prefix
         from grpo_cli.bench.speedups import apply_sorted_micro_batches
 
         self.setup = setup
@@ -138,12 +114,6 @@ class GrpoStepper:
         self.clock = PhaseClock(synchronize=setup.device.type == "cuda")
         if options.sorted_micro_batches > 0:
             apply_sorted_micro_batches(setup.trainer, options.sorted_micro_batches)
-        if options.shared_prefix and "shared_prefix" not in options.native:
-            apply_shared_prefix()
-        if options.autocast and "autocast" not in options.native:
-            from grpo_cli.bench.speedups import keep_lm_head_fp32
-
-            keep_lm_head_fp32(setup.model)
 
     def _instrument(self) -> None:
         trainer, clock = self.setup.trainer, self.clock
@@ -162,9 +132,7 @@ class GrpoStepper:
         self._instrument()
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            bench_autocast = None if "autocast" in self.options.native else self.options.autocast
-            with autocast_context(bench_autocast, setup.device):
-                output = trainer.step(step, capture_layers=probes.capture_layer_grads if probes else None)
+            output = trainer.step(step, capture_layers=probes.capture_layer_grads if probes else None)
             if probes is not None:
                 with self.clock.phase("probes", own_passes=True):
                     probes.record(step, output, setup.model)
@@ -274,10 +242,7 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
 
         extra = TRL_MATCHING_OVERRIDES
     cfg = compose_bench_config(options, extra)
-    setup = build_setup(
-        cfg, log=lambda message: console.print(f"[dim]{message}[/dim]"),
-        compile_decode=options.compile_decode,
-    )
+    setup = build_setup(cfg, log=lambda message: console.print(f"[dim]{message}[/dim]"))
     console.print(describe(setup))
     label = (
         f"{cfg.model.name} {cfg.rollout.backend}"

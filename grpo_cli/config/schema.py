@@ -42,6 +42,7 @@ class ModelConfig:
     intermediate_size: int = 256  # char_llama: MLP width
     max_positions: int = 256  # char_llama: context length
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    autocast: str = "none"  # none | bf16: policy forwards under torch.autocast (fp32 weights and lm_head)
     gradient_checkpointing: bool = False  # trade compute for activation memory
     lora: LoraConfig = field(default_factory=LoraConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -68,6 +69,7 @@ class TaskConfig:
 @dataclass
 class RolloutConfig:
     backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
+    compile_decode: bool = False  # hf_static: torch.compile the one-token decode step (compiles once per shape)
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
     temperature: float = 1.0  # sampling temperature
@@ -89,6 +91,7 @@ class AlgorithmConfig:
     max_grad_norm: float = 1.0  # gradient clipping (<=0 disables)
     num_iterations: int = 1  # optimizer passes over each batch of rollouts (mu)
     micro_batch_size: int = 64  # sequences per forward/backward micro-batch
+    shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
     epsilon: float = 0.2  # PPO clip, lower side
     epsilon_high: float = 0.2  # PPO clip, upper side (DAPO clip-higher when > epsilon)
     loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | constant (Dr.GRPO)
@@ -124,6 +127,7 @@ class AnalysisConfig:
     param_regex: str = ".*"  # parameters that span P for the per-rollout matrices
     gram_method: str = "auto"  # auto | ghost | per_sample | sketch
     sketch_dim: int = 4096  # sketch: random-projection width
+    gram_row_chunk: int = 0  # per-rollout Grams: rollouts per forward/backward (0 = all at once)
     rank_rtol: float = 1e-6  # numerical rank: sigma_k > rank_rtol * sigma_1
     sparsity_rtol: float = 1e-3  # sparsity: |g| < sparsity_rtol * max|g|
     max_groups_saved: int = 64  # per-group spectra kept per probe step

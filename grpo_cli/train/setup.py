@@ -44,7 +44,7 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
     if cfg.rollout.backend == "hf_static":
         from grpo_cli.rollout.static_decode import StaticDecodeBackend
 
-        return StaticDecodeBackend(model, tokenizer, device)
+        return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode)
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 

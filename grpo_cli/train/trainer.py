@@ -23,6 +23,7 @@ from grpo_cli.algorithm.optim import build_optimizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
 from grpo_cli.train.alarms import expected_zero_variance_fraction
+from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
 from grpo_cli.train.credit import (
     ScoredBatch,
     credit_uniform_fraction,
@@ -31,6 +32,7 @@ from grpo_cli.train.credit import (
     token_advantages,
     zero_variance_groups,
 )
+from grpo_cli.train.policy_forward import forward_policy
 
 
 class NonFiniteLossError(RuntimeError):
@@ -51,20 +53,6 @@ class StepOutput:
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
     """Per-step seed, so a resumed run draws exactly what an uninterrupted one would."""
     return (seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)
-
-
-def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False):
-    """One forward pass: per-token log-probs and entropies [N, L] (and final hidden states)."""
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        output_hidden_states=want_hidden,
-    )
-    logprobs, entropy = token_logprobs_and_entropy(output.logits, batch.input_ids)
-    hidden = output.hidden_states[-1] if want_hidden else None
-    return logprobs, entropy, hidden
 
 
 class GRPOTrainer:
@@ -104,6 +92,15 @@ class GRPOTrainer:
             tokenizer(task.prompt(problem), add_special_tokens=False)["input_ids"]
             for problem in task.train
         ]
+        self.share_prompts = cfg.algorithm.shared_prompt_forward
+        self.autocast_kind = cfg.model.autocast
+        policy_autocast(device, self.autocast_kind)  # validates the setting
+        if self.autocast_kind != "none":
+            keep_lm_head_fp32(model)  # log-probs from fp32 logits
+
+    def autocast(self):
+        """Context for the policy's forwards: bf16 autocast when model.autocast=bf16."""
+        return policy_autocast(self.device, self.autocast_kind)
 
     # ---- rollout and reward -------------------------------------------------------------------
     def sample_problems(self, step: int, draw: int) -> list[int]:
@@ -182,7 +179,11 @@ class GRPOTrainer:
             parts_lp, parts_v = [], []
             for rows in self.micro_batches(batch.num_rollouts):
                 part = select_rows(batch, rows)
-                logprobs, _, hidden = forward_policy(self.model, part, want_hidden=self.value_head is not None)
+                with self.autocast():
+                    logprobs, _, hidden = forward_policy(
+                        self.model, part, want_hidden=self.value_head is not None,
+                        share_prompts=self.share_prompts,
+                    )
                 parts_lp.append(logprobs)
                 if self.value_head is not None:
                     parts_v.append(self.value_head(hidden))
@@ -194,7 +195,8 @@ class GRPOTrainer:
             return None
         with torch.no_grad():
             return torch.cat(
-                [forward_policy(self.reference_model, select_rows(batch, rows))[0]
+                [forward_policy(self.reference_model, select_rows(batch, rows),
+                                share_prompts=self.share_prompts)[0]
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
 
@@ -202,7 +204,8 @@ class GRPOTrainer:
         """One GRPO step. `capture_layers` (probe steps) snapshots batch gradients before the update."""
         algorithm = self.cfg.algorithm
         clock = time.perf_counter()
-        batch, scored, dropped = self.collect(step)
+        with self.autocast():
+            batch, scored, dropped = self.collect(step)
         time_rollout = time.perf_counter() - clock
 
         clock = time.perf_counter()
@@ -237,9 +240,11 @@ class GRPOTrainer:
             for rows in self.micro_batches(batch.num_rollouts):
                 part = select_rows(batch, rows)
                 part_mask = part.completion_mask
-                logprobs, entropy, hidden = forward_policy(
-                    self.model, part, want_hidden=self.value_head is not None
-                )
+                with self.autocast():
+                    logprobs, entropy, hidden = forward_policy(
+                        self.model, part, want_hidden=self.value_head is not None,
+                        share_prompts=self.share_prompts,
+                    )
                 if iteration == 0:
                     policy_logprobs[rows.to(mask.device)] = logprobs.detach()
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]

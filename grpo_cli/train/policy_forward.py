@@ -1,13 +1,16 @@
-"""The training forward with each distinct prompt computed once (GRPO's R completions share it).
+"""The policy's training forward: per-token log-probs and entropies, optionally with each
+distinct prompt computed once (`algorithm.shared_prompt_forward`).
 
 A causal decoder's later tokens see earlier ones only through each layer's keys and values, so
-`forward_policy(model, batch)` equals: one forward over the U distinct prompts (U = B when a
-micro-batch holds whole groups) that keeps their KV cache, the cache rows gathered to the n
-completion rows, and one forward over the completion columns on top of it. Gradients flow back
-through the gather (summed over a group's R rows) into the single prompt forward. The prompt
-tokens are then computed U times instead of n = U*R times; the result is the same up to float
-summation order. Outputs match `forward_policy` on completion columns and on column P (the first
-completion token, predicted from the prompt's last logits); prompt columns are 0.
+the plain forward equals: one forward over the U distinct prompts (U = B when a micro-batch holds
+whole groups) that keeps their KV cache, the cache rows gathered to the n completion rows, and one
+forward over the completion columns on top of it. Gradients flow back through the gather (summed
+over a group's R rows) into the single prompt forward. The prompt tokens are then computed U times
+instead of n = U*R times; the result is the same up to float summation order (tests/
+test_policy_forward.py checks loss and gradients to 1e-5 relative). Outputs match the plain
+forward on completion columns and on column P (the first completion token, predicted from the
+prompt's last logits); prompt columns are 0, and nothing reads them (the completion mask is 0
+there).
 """
 
 from __future__ import annotations
@@ -104,20 +107,28 @@ def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, tor
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)  # [n, L]
 
 
-def apply_shared_prefix() -> None:
-    """Route grpo_cli.train.trainer.forward_policy through `shared_prefix_forward` (bench)."""
-    import grpo_cli.train.trainer as trainer_module
+def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False):
+    """One forward over every column: log-probs and entropies [N, L] (and final hidden states)."""
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        output_hidden_states=want_hidden,
+    )
+    logprobs, entropy = token_logprobs_and_entropy(output.logits, batch.input_ids)
+    hidden = output.hidden_states[-1] if want_hidden else None
+    return logprobs, entropy, hidden
 
-    if getattr(trainer_module.forward_policy, "shared_prefix", False):
-        return
-    previous = trainer_module.forward_policy
 
-    def forward(model, batch, want_hidden=False, **kwargs):
-        shared = None if want_hidden else shared_prefix_forward(model, batch)
-        if shared is None:
-            return previous(model, batch, want_hidden, **kwargs)
-        return (*shared, None)
+def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False):
+    """(logprobs [N, L], entropy [N, L], hidden [N, L, H] or None) for a batch of rollouts.
 
-    forward.shared_prefix = True
-    forward.original = getattr(previous, "original", previous)
-    trainer_module.forward_policy = forward
+    `share_prompts` runs each distinct prompt once where that is exact (`can_share`); the value
+    head (`want_hidden`) and activation checkpointing always take the plain forward.
+    """
+    if share_prompts and not want_hidden:
+        shared = shared_prefix_forward(model, batch)
+        if shared is not None:
+            return (*shared, None)
+    return plain_forward(model, batch, want_hidden)

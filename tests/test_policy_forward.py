@@ -1,0 +1,79 @@
+"""The training forward's speed-ups: shared-prompt forward (exact) and bf16 autocast (reported)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from step_parity import assert_same_update, relative_gap, setup_for, step_loss_and_grads
+
+from grpo_cli.train.policy_forward import distinct_prompts, plain_forward, shared_prefix_forward
+from grpo_cli.train.trainer import select_rows
+
+SHARED = "algorithm.shared_prompt_forward=true"
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("micro_batch_size", [64, 3])
+def test_shared_prompt_forward_keeps_loss_and_gradients(tmp_path, loss_agg, micro_batch_size):
+    """fp32: the step's loss and every parameter's gradient agree to 1e-5 relative."""
+    overrides = [f"algorithm.loss_agg={loss_agg}", f"algorithm.micro_batch_size={micro_batch_size}"]
+    reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
+    candidate_setup = setup_for(tmp_path, *overrides, SHARED)
+    assert candidate_setup.trainer.share_prompts
+    assert_same_update(reference, step_loss_and_grads(candidate_setup))
+
+
+def test_fast_cpu_configuration_keeps_the_update(tmp_path):
+    """hf_static rollouts + shared-prompt forward: the same update as the plain path."""
+    reference = step_loss_and_grads(setup_for(tmp_path, "rollout.backend=hf_static"))
+    candidate = step_loss_and_grads(setup_for(tmp_path, "rollout.backend=hf_static", SHARED))
+    assert_same_update(reference, candidate)
+
+
+def test_shared_prompt_forward_with_kl_and_several_iterations(tmp_path):
+    """The reference model's and the old-log-prob forwards share prompts too."""
+    overrides = ["algorithm.kl_coef=0.1", "algorithm.num_iterations=2"]
+    reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
+    assert_same_update(reference, step_loss_and_grads(setup_for(tmp_path, *overrides, SHARED)))
+
+
+def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
+    setup = setup_for(tmp_path)
+    batch = setup.trainer.rollout(0, draw=0)
+    first, inverse = distinct_prompts(batch)
+    assert first.numel() == batch.num_groups
+    by_group = inverse.reshape(batch.num_groups, batch.group_size)  # [B, R]
+    assert (by_group == by_group[:, :1]).all()  # a group's rows share their prompt
+    assert torch.equal(inverse[first], torch.arange(first.numel()))
+    assert torch.equal(inverse, torch.arange(batch.num_groups).repeat_interleave(batch.group_size))
+    plain = plain_forward(setup.model, batch)
+    shared = shared_prefix_forward(setup.model, batch)
+    assert shared is not None
+    columns = slice(batch.prompt_length, None)
+    torch.testing.assert_close(shared[0][:, columns], plain[0][:, columns], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[1][:, columns], plain[1][:, columns], atol=1e-5, rtol=0)
+    single = select_rows(batch, torch.arange(0, batch.num_rollouts, batch.group_size))
+    assert shared_prefix_forward(setup.model, single) is None  # nothing shared: plain forward
+
+
+def test_bf16_autocast_step_deviation_is_rounding_only(tmp_path):
+    """Not a parity claim: the bf16 path's deviation from fp32, printed and bounded loosely."""
+    reference = step_loss_and_grads(setup_for(tmp_path))
+    candidate_setup = setup_for(tmp_path, "model.autocast=bf16")
+    candidate = step_loss_and_grads(candidate_setup)
+    loss_a, grads_a, out_a = reference
+    loss_b, grads_b, out_b = candidate
+    flat_a = torch.cat([grads_a[name].flatten() for name in grads_a])
+    flat_b = torch.cat([grads_b[name].flatten() for name in grads_a])
+    gap = relative_gap(flat_a, flat_b)
+    loss_gap = abs(loss_b - loss_a) / max(abs(loss_a), 1e-12)
+    print(f"bf16 autocast vs fp32: loss rel. {loss_gap:.2e}, gradient rel. (L2) {gap:.2e}")
+    assert gap > 0  # bf16 really ran
+    assert gap < 0.1 and torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0) > 0.99
+    head = candidate_setup.model.get_output_embeddings()
+    assert head._fp32_under_autocast  # log-probs come from fp32 logits
+
+
+def test_unknown_autocast_kind_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="model.autocast='fp8'"):
+        setup_for(tmp_path, "model.autocast=fp8")

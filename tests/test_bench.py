@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-
 from step_parity import TINY, assert_same_update, setup_for, step_loss_and_grads
 
 import grpo_cli.train.trainer as trainer_module

@@ -262,6 +262,9 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
 
         rows = run_vs_trl(setup, stepper, steps, options, console)
     else:
+        from grpo_cli.train.setup import freeze_long_lived_objects
+
+        freeze_long_lived_objects()
         console.print(f"warm-up step (load average {load_average()})")
         stepper.step(0)
         rows = []

@@ -24,6 +24,7 @@ import time
 import torch
 
 from grpo_cli.bench.clock import PhaseClock
+from grpo_cli.train.setup import freeze_long_lived_objects
 
 # grpo-cli settings that mirror TRL's loss_type="grpo", scale_rewards="group" advantages.
 TRL_MATCHING_OVERRIDES = [
@@ -208,6 +209,7 @@ def run_vs_trl(setup, stepper, steps: int, options, console) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="grpo-bench-trl-") as output_dir:
         trl, trl_model = build_trl_trainer(setup, steps, options, output_dir, [bridge])
         callback.trl, callback.trl_model = trl, trl_model
+        freeze_long_lived_objects()  # both sides' models and data, as `grpo run` does
         torch.set_num_threads(stepper.setup.cfg.threads or torch.get_num_threads())
         started = time.perf_counter()
         trl.train()

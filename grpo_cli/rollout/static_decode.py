@@ -10,8 +10,9 @@ EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), bu
 - completion keys and values go into buffers preallocated to max_new_tokens and written in place
   (no per-token `torch.cat`); the 4-D attention mask is a view of one buffer (no per-token mask
   building);
-- no logits processors, stopping criteria or output bookkeeping: one `model(...)` per token,
-  sampling with temperature and top-p exactly as transformers' warpers do, greedy when the
+- no logits processors, stopping criteria or output bookkeeping: one `model(...)` per token
+  (for Llama-architecture models, the same arithmetic as plain tensor functions without the
+  module stack: `llama_decode.py`), sampling with temperature and top-p exactly as transformers' warpers do, greedy when the
   temperature is 0, drawn from a `torch.Generator` seeded by `generator_seed`;
 - the loop stops when every row has emitted EOS, checked every `check_every` tokens (1 on CPU,
   where the check costs nothing; more on CUDA to avoid a host sync per token).
@@ -35,6 +36,7 @@ from transformers.modeling_utils import AttentionInterface
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch
 from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
+from grpo_cli.rollout.llama_decode import LlamaDecodeStep, supports_llama_step
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
 
@@ -170,20 +172,28 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0
             or layer.prompt_keys is None or key is layer.prompt_keys):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    prompt_keys, prompt_values = layer.prompt_keys, layer.prompt_values  # [B, H_kv, P, D]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    output = two_part_attention(query, layer.prompt_keys, layer.prompt_values, key, value,
+                                attention_mask, scaling)
+    return output, None
+
+
+def two_part_attention(query, prompt_keys, prompt_values, keys, values, attention_mask, scaling):
+    """Exact softmax attention of one query per row over its group's prompt keys and its own
+    completion keys (module docstring). query [N, H, 1, D]; prompt_keys/values [B, H_kv, P, D];
+    keys/values [N, H_kv, t, D]; attention_mask [N, 1, 1, P + t] bool. Returns [N, 1, H, D]."""
     rows, heads, _, head_dim = query.shape
     groups, kv_heads, prompt_length, _ = prompt_keys.shape
     per_group, per_kv = rows // groups, heads // kv_heads  # R, query heads per kv head
-    scaling = head_dim**-0.5 if scaling is None else scaling
     q = query.reshape(rows, kv_heads, per_kv, head_dim)  # [N, H_kv, G, D]
     stacked = q.view(groups, per_group, kv_heads, per_kv, head_dim).transpose(1, 2)
     stacked = stacked.reshape(groups, kv_heads, per_group * per_kv, head_dim)  # [B, H_kv, R*G, D]
     prompt_scores = torch.matmul(stacked, prompt_keys.transpose(2, 3)) * scaling  # [B, H_kv, R*G, P]
     prompt_scores = prompt_scores.view(groups, kv_heads, per_group, per_kv, prompt_length)
     prompt_scores = prompt_scores.transpose(1, 2).reshape(rows, kv_heads, per_kv, prompt_length)
-    own_scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [N, H_kv, G, t]
+    own_scores = torch.matmul(q, keys.transpose(2, 3)) * scaling  # [N, H_kv, G, t]
     scores = torch.cat([prompt_scores, own_scores], dim=-1)  # [N, H_kv, G, P + t]
-    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    scores = torch.where(attention_mask, scores, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     prompt_weights = weights[..., :prompt_length].reshape(
         groups, per_group, kv_heads, per_kv, prompt_length
@@ -191,8 +201,8 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0
     from_prompt = torch.matmul(prompt_weights, prompt_values)  # [B, H_kv, R*G, D]
     from_prompt = from_prompt.view(groups, kv_heads, per_group, per_kv, head_dim).transpose(1, 2)
     output = from_prompt.reshape(rows, kv_heads, per_kv, head_dim)
-    output = output + torch.matmul(weights[..., prompt_length:], value)  # [N, H_kv, G, D]
-    return output.reshape(rows, 1, heads, head_dim), None
+    output = output + torch.matmul(weights[..., prompt_length:], values)  # [N, H_kv, G, D]
+    return output.reshape(rows, 1, heads, head_dim)
 
 
 AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
@@ -207,15 +217,21 @@ def decode_math_attention(module, query, key, value, attention_mask, dropout=0.0
     if query.shape[2] != 1 or attention_mask is None or attention_mask.dtype != torch.bool:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return one_query_attention(query, key, value, attention_mask, scaling), None
+
+
+def one_query_attention(query, keys, values, attention_mask, scaling):
+    """query [N, H, 1, D]; keys/values [N, H_kv, S, D]; attention_mask [N, 1, 1, S] bool.
+    Returns [N, 1, H, D]."""
     rows, heads, _, head_dim = query.shape
-    kv_heads = key.shape[1]
-    scaling = head_dim**-0.5 if scaling is None else scaling
+    kv_heads = keys.shape[1]
     q = query.reshape(rows, kv_heads, heads // kv_heads, head_dim)  # [N, H_kv, G, D]
-    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [N, H_kv, G, S]
-    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * scaling  # [N, H_kv, G, S]
+    scores = torch.where(attention_mask, scores, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value)  # [N, H_kv, G, D]
-    return output.reshape(rows, 1, heads, head_dim), None
+    output = torch.matmul(weights, values)  # [N, H_kv, G, D]
+    return output.reshape(rows, 1, heads, head_dim)
 
 
 AttentionInterface.register(DECODE_MATH_ATTENTION, decode_math_attention)
@@ -317,6 +333,7 @@ class StaticDecodeBackend:
         compile: bool = False,
         check_every: int | None = None,
         share_prompt_cache: bool = True,
+        functional_step: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -324,6 +341,7 @@ class StaticDecodeBackend:
         self.compile = compile
         self.check_every = check_every or (1 if device.type == "cpu" else 8)
         self.share_prompt_cache = share_prompt_cache  # shared_prefix_attention (else R copies)
+        self.functional_step = functional_step  # llama_decode.py's step where it is exact
         self._compiled_step = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -398,9 +416,12 @@ class StaticDecodeBackend:
         """Prefill each prompt once, then decode all B*R rows token by token."""
         if self.share_prompt_cache and not self.compile and supports_shared_prefix(model):
             cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
+            step = None
+            if self.functional_step and supports_llama_step(model):
+                step = LlamaDecodeStep(model)
             with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
-                                  capacity, settings, generator, eos_id, pad_id)
+                                  capacity, settings, generator, eos_id, pad_id, step)
         cache = make_cache(model.config, capacity, full_view=self.compile)
         if self.compile and supports_shared_prefix(model):
             with attention_routed(model, DECODE_MATH_ATTENTION):
@@ -410,7 +431,7 @@ class StaticDecodeBackend:
                           capacity, settings, generator, eos_id, pad_id)
 
     def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
-              settings, generator, eos_id, pad_id):
+              settings, generator, eos_id, pad_id, step_function=None):
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         prompt_length = unique_ids.shape[1]
         positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
@@ -436,7 +457,7 @@ class StaticDecodeBackend:
         tokens = torch.full((rows, max_new), pad_id, dtype=torch.long, device=self.device)  # [N, T]
         logprobs = torch.zeros(rows, max_new, device=self.device)  # [N, T]
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [N]
-        step_function = self._step_function()
+        step_function = step_function or self._step_function()
         for t in range(max_new):
             token = sample_tokens(logits, settings.temperature, settings.top_p, generator)  # [N]
             token = torch.where(done, pad_id, token)

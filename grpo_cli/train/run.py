@@ -82,7 +82,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     from grpo_cli.train.checkpoint import load_checkpoint, save_checkpoint
     from grpo_cli.train.evaluate import evaluate
     from grpo_cli.train.progress import StepProgress
-    from grpo_cli.train.setup import build_components
+    from grpo_cli.train.setup import build_components, freeze_long_lived_objects
     from grpo_cli.train.trainer import step_seed
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
@@ -100,6 +100,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
         start = load_checkpoint(results.checkpoint_path, trainer, monitor)
         record["resumed_from"] = start
         log(f"resuming {results.run_dir} at step {start}")
+    freeze_long_lived_objects()
     results.truncate_from(start)
     results.ensure_files()
     results.write_status(record)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.algorithm.logprobs import token_logprobs_and_entropy
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer
 from grpo_cli.rollout.base import SamplingSettings

@@ -1,0 +1,135 @@
+"""The one-token decode step of a Llama-architecture model as plain tensor functions.
+
+On a CPU, decoding a small model is bound by per-call overhead, not arithmetic: transformers'
+module stack (hooks, keyword plumbing, mask and output objects) costs more than the matmuls. This
+step reads the same parameters (no copies; they change in place between optimizer steps) and does
+the same arithmetic as `LlamaDecoderLayer` with `shared_prefix_attention`:
+
+    x <- x + o_proj(attention(rope(q_proj(n1(x))), rope(k_proj(n1(x))), v_proj(n1(x))))
+    x <- x + down_proj(act(gate_proj(n2(x))) * up_proj(n2(x)))
+    logits = lm_head(norm(x))
+
+It is used only where that is exactly the model's computation (`supports_llama_step`): model
+types llama, qwen2 (q/k/v biases) and mistral without a sliding window, plain `nn.Linear`
+projections (no LoRA or quantized layers), RMSNorm layers of transformers' Llama form. Anything
+else decodes through the model's own forward. tests/test_static_decode.py checks that both give
+the same tokens and log-probs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def _submodule(root: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def supports_llama_step(model: nn.Module) -> bool:
+    config = model.config
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
+        return False
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or type(body.embed_tokens) is not nn.Embedding:
+        return False
+    norms = [body.norm] + [getattr(layer, name, None) for layer in body.layers
+                           for name in ("input_layernorm", "post_attention_layernorm")]
+    if not all(_is_llama_rms_norm(norm) for norm in norms):
+        return False
+    return all(type(_submodule(layer, path)) is nn.Linear
+               for layer in body.layers for path in PROJECTIONS)
+
+
+def _is_llama_rms_norm(module) -> bool:
+    return (module is not None and type(module).__name__.endswith("RMSNorm")
+            and hasattr(module, "variance_epsilon") and isinstance(module.weight, nn.Parameter))
+
+
+def _fused(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of several nn.Linear with the same input, stacked along the output dim."""
+    linears = [getattr(module, name) for name in names]
+    weight = torch.cat([linear.weight for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    bias = torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+                      for linear in linears])
+    return weight, bias
+
+
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
+    normalised = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * normalised.to(x.dtype)
+
+
+class LlamaDecodeStep:
+    """Callable with `StaticDecodeBackend._decode_step`'s signature, for the shared-prefix cache."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.act = model.model.layers[0].mlp.act_fn
+        # The policy does not change during a rollout: q/k/v and gate/up run as one matmul each.
+        # Concatenated copies cost one pass over the layer weights per rollout (built here).
+        with torch.no_grad():
+            self.qkv = [_fused(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
+                        for layer in model.model.layers]
+            self.gate_up = [_fused(layer.mlp, ("gate_proj", "up_proj")) for layer in model.model.layers]
+        half = torch.ones(self.head_dim // 2, device=model.device)
+        self.rotation_sign = torch.cat([-half, half])  # [D]
+
+    def __call__(self, model, tokens, mask, positions, cache) -> torch.Tensor:
+        """tokens [N, 1], mask [N, 1, 1, S] bool, positions [N, 1] -> raw logits [N, V] float32."""
+        from grpo_cli.rollout.static_decode import (
+            SharedPrefixLayer,
+            one_query_attention,
+            two_part_attention,
+        )
+
+        body = model.model
+        rows = tokens.shape[0]
+        x = body.embed_tokens(tokens)  # [N, 1, H]
+        cos, sin = body.rotary_emb(x, positions)  # [N, 1, D] each, broadcast over heads below
+        # rotate_half(x) = roll(x, D/2) * [-1]*(D/2) + [1]*(D/2): RoPE in three ops, q and k at once
+        signed_sin = sin * self.rotation_sign  # [N, 1, D]
+        qk_heads = self.heads + self.kv_heads
+        for index, layer in enumerate(body.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            normed = rms_norm(x, layer.input_layernorm)
+            qkv = F.linear(normed, *self.qkv[index]).view(rows, qk_heads + self.kv_heads, self.head_dim)
+            qk = qkv[:, :qk_heads]  # [N, H + H_kv, D]
+            qk = torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), signed_sin)
+            q = qk[:, : self.heads].unsqueeze(2)  # [N, H, 1, D]
+            k = qk[:, self.heads :].unsqueeze(2)  # [N, H_kv, 1, D]
+            v = qkv[:, qk_heads:].unsqueeze(2)  # [N, H_kv, 1, D]
+            cached = cache.layers[index]
+            keys, values = cached.update(k, v)
+            if isinstance(cached, SharedPrefixLayer):  # completion part [N, H_kv, t, D]
+                attended = two_part_attention(q, cached.prompt_keys, cached.prompt_values, keys,
+                                              values, mask, attn.scaling)  # [N, 1, H, D]
+            else:  # prompt + completion per row [N, H_kv, S, D]
+                attended = one_query_attention(q, keys, values, mask, attn.scaling)
+            attended = attended.reshape(rows, 1, self.heads * self.head_dim)
+            x = x + F.linear(attended, attn.o_proj.weight, attn.o_proj.bias)
+            normed = rms_norm(x, layer.post_attention_layernorm)
+            gate, up = F.linear(normed, *self.gate_up[index]).chunk(2, dim=-1)
+            x = x + F.linear(self.act(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        head = model.get_output_embeddings()  # a module call: it may be kept fp32 under autocast
+        return head(rms_norm(x, body.norm))[:, -1].float()  # [N, V]

@@ -1,0 +1,107 @@
+"""The functional Llama decode step against the model's own forward (grpo_cli/rollout/llama_decode.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from grpo_cli.models.char_tokenizer import build_char_tokenizer
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.llama_decode import supports_llama_step
+from grpo_cli.rollout.static_decode import StaticDecodeBackend
+
+CPU = torch.device("cpu")
+PROMPTS = ["Tom has 3 books.\n", "7+5=?\n", "How many apples are left over today?\n"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def common(tokenizer) -> dict:
+    return dict(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )
+
+
+def llama(tokenizer, **extra):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**common(tokenizer) | extra))
+
+
+def qwen2(tokenizer):
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**common(tokenizer)))
+    with torch.no_grad():  # Qwen2 has q/k/v biases; make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def sample(model, tokenizer, functional: bool, temperature: float = 1.0):
+    settings = SamplingSettings(group_size=4, max_new_tokens=20, temperature=temperature)
+    backend = StaticDecodeBackend(model, tokenizer, CPU, functional_step=functional)
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROMPTS]
+    return backend.generate(prompts, settings, generator_seed=5)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda tok: llama(tok),
+        lambda tok: llama(tok, attention_bias=True, mlp_bias=True, num_key_value_heads=4),
+        lambda tok: llama(tok, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        qwen2,
+    ],
+    ids=["llama-gqa", "llama-biases", "llama-linear-rope", "qwen2"],
+)
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_functional_step_samples_what_the_model_forward_samples(tokenizer, build, temperature):
+    model = build(tokenizer)
+    assert supports_llama_step(model)
+    reference = sample(model, tokenizer, functional=False, temperature=temperature)
+    candidate = sample(model, tokenizer, functional=True, temperature=temperature)
+    assert torch.equal(candidate.input_ids, reference.input_ids)
+    assert torch.equal(candidate.completion_mask, reference.completion_mask)
+    torch.testing.assert_close(candidate.sampler_logprobs, reference.sampler_logprobs, atol=1e-5, rtol=0)
+    assert candidate.completion_mask.sum() > 20  # real completions were compared
+
+
+def test_functional_step_under_bf16_autocast_keeps_fp32_logprobs(tokenizer):
+    from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
+
+    model = llama(tokenizer)
+    keep_lm_head_fp32(model)
+    with policy_autocast(CPU, "bf16"):
+        reference = sample(model, tokenizer, functional=False, temperature=0.0)
+        candidate = sample(model, tokenizer, functional=True, temperature=0.0)
+    assert candidate.sampler_logprobs.dtype == torch.float32
+    first = slice(reference.prompt_length, reference.prompt_length + 3)  # before greedy paths can part
+    assert torch.equal(candidate.input_ids[:, first], reference.input_ids[:, first])
+    gap = (candidate.sampler_logprobs[:, first] - reference.sampler_logprobs[:, first]).abs().max()
+    assert gap < 0.05
+
+
+def test_unsupported_models_take_the_model_forward(tokenizer):
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    assert not supports_llama_step(gpt2)
+    windowed = qwen2(tokenizer)
+    windowed.config.use_sliding_window, windowed.config.sliding_window = True, 8
+    assert not supports_llama_step(windowed)
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(llama(tokenizer), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert not supports_llama_step(lora.base_model.model)  # LoRA layers are not plain nn.Linear

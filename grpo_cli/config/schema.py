@@ -42,6 +42,7 @@ class ModelConfig:
     intermediate_size: int = 256  # char_llama: MLP width
     max_positions: int = 256  # char_llama: context length
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    stop_tokens: list[str] = field(default_factory=list)  # extra tokens that end a completion (besides EOS)
     autocast: str = "none"  # none | bf16: policy forwards under torch.autocast (fp32 weights and lm_head)
     gradient_checkpointing: bool = False  # trade compute for activation memory
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -12,6 +12,7 @@ from transformers import GenerationConfig
 
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.stop_tokens import is_stop
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,9 +26,9 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def completion_mask_through_eos(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """1 on every completion token up to and including the first EOS, 0 after. [N, T] float."""
-    is_eos = completion_ids == eos_id  # [N, T]
+def completion_mask_through_eos(completion_ids: torch.Tensor, eos_id: int | list[int]) -> torch.Tensor:
+    """1 on every completion token up to and including the first stop token, 0 after. [N, T] float."""
+    is_eos = is_stop(completion_ids, eos_id)  # [N, T]
     eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS strictly before t
     return (eos_before == 0).float()
 
@@ -35,10 +36,12 @@ def completion_mask_through_eos(completion_ids: torch.Tensor, eos_id: int) -> to
 class HFGenerateBackend:
     """Batched sampling with `model.generate`; shares weights with the policy (no sync needed)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device):
+    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device,
+                 stop_ids: list[int] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
+        self.stop_ids = stop_ids or [tokenizer.eos_token_id]  # stop_tokens.py
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -47,7 +50,7 @@ class HFGenerateBackend:
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
     ) -> RolloutBatch:
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        pad_id, eos_id = self.tokenizer.pad_token_id, self.stop_ids
         expanded = [prompt for prompt in prompts for _ in range(settings.group_size)]
         prompt_ids, prompt_mask = left_pad(expanded, pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
@@ -58,7 +61,7 @@ class HFGenerateBackend:
             top_p=None if greedy else settings.top_p,
             top_k=None,
             max_new_tokens=settings.max_new_tokens,
-            eos_token_id=eos_id,
+            eos_token_id=eos_id if len(eos_id) > 1 else eos_id[0],
             pad_token_id=pad_id,
             return_dict_in_generate=True,
             output_logits=True,

@@ -37,6 +37,7 @@ from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch
 from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
 from grpo_cli.rollout.llama_decode import LlamaDecodeStep, supports_llama_step
+from grpo_cli.rollout.stop_tokens import is_stop
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
 
@@ -334,6 +335,7 @@ class StaticDecodeBackend:
         check_every: int | None = None,
         share_prompt_cache: bool = True,
         functional_step: bool = True,
+        stop_ids: list[int] | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -342,6 +344,7 @@ class StaticDecodeBackend:
         self.check_every = check_every or (1 if device.type == "cpu" else 8)
         self.share_prompt_cache = share_prompt_cache  # shared_prefix_attention (else R copies)
         self.functional_step = functional_step  # llama_decode.py's step where it is exact
+        self.stop_ids = stop_ids or [tokenizer.eos_token_id]  # stop_tokens.py
         self._compiled_step = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -370,7 +373,7 @@ class StaticDecodeBackend:
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
     ) -> RolloutBatch:
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        pad_id, eos_id = self.tokenizer.pad_token_id, self.stop_ids
         group_size, max_new = settings.group_size, settings.max_new_tokens
         unique_ids, unique_mask = left_pad(prompts, pad_id)  # [B, P]
         unique_ids, unique_mask = unique_ids.to(self.device), unique_mask.to(self.device)
@@ -463,7 +466,7 @@ class StaticDecodeBackend:
             token = torch.where(done, pad_id, token)
             tokens[:, t] = token
             logprobs[:, t] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-            done |= token == eos_id
+            done |= is_stop(token, eos_id)
             last = t == max_new - 1
             if last or ((t + 1) % self.check_every == 0 and bool(done.all())):
                 break

@@ -71,6 +71,7 @@ class VllmBackend:
         cpu_kv_cache_gib: int = 1,  # CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE)
         logprobs_mode: str = "raw_logprobs",  # see the module docstring
         pad_token_id: int | None = None,  # None: the tokenizer's pad id, else its EOS id
+        stop_ids: list[int] | None = None,  # extra stop tokens (stop_tokens.py); EOS always stops
         **engine_kwargs,  # anything else vllm.LLM accepts
     ) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
@@ -100,14 +101,17 @@ class VllmBackend:
         if pad_token_id is None:
             pad_token_id = tokenizer.eos_token_id
         self.pad_token_id = int(pad_token_id)
+        self.stop_ids = list(stop_ids or [])
 
     @classmethod
-    def from_config(cls, rollout_config, model_path: str, *, dtype: str, seed: int) -> VllmBackend:
+    def from_config(cls, rollout_config, model_path: str, *, dtype: str, seed: int,
+                    stop_ids: list[int] | None = None) -> VllmBackend:
         """Build from `RolloutConfig` (its vllm_* fields)."""
         return cls(
             model_path,
             dtype=dtype,
             seed=seed,
+            stop_ids=stop_ids,
             gpu_memory_utilization=rollout_config.vllm_gpu_memory_utilization,
             enforce_eager=rollout_config.vllm_enforce_eager,
         )
@@ -134,6 +138,7 @@ class VllmBackend:
                 max_tokens=settings.max_new_tokens,
                 seed=None if greedy else int(seed),
                 logprobs=0,  # only the sampled token's log-prob
+                stop_token_ids=self.stop_ids or None,  # kept in token_ids, like EOS
             )
             for seed in seeds
         ]

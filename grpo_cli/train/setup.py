@@ -38,19 +38,24 @@ def resolve_device(name: str) -> torch.device:
 
 def build_backend(cfg, model, tokenizer, device, source_path: str):
     """The rollout backend named by `rollout.backend`; vLLM is imported only when chosen."""
+    from grpo_cli.rollout.stop_tokens import stop_token_ids
+
+    stop_ids = stop_token_ids(tokenizer, model, list(cfg.model.stop_tokens))
     if cfg.rollout.backend == "hf":
         from grpo_cli.rollout.hf_backend import HFGenerateBackend
 
-        return HFGenerateBackend(model, tokenizer, device)
+        return HFGenerateBackend(model, tokenizer, device, stop_ids=stop_ids)
     if cfg.rollout.backend == "hf_static":
         from grpo_cli.rollout.static_decode import StaticDecodeBackend
 
-        return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode)
+        return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode,
+                                   stop_ids=stop_ids)
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed)
+        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed,
+                                       stop_ids=stop_ids)
     raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, hf_static, vllm")
 
 

@@ -3,11 +3,19 @@
     OMP_NUM_THREADS=1 python scripts/bench_gram.py [--rollouts 32] [--tokens 48] [--device cpu]
 
 Prints seconds per call and the largest entrywise deviation from the naive reference.
+
+    OMP_NUM_THREADS=1 python scripts/bench_gram.py --memory --row-chunks 0,8,2 [--vocab 32000]
+
+Sketch Gram with `row_chunk` rollouts per forward/backward (0 = all at once): seconds per call
+and peak memory, each setting in a fresh process; peak RSS above the process's RSS before the
+call on CPU, `torch.cuda.max_memory_allocated` above the allocation before it on CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import time
 
 import torch
@@ -16,9 +24,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_cli.probes.gram import ghost_gram, naive_gram, sketch_gram
 
 
-def tiny_llama(dtype: torch.dtype) -> LlamaForCausalLM:
+def tiny_llama(dtype: torch.dtype, vocab: int = 512) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=512,
+        vocab_size=vocab,
         hidden_size=128,
         intermediate_size=352,
         num_hidden_layers=4,
@@ -54,17 +62,77 @@ def timed(fn, repeats: int):
     return (time.perf_counter() - start) / repeats, out
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _chunked_sketch(args, row_chunk: int, queue) -> None:
+    """In a fresh process: (seconds per call, peak MiB above the start, K) of one setting."""
+    torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
+    torch.manual_seed(0)
+    model = tiny_llama(getattr(torch, args.dtype), args.vocab).to(args.device)
+    batch = padded_batch(args.rollouts, args.tokens, model.config.vocab_size, args.device)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start_mib = torch.cuda.memory_allocated() / 2**20
+    else:
+        start_mib = _rss_mib()
+
+    def call():
+        out = sketch_gram(model, *batch, sketch_dim=args.sketch_dim, row_chunk=row_chunk)
+        if cuda:
+            torch.cuda.synchronize()
+        return out
+
+    seconds, res = timed(call, args.repeats)
+    if cuda:
+        peak_mib = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+    queue.put((seconds, peak_mib - start_mib, res.gram.cpu().numpy()))  # numpy: pickled
+
+
+def memory_table(args) -> None:
+    context = multiprocessing.get_context("spawn")
+    rows, reference = [], None
+    for row_chunk in (int(c) for c in args.row_chunks.split(",")):
+        queue = context.Queue()
+        child = context.Process(target=_chunked_sketch, args=(args, row_chunk, queue))
+        child.start()
+        seconds, peak_mib, gram = queue.get()
+        gram = torch.from_numpy(gram)
+        child.join()
+        reference = gram if reference is None else reference
+        deviation = float((gram - reference).abs().max() / reference.abs().max())
+        rows.append((row_chunk, seconds, peak_mib, deviation))
+    kind = "CUDA allocated" if args.device.startswith("cuda") else "RSS"
+    print(f"sketch k={args.sketch_dim}: peak {kind} above the start of the call; "
+          f"max|dK|/max|K| against row_chunk={rows[0][0]}")
+    for row_chunk, seconds, peak_mib, deviation in rows:
+        print(f"  row_chunk={row_chunk:<4} {seconds:8.3f} s  peak +{peak_mib:8.1f} MiB  "
+              f"{deviation:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sketch-dim", type=int, default=1024)
+    parser.add_argument("--memory", action="store_true", help="chunked sketch: time and memory")
+    parser.add_argument("--row-chunks", default="0,8,2", help="with --memory: settings to run")
     args = parser.parse_args()
+    if args.memory:
+        memory_table(args)
+        return
     torch.manual_seed(0)
-    model = tiny_llama(getattr(torch, args.dtype)).to(args.device)
+    model = tiny_llama(getattr(torch, args.dtype), args.vocab).to(args.device)
     batch = padded_batch(args.rollouts, args.tokens, model.config.vocab_size, args.device)
     print(
         f"params {sum(p.numel() for p in model.parameters()):,}  N={args.rollouts}  "

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpo_cli.probes.chunked_gram import row_spans, stack_chunk_terms
 from grpo_cli.probes.gram import (
     ghost_gram,
     gram_for_method,
@@ -18,10 +19,15 @@ from grpo_cli.probes.gram import (
     naive_gram,
     per_rollout_grams,
     sketch_gram,
-    sketch_mse_bound,
 )
-from grpo_cli.probes.per_sample import per_sample_grads, rollout_objectives, select_params
+from grpo_cli.probes.per_sample import (
+    materialized_gram,
+    per_sample_grads,
+    rollout_objectives,
+    select_params,
+)
 from grpo_cli.probes.rank_measures import singular_values_from_gram
+from grpo_cli.probes.sketch import sketch_mse_bound
 
 VOCAB, PAD = 32, 0
 
@@ -317,3 +323,124 @@ def test_gram_for_method_dispatch(model64, batch, reference64):
         gram_for_method("svd", model64, ids, mask, coeff)
     with pytest.raises(ValueError, match="per_param=True"):
         gram_for_method("auto", model64, ids, mask, coeff).restrict(".*")
+
+
+# ---- row chunks: several forward/backward passes of a few rollouts each -------------------
+
+
+def gram_by_route(model, batch, route, row_chunk):
+    ids, mask, _, coeff = batch
+    if route == "materialize":
+        return ghost_gram(model, ids, mask, coeff, route=route, per_param=True, row_chunk=row_chunk)
+    return gram_for_method(
+        route, model, ids, mask, coeff, sketch_dim=64, seed=3, per_param=True, row_chunk=row_chunk
+    )
+
+
+def test_row_spans():
+    assert row_spans(6, 4) == [slice(0, 4), slice(4, 6)]
+    assert row_spans(6, 0) == row_spans(6, 6) == row_spans(6, 100) == [slice(0, 6)]
+    assert row_spans(3, 1) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+
+
+@pytest.mark.parametrize("route", ["auto", "ghost", "materialize", "per_sample", "sketch"])
+def test_row_chunks_match_one_pass(model64, batch, reference64, route):
+    """N = 6 padded rollouts of unequal length in chunks of 4 (+2) and of 1: the same K."""
+    whole = gram_by_route(model64, batch, route, 0)
+    for row_chunk in (4, 1):
+        chunked = gram_by_route(model64, batch, route, row_chunk)
+        assert chunked.methods == whole.methods
+        assert chunked.sketch_dims == whole.sketch_dims
+        assert max_rel(chunked.gram, whole.gram) < 1e-10  # measured: 0 (bitwise) in float64
+        for name, ref in whole.per_param.items():
+            deviation = float((chunked.per_param[name] - ref).abs().max())
+            assert deviation <= 1e-10 * float(ref.abs().max())  # measured: <= 1e-15
+    if route == "sketch":  # a real sketch, so equality needs the same projections in every chunk
+        assert "sketch" in whole.methods.values()
+        assert max_rel(whole.gram, reference64.gram) > 1e-3
+    else:
+        assert max_rel(whole.gram, reference64.gram) < 1e-6
+
+
+def test_row_chunk_at_least_n_is_one_pass(model64, batch):
+    for route in ("auto", "sketch"):
+        whole = gram_by_route(model64, batch, route, 0)
+        for row_chunk in (6, 100):
+            assert torch.equal(gram_by_route(model64, batch, route, row_chunk).gram, whole.gram)
+
+
+def test_row_chunks_with_two_coefficient_sets(model64, batch, reference64):
+    ids, mask, completion_mask, coeff = batch
+    coeffs = {"adv": coeff, "score": completion_mask.double()}
+    for method in ("auto", "sketch"):
+        whole = per_rollout_grams(model64, ids, mask, coeffs, method=method, sketch_dim=64)
+        chunked = per_rollout_grams(
+            model64, ids, mask, coeffs, method=method, sketch_dim=64, row_chunk=4
+        )
+        for key in coeffs:
+            assert max_rel(chunked[key].gram, whole[key].gram) < 1e-10
+        assert max_rel(chunked["adv"].gram, chunked["score"].gram) > 1e-2  # two distinct Grams
+    assert max_rel(chunked["adv"].gram, reference64.gram) > 1e-3  # sketched (last method)
+    exact = per_rollout_grams(model64, ids, mask, coeffs, row_chunk=4)
+    assert max_rel(exact["adv"].gram, reference64.gram) < 1e-6
+
+
+def test_stacked_chunk_factors_pad_tokens():
+    """Chunks with different token counts: zero padding leaves every G_i unchanged."""
+    gen = torch.Generator().manual_seed(0)
+    rows, cols = 5, 3
+
+    def chunk(n, t):  # one dense use and one embedding-like (ids) use of a [5, 3] weight
+        dense = (torch.randn(n, t, rows, generator=gen, dtype=torch.float64),
+                 torch.randn(n, t, cols, generator=gen, dtype=torch.float64))
+        ids = (torch.randint(0, rows, (n, t), generator=gen),
+               torch.randn(n, t, cols, generator=gen, dtype=torch.float64))
+        return [dense, ids]
+
+    chunks = [chunk(2, 3), chunk(3, 5)]
+    stacked = stack_chunk_terms(chunks)
+    assert stacked[0][0].shape == (5, 5, rows) and stacked[1][0].shape == (5, 5)
+
+    def gradients(terms):  # [n, rows, cols]: sum_t A_t B_t^T
+        dense, (ids, b) = terms
+        onehot = F.one_hot(ids, rows).double()
+        return torch.einsum("nta,ntb->nab", dense[0], dense[1]) + torch.einsum(
+            "nta,ntb->nab", onehot, b
+        )
+
+    g = torch.cat([gradients(c) for c in chunks]).reshape(5, -1)
+    gram = materialized_gram(stacked, rows, cols)
+    assert torch.allclose(gram, g @ g.T, rtol=1e-12, atol=0)
+    assert stack_chunk_terms([chunks[0], chunks[1][:1]]) is None  # a use missing in one chunk
+
+
+class RowGatedReuse(ReusedHead):
+    """ReusedHead whose hook-invisible read of the head weight acts on rollouts of total length
+    6 only: row 4 of the test batch, so with chunks of 4 only the second chunk sees it."""
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        h = torch.tanh(self.embed(input_ids)).cumsum(1)  # [N, L, 8]
+        gate = (attention_mask.sum(-1) == 6).to(h.dtype)[:, None, None]  # [N, 1, 1]
+        logits = self.head(h) + 0.5 * gate * F.linear(torch.sin(h), self.head.weight)
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_missed_use_in_one_chunk_falls_back_for_every_row(batch):
+    ids, mask, _, coeff = batch
+    assert (mask.sum(-1) == 6).nonzero().flatten().tolist() == [4]
+    model = RowGatedReuse()
+    ref = naive_gram(model, ids, mask, coeff)
+    first = ghost_gram(model, ids[:4], mask[:4], coeff[:4], route="ghost")  # passes alone
+    assert first.methods["head.weight"] == "ghost"
+    fits = VOCAB * 8  # every side fits: the sketch route is exact here
+    for row_chunk in (4, 2):
+        with pytest.warns(UserWarning, match="missed a use"):
+            result = ghost_gram(model, ids, mask, coeff, route="ghost", row_chunk=row_chunk)
+        assert result.methods == {"embed.weight": "ghost", "head.weight": "per_sample"}
+        assert max_rel(result.gram, ref.gram) < 1e-9
+        with pytest.warns(UserWarning, match="missed a use"):
+            sketched = sketch_gram(model, ids, mask, coeff, sketch_dim=fits, row_chunk=row_chunk)
+        assert sketched.methods == {"embed.weight": "sketch", "head.weight": "per_sample"}
+        assert max_rel(sketched.gram, ref.gram) < 1e-9
+    unchecked = ghost_gram(model, ids, mask, coeff, check=False, row_chunk=4)
+    assert max_rel(unchecked.gram, ref.gram) > 1e-3  # what the per-chunk check protects against

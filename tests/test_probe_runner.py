@@ -83,3 +83,27 @@ def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
     for row in rows.ranks:
         for key, value in row.items():
             assert not (isinstance(value, float) and math.isnan(value) and key != "mean_abs_cosine"), key
+
+
+def test_row_chunked_probe_matches_one_pass(tmp_path):
+    """analysis.gram_row_chunk = 3 over N = 4 rollouts: same Grams and spectra as one pass."""
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    token_level = output.advantages * torch.linspace(0.5, 1.5, 9, dtype=torch.float64)  # [N, L]
+    matrices = ["rollout_group", "score_group", "rollout_batch", "group_batch"]
+    grams, spectra = {}, {}
+    for row_chunk in (0, 3):
+        cfg = AnalysisConfig(matrices=matrices, gram_method="sketch", sketch_dim=64,
+                             gram_row_chunk=row_chunk)
+        suite = ProbeSuite(cfg, model, tmp_path / "w0.pt")
+        # per-token advantages: two coefficient sets (advantage and score) through the chunks
+        grams[row_chunk] = suite._grams(0, batch, output.loss_weights, token_level, model)
+        spectra[row_chunk] = suite.record(0, output, model).spectra
+    assert set(grams[3]) == {"advantage", "score"}
+    for key, whole in grams[0].items():
+        assert torch.allclose(grams[3][key], whole, rtol=1e-10, atol=0)
+    assert [(r["matrix"], r["group"], r["k"]) for r in spectra[3]] == [
+        (r["matrix"], r["group"], r["k"]) for r in spectra[0]
+    ]
+    sigma = {c: torch.tensor([r["sigma"] for r in spectra[c]]) for c in (0, 3)}
+    assert torch.allclose(sigma[3], sigma[0], rtol=1e-9, atol=1e-12 * float(sigma[0].max()))

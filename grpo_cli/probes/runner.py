@@ -154,7 +154,8 @@ class ProbeSuite:
         results = per_rollout_grams(
             model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
             method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
-        )  # one forward shared by the coefficient sets
+            row_chunk=self.cfg.gram_row_chunk,
+        )  # one forward per row chunk, shared by the coefficient sets
         grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
         if per_rollout is not None:
             scale = per_rollout.double().to(grams["score"].device)

@@ -1,0 +1,340 @@
+"""Per-rollout Grams from hooked forward/backward passes over row chunks (routes: `gram.py`).
+
+With `row_chunk = c > 0` the N rollouts run c at a time: one hooked forward of the chunk, one
+backward per coefficient set, and the chunk's graph (activations, logits) is freed before the
+next chunk runs; `row_chunk = 0` is one chunk of all N rows. Rollouts do not interact
+(`per_sample.py`), so each chunk yields its own rows' shares of every parameter, combined as:
+
+- `sketch` and `direct` (vector) parameters: row i's sketch Z_i (or gradient) depends on rollout
+  i only, so the chunks' rows are stacked and K = Z Z^T. Only Z [N, k] is kept per parameter.
+  The projections are drawn once per parameter (`sketch.py`) and shared by every chunk.
+- exact routes (`ghost`, `materialize`, `auto`): each chunk's factors (A, B) stay on the Gram's
+  device in float64 and K is built from the stacked factors after the last chunk. That keeps
+  N T (a + b) x 8 bytes per parameter (N T x 8 for an embedding's ids): at 4B scale, tens of GiB
+  for a few layers, so the paper preset uses `sketch` with chunks.
+- `per_sample`: one backward per rollout through the chunk's graph; rows stacked.
+
+Consistency check, per chunk: the chunk's rows must add up to the chunk's ordinary gradient
+(exact routes: 1^T K_cc 1 = ||sum_{i in chunk} G_i||^2 on the chunk's diagonal block of K). A
+parameter that fails in any chunk, or whose hooks cover only some chunks, falls back to
+`per_sample` for all rows; chunks whose graph is gone are run forward again for it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grpo_cli.probes.per_sample import (
+    CHUNK_ELEMS,
+    LayerCapture,
+    ParamTerms,
+    ghost_gram_terms,
+    materialized_gram,
+    per_sample_grads,
+    rollout_objectives,
+    sketched_rows,
+)
+from grpo_cli.probes.sketch import Projections, project_gradient, sketch_projections
+
+FactorPairs = list[tuple[torch.Tensor, torch.Tensor]]  # (A [c, T, a] or ids [c, T], B [c, T, b])
+
+
+@dataclass
+class ParamGrams:
+    """Per-parameter Grams of one coefficient set."""
+
+    grams: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N, N] float64
+    methods: dict[str, str] = field(default_factory=dict)  # name -> route that computed it
+    # name -> (a, k1, b, k2): sketched parameter [a, b] and its projection widths
+    sketch_dims: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class ChunkShare:
+    """One parameter's share of one row chunk, for one coefficient set."""
+
+    kind: str  # "unused" (no use reaches the objective) | "direct" | "sketch" | "exact"
+    ok: bool = True  # the chunk's consistency check (exact: settled once K is built)
+    rows: torch.Tensor | None = None  # [c, k] gradients (direct) or sketches Z (sketch)
+    terms: FactorPairs = field(default_factory=list)  # exact: the chunk's factors, float64
+    shape: tuple[int, int] = (0, 0)  # exact: the parameter's [a, b]
+    grad_sq: torch.Tensor | None = None  # exact: ||chunk gradient||^2, float64 (None: no check)
+
+
+def row_spans(n: int, row_chunk: int) -> list[slice]:
+    """Rows of each forward/backward: all N at once when row_chunk <= 0 or >= N."""
+    step = n if row_chunk <= 0 else min(row_chunk, n)
+    return [slice(start, min(start + step, n)) for start in range(0, n, max(step, 1))]
+
+
+def check_rtol(model: nn.Module) -> float:
+    dtype = next(model.parameters()).dtype
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
+
+
+def _close(x: torch.Tensor, y: torch.Tensor, scale: float, rtol: float) -> bool:
+    return float((x - y).norm()) <= rtol * max(scale, float(y.norm()), 1e-300)
+
+
+def _squared_norm(t: torch.Tensor, chunk_elems: int) -> torch.Tensor:  # float64 scalar
+    """||t||^2 in float64 without a float64 copy of all of t."""
+    flat = t.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    for start in range(0, flat.numel(), chunk_elems):
+        total += flat[start : start + chunk_elems].double().pow(2).sum()
+    return total
+
+
+def _stack_rows(chunks: list[torch.Tensor]) -> torch.Tensor:  # [N, k]
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
+def _pad_tokens(x: torch.Tensor, tokens: int) -> torch.Tensor:  # [c, T, ...] -> [c, tokens, ...]
+    """Zeros appended on the token dim: a zero B row (or id 0 beside it) adds nothing to G_i."""
+    if x.shape[1] == tokens:
+        return x
+    return F.pad(x, [0, 0] * (x.dim() - 2) + [0, tokens - x.shape[1]])
+
+
+def stack_chunk_terms(per_chunk: list[FactorPairs]) -> FactorPairs | None:
+    """Each factor pair's rows stacked over the chunks; None if the chunks' factors differ."""
+    if len(per_chunk) == 1:
+        return per_chunk[0]
+    if len({len(pairs) for pairs in per_chunk}) != 1:
+        return None
+    stacked = []
+    for pairs in zip(*per_chunk, strict=True):  # one use of the parameter, every chunk
+        if len({a.dtype for a, _ in pairs}) != 1:
+            return None
+        tokens = max(b.shape[1] for _, b in pairs)
+        stacked.append(
+            (
+                torch.cat([_pad_tokens(a, tokens) for a, _ in pairs]),
+                torch.cat([_pad_tokens(b, tokens) for _, b in pairs]),
+            )
+        )
+    return stacked
+
+
+def exact_gram(terms: FactorPairs, rows: int, cols: int, route: str, chunk_elems: int):
+    """(K [N, N], "ghost" | "materialize"); `auto` takes the cheaper per parameter."""
+    n = terms[0][1].shape[0]
+    t = sum(b.shape[1] for _, b in terms)
+    a_eff = 1 if all(a.dtype == torch.long for a, _ in terms) else rows
+    ghost_cost = n * n * t * t * (a_eff + cols) / 2
+    mat_cost = n * t * rows * cols + n * n * rows * cols / 2
+    if route == "ghost" or (route == "auto" and ghost_cost <= mat_cost):
+        return ghost_gram_terms(terms, chunk_elems), "ghost"
+    return materialized_gram(terms, rows, cols, chunk_elems), "materialize"
+
+
+@dataclass
+class ShareBuilder:
+    """Turns one chunk's factors of a parameter into its `ChunkShare` for the chosen route."""
+
+    route: str  # auto | ghost | materialize | sketch
+    rtol: float  # consistency-check tolerance
+    device: torch.device  # where kept rows and factors live (the Gram's device)
+    sketch_dim: int
+    seed: int
+    chunk_elems: int
+    projections: dict[str, Projections] = field(default_factory=dict)  # drawn once per parameter
+    # name -> (a, k1, b, k2): sketched parameter [a, b] and its projection widths
+    sketch_dims: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+    def __call__(self, name: str, terms: ParamTerms, grad: torch.Tensor | None) -> ChunkShare:
+        if not terms.matrix and terms.vector is None:
+            return ChunkShare("unused", ok=grad is None or float(grad.norm()) == 0.0)
+        if terms.vector is not None:
+            vec = terms.vector  # [c, numel]
+            ok = grad is None or _close(
+                vec.sum(0), grad.reshape(-1).double(), float(vec.norm(dim=1).sum()), self.rtol
+            )
+            return ChunkShare("direct", ok, rows=vec.to(self.device))
+        a, b = terms.rows, terms.cols
+        if self.route != "sketch":
+            terms_here = [(x.to(self.device), y.to(self.device)) for x, y in terms.matrix]
+            grad_sq = None if grad is None else _squared_norm(grad, self.chunk_elems)
+            return ChunkShare("exact", terms=terms_here, shape=(a, b), grad_sq=grad_sq)
+        if name not in self.projections:
+            self.projections[name] = sketch_projections(
+                name, a, b, self.sketch_dim, self.seed, terms.matrix[0][1].device
+            )
+            self.sketch_dims[name] = (a, self.projections[name][2], b, self.projections[name][3])
+        u, v, _, _ = self.projections[name]
+        z = sketched_rows(terms.matrix, u, v, a)  # [c, k1*k2]
+        ok = grad is None or _close(
+            z.sum(0),
+            project_gradient(grad.reshape(a, b), u, v, self.chunk_elems).reshape(-1),
+            float(z.norm(dim=1).sum()),
+            self.rtol,
+        )
+        return ChunkShare("sketch", ok, rows=z.to(self.device))
+
+    def combine(self, shares: list[ChunkShare], spans: list[slice]):
+        """(K [N, N], route) from every chunk's share of one parameter; (None, "") on a failed
+        check or factors that differ between chunks."""
+        n = spans[-1].stop
+        kinds = {share.kind for share in shares}
+        if len(kinds) != 1 or not all(share.ok for share in shares):
+            return None, ""
+        kind = kinds.pop()
+        if kind == "unused":
+            return torch.zeros(n, n, dtype=torch.float64, device=self.device), "direct"
+        if kind in ("direct", "sketch"):
+            z = _stack_rows([share.rows for share in shares])  # [N, k]
+            return z @ z.T, kind
+        terms = stack_chunk_terms([share.terms for share in shares])
+        if terms is None:
+            return None, ""
+        gram, method = exact_gram(terms, *shares[0].shape, self.route, self.chunk_elems)
+        for span, share in zip(spans, shares, strict=True):
+            if share.grad_sq is None:  # check=False
+                continue
+            block = gram[span, span]  # [c, c]: the chunk's own Gram
+            scale = float(block.diagonal().clamp(min=0).sqrt().sum()) ** 2
+            if not _close(block.sum(), share.grad_sq, scale, self.rtol):
+                return None, ""
+        return gram, method
+
+
+def _backward_shares(rows, capture, params, builder, check) -> dict[str, ChunkShare]:
+    """One backward of sum_i rows_i: every covered parameter's share of the chunk."""
+    covered, targets = capture.covered, capture.targets()
+    check_params = [params[name] for name in covered] if check else []
+    inputs = targets + check_params
+    grads = (
+        torch.autograd.grad(rows.sum(), inputs, retain_graph=True, allow_unused=True)
+        if inputs
+        else ()
+    )
+    by_output = {id(t): g for t, g in zip(targets, grads[: len(targets)], strict=True)}
+    full = dict(zip(covered, grads[len(targets) :], strict=True)) if check else {}
+    return {name: builder(name, capture.terms(name, by_output), full.get(name)) for name in covered}
+
+
+def _hooked_chunk(model, input_ids, attention_mask, coeffs, params, builder, check):
+    """One chunk: a hooked forward, then per coefficient set the covered parameters' shares
+    and, for parameters the hooks do not cover, per-rollout gradients [c, numel]."""
+    with LayerCapture(model, params, input_ids.shape[0]) as capture:
+        rows_per_set = rollout_objectives(model, input_ids, attention_mask, coeffs)
+    uncovered = {name: p for name, p in params.items() if name not in capture.covered}
+    shares, samples = [], []
+    for rows in rows_per_set:
+        shares.append(_backward_shares(rows, capture, params, builder, check))
+        samples.append(per_sample_grads(rows, uncovered))
+    return shares, samples  # the chunk's graph is freed on return
+
+
+def _per_sample_chunk(model, input_ids, attention_mask, coeffs, wanted):
+    """One forward, then one backward per rollout: {name: [c, numel]} of wanted[s] per set s."""
+    rows_per_set = rollout_objectives(model, input_ids, attention_mask, coeffs)
+    return [per_sample_grads(rows, ps) for rows, ps in zip(rows_per_set, wanted, strict=True)]
+
+
+def per_sample_grams(model, input_ids, attention_mask, coeffs, params, *, row_chunk=0):
+    """Per coefficient set, {name: K [N, N]} from one backward per rollout, c rollouts a forward."""
+    chunks = [
+        _per_sample_chunk(
+            model, input_ids[span], attention_mask[span], [c[span] for c in coeffs],
+            [params] * len(coeffs),
+        )
+        for span in row_spans(input_ids.shape[0], row_chunk)
+    ]  # chunk -> set -> name -> [c, numel]
+    grams = []
+    for s in range(len(coeffs)):
+        per_name = {name: _stack_rows([chunk[s][name] for chunk in chunks]) for name in params}
+        grams.append({name: g @ g.T for name, g in per_name.items()})
+    return grams
+
+
+def hooked_grams(
+    model: nn.Module,
+    input_ids: torch.Tensor,  # [N, L]
+    attention_mask: torch.Tensor,  # [N, L]
+    coeffs: list[torch.Tensor],  # each [N, L]
+    params: dict[str, nn.Parameter],
+    *,
+    route: str,
+    sketch_dim: int = 4096,
+    seed: int = 0,
+    check: bool = True,
+    chunk_elems: int = CHUNK_ELEMS,
+    row_chunk: int = 0,
+) -> list[ParamGrams]:
+    """Per coefficient set, every parameter's Gram: hooked routes, per_sample where needed."""
+    spans = row_spans(input_ids.shape[0], row_chunk)
+    device = input_ids.device  # the Gram's
+    builder = ShareBuilder(route, check_rtol(model), device, sketch_dim, seed, chunk_elems)
+    shares = [defaultdict(dict) for _ in coeffs]  # set -> name -> chunk -> ChunkShare
+    samples = [defaultdict(dict) for _ in coeffs]  # set -> name -> chunk -> [c, numel]
+    for k, span in enumerate(spans):
+        chunk_shares, chunk_samples = _hooked_chunk(
+            model, input_ids[span], attention_mask[span], [c[span] for c in coeffs], params,
+            builder, check,
+        )
+        for s in range(len(coeffs)):
+            for name, share in chunk_shares[s].items():
+                shares[s][name][k] = share
+            for name, rows in chunk_samples[s].items():
+                samples[s][name][k] = rows
+    settled = [_settle(shares[s], params, spans, builder) for s in range(len(coeffs))]
+    fallbacks = [fallback for _, fallback in settled]
+    _rerun_for_fallbacks(
+        model, input_ids, attention_mask, coeffs, params, spans, fallbacks, samples
+    )
+    for (result, fallback), rows_by_name in zip(settled, samples, strict=True):
+        for name in fallback:
+            g = _stack_rows([rows_by_name[name][k] for k in range(len(spans))])  # [N, numel]
+            result.grams[name], result.methods[name] = g @ g.T, "per_sample"
+    return [result for result, _ in settled]
+
+
+def _settle(shares, params, spans, builder) -> tuple[ParamGrams, list[str]]:
+    """One coefficient set: the Grams of the parameters whose hooks held in every chunk, and
+    the names left to per_sample (warning about those whose check failed)."""
+    result, fallback, missed = ParamGrams(), [], []
+    for name in params:
+        by_chunk = shares.pop(name, {})  # popped: each parameter's factors are freed once used
+        gram, method = None, ""
+        if len(by_chunk) == len(spans):
+            gram, method = builder.combine([by_chunk[k] for k in range(len(spans))], spans)
+        if gram is None:
+            fallback.append(name)
+            if by_chunk:  # hooked in some chunk, then failed the check or missed a chunk
+                missed.append(name)
+            continue
+        result.grams[name], result.methods[name] = gram, method
+        if method == "sketch":
+            result.sketch_dims[name] = builder.sketch_dims[name]
+    if missed:
+        warnings.warn(
+            f"per-rollout gradient hooks missed a use of {missed}; "
+            "falling back to one backward per rollout",
+            stacklevel=4,
+        )
+    return result, fallback
+
+
+def _rerun_for_fallbacks(
+    model, input_ids, attention_mask, coeffs, params, spans, fallbacks, samples
+) -> None:
+    """Per-rollout gradients of fallback parameters for the chunks whose graph is gone."""
+    for k, span in enumerate(spans):
+        wanted = [
+            {name: params[name] for name in fallback if k not in samples[s][name]}
+            for s, fallback in enumerate(fallbacks)
+        ]
+        if not any(wanted):
+            continue
+        chunk = [c[span] for c in coeffs]
+        got = _per_sample_chunk(model, input_ids[span], attention_mask[span], chunk, wanted)
+        for s, per_name in enumerate(got):
+            for name, rows in per_name.items():
+                samples[s][name][k] = rows

@@ -1,4 +1,5 @@
-"""Rollout throughput: Hugging Face `generate` vs the vLLM backend, same model, prompts, settings.
+"""Rollout throughput: Hugging Face `generate`, grpo-cli's hf_static loop and the vLLM backend,
+same model, prompts and sampling settings.
 
 Builds a randomly initialised char-level Llama locally (no hub), samples B prompts x R completions
 with both backends, and reports generated tokens per second (tokens through EOS, not padding).
@@ -115,6 +116,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from grpo_cli.rollout.base import SamplingSettings
+    from grpo_cli.rollout.static_decode import StaticDecodeBackend
     from grpo_cli.rollout.vllm_backend import VllmBackend
 
     settings = SamplingSettings(
@@ -134,8 +136,10 @@ def main() -> None:
         start = time.perf_counter()
         backend.sync_weights(model)  # what the trainer pays after every optimizer step
         sync_s = time.perf_counter() - start
+        static = StaticDecodeBackend(model, tokenizer, torch.device("cpu"))
         runs = {
             "hf_generate": lambda seed: hf_rollout(model, prompts, settings, 0, seed)[0],
+            "hf_static": lambda seed: int(static.generate(prompts, settings, seed).completion_mask.sum()),
             "vllm": lambda seed: int(
                 backend.generate(prompts, settings, seed).completion_mask.sum()
             ),

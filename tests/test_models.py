@@ -197,6 +197,8 @@ def test_real_model_presets_compose(preset):
     if preset == "paper_gsm8k":
         assert (cfg.model.source, cfg.task.name, cfg.rollout.backend) == ("hf", "gsm8k", "vllm")
         assert cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing
-        assert cfg.analysis.param_regex != ".*" and cfg.analysis.gram_method == "auto"
+        assert cfg.analysis.param_regex != ".*" and cfg.analysis.gram_method == "sketch"
+        assert cfg.analysis.gram_row_chunk == 2 and "rollout_group" in cfg.analysis.matrices
+        assert list(cfg.model.stop_tokens) == ["<extra_id_1>"]
     else:
         assert cfg.model.source == "gguf_package" and cfg.rollout.max_new_tokens == 64

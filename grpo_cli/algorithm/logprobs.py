@@ -12,14 +12,16 @@ def token_logprobs_and_entropy(
     """Return (logprobs [N, L], entropy [N, L]) aligned with input_ids; column 0 is zero.
 
     logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that
-    predictive distribution. Computed in float32 whatever the logits dtype.
+    predictive distribution. Computed in float32 whatever the logits dtype. The entropy carries no
+    gradient (it is recorded, never optimised).
     """
     shifted = logits[:, :-1].float()  # [N, L-1, V]
     log_norm = torch.logsumexp(shifted, dim=-1)  # [N, L-1]
     targets = input_ids[:, 1:].unsqueeze(-1)  # [N, L-1, 1]
     picked = shifted.gather(-1, targets).squeeze(-1) - log_norm  # [N, L-1]
-    log_p = shifted - log_norm.unsqueeze(-1)  # [N, L-1, V]
-    entropy = -(log_p.exp() * log_p).sum(-1)  # [N, L-1]
+    with torch.no_grad():  # entropy is a metric: no graph, so no [N, L, V] tensors kept for backward
+        log_p = shifted - log_norm.unsqueeze(-1)  # [N, L-1, V]
+        entropy = -(log_p.exp() * log_p).sum(-1)  # [N, L-1]
     pad = picked.new_zeros(picked.shape[0], 1)
     return torch.cat([pad, picked], dim=1), torch.cat([pad, entropy], dim=1)
 

@@ -79,7 +79,7 @@ def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 class LlamaDecodeStep:
     """Callable with `StaticDecodeBackend._decode_step`'s signature, for the shared-prefix cache."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, max_positions: int = 0):
         self.model = model
         config = model.config
         self.heads = config.num_attention_heads
@@ -94,6 +94,23 @@ class LlamaDecodeStep:
             self.gate_up = [_fused(layer.mlp, ("gate_proj", "up_proj")) for layer in model.model.layers]
         half = torch.ones(self.head_dim // 2, device=model.device)
         self.rotation_sign = torch.cat([-half, half])  # [D]
+        self.rope_table = self._rope_table(model, max_positions)
+
+    def _rope_table(self, model, max_positions: int):
+        """(cos [S, D], signed sin [S, D]) for positions 0..S-1, or None: per-step rotary calls.
+
+        The rotary module's value at a position depends on that position only, except for the
+        rope types that rescale with the sequence length (dynamic, longrope)."""
+        rotary = model.model.rotary_emb
+        if max_positions <= 0 or getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
+            return None
+        dtype = model.model.embed_tokens.weight.dtype
+        if torch.is_autocast_enabled(model.device.type):
+            dtype = torch.get_autocast_dtype(model.device.type)
+        probe = torch.zeros(1, dtype=dtype, device=model.device)
+        positions = torch.arange(max_positions, device=model.device)[None]  # [1, S]
+        cos, sin = rotary(probe, positions)  # [1, S, D]
+        return cos[0], sin[0] * self.rotation_sign
 
     def __call__(self, model, tokens, mask, positions, cache) -> torch.Tensor:
         """tokens [N, 1], mask [N, 1, 1, S] bool, positions [N, 1] -> raw logits [N, V] float32."""
@@ -105,10 +122,13 @@ class LlamaDecodeStep:
 
         body = model.model
         rows = tokens.shape[0]
-        x = body.embed_tokens(tokens)  # [N, 1, H]
-        cos, sin = body.rotary_emb(x, positions)  # [N, 1, D] each, broadcast over heads below
+        x = F.embedding(tokens, body.embed_tokens.weight)  # [N, 1, H]
         # rotate_half(x) = roll(x, D/2) * [-1]*(D/2) + [1]*(D/2): RoPE in three ops, q and k at once
-        signed_sin = sin * self.rotation_sign  # [N, 1, D]
+        if self.rope_table is not None:
+            cos, signed_sin = self.rope_table[0][positions], self.rope_table[1][positions]  # [N, 1, D]
+        else:
+            cos, sin = body.rotary_emb(x, positions)  # [N, 1, D] each, broadcast over heads below
+            signed_sin = sin * self.rotation_sign
         qk_heads = self.heads + self.kv_heads
         for index, layer in enumerate(body.layers):
             attn, mlp = layer.self_attn, layer.mlp

@@ -421,7 +421,7 @@ class StaticDecodeBackend:
             cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
             step = None
             if self.functional_step and supports_llama_step(model):
-                step = LlamaDecodeStep(model)
+                step = LlamaDecodeStep(model, max_positions=capacity)
             with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
                                   capacity, settings, generator, eos_id, pad_id, step)

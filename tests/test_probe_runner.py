@@ -107,3 +107,38 @@ def test_row_chunked_probe_matches_one_pass(tmp_path):
     ]
     sigma = {c: torch.tensor([r["sigma"] for r in spectra[c]]) for c in (0, 3)}
     assert torch.allclose(sigma[3], sigma[0], rtol=1e-9, atol=1e-12 * float(sigma[0].max()))
+
+
+def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
+    """The hooks' check is structural: checked on the first probe, skipped once it passed, kept
+    on while any parameter falls back to per-sample gradients."""
+    import grpo_cli.probes.runner as runner_module
+
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    checks = []
+
+    def recording(*args, check=True, **kwargs):
+        checks.append(check)
+        return per_rollout_grams(*args, check=check, **kwargs)
+
+    monkeypatch.setattr(runner_module, "per_rollout_grams", recording)
+    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w0.pt")
+    first = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    second = suite._grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
+    assert checks == [True, False]
+    torch.testing.assert_close(second, first, rtol=1e-12, atol=0)  # skipping it changes nothing
+
+    def falling_back(*args, check=True, **kwargs):
+        checks.append(check)
+        results = per_rollout_grams(*args, check=check, **kwargs)
+        for result in results.values():
+            result.methods["model.norm.weight"] = "per_sample"  # as if its check had failed
+        return results
+
+    monkeypatch.setattr(runner_module, "per_rollout_grams", falling_back)
+    checks.clear()
+    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w1.pt")
+    for step in range(2):
+        suite._grams(step, batch, output.loss_weights, output.advantages, model)
+    assert checks == [True, True]

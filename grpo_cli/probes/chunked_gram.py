@@ -9,8 +9,9 @@ next chunk runs; `row_chunk = 0` is one chunk of all N rows. Rollouts do not int
   i only, so the chunks' rows are stacked and K = Z Z^T. Only Z [N, k] is kept per parameter.
   The projections are drawn once per parameter (`sketch.py`) and shared by every chunk.
 - exact routes (`ghost`, `materialize`, `auto`): each chunk's factors (A, B) stay on the Gram's
-  device in float64 and K is built from the stacked factors after the last chunk. That keeps
-  N T (a + b) x 8 bytes per parameter (N T x 8 for an embedding's ids): at 4B scale, tens of GiB
+  device in the model's precision and K is built from the stacked factors after the last chunk.
+  That keeps N T (a + b) x 4 bytes per parameter for a float32 model (2 for bf16; N T x 8 for an
+  embedding's ids): at 4B scale, tens of GiB
   for a few layers, so the paper preset uses `sketch` with chunks.
 - `per_sample`: one backward per rollout through the chunk's graph; rows stacked.
 
@@ -62,7 +63,7 @@ class ChunkShare:
     kind: str  # "unused" (no use reaches the objective) | "direct" | "sketch" | "exact"
     ok: bool = True  # the chunk's consistency check (exact: settled once K is built)
     rows: torch.Tensor | None = None  # [c, k] gradients (direct) or sketches Z (sketch)
-    terms: FactorPairs = field(default_factory=list)  # exact: the chunk's factors, float64
+    terms: FactorPairs = field(default_factory=list)  # exact: the chunk's factors (model precision)
     shape: tuple[int, int] = (0, 0)  # exact: the parameter's [a, b]
     grad_sq: torch.Tensor | None = None  # exact: ||chunk gradient||^2, float64 (None: no check)
 

@@ -4,8 +4,10 @@ Row i of G is grad f_i, f_i = sum_t token_coeff[i, t] log p(token t) (see `per_s
 spectrum of G is sqrt(eig(K)) (`rank_measures.singular_values_from_gram`), so the per-rollout
 matrices of docs/results.md (rollout_batch, rollout_group, group_batch) all come from one K:
 `group_blocks`, `group_sum_gram`. K is accumulated in float64; the activations and output-
-gradients it is built from keep the model's precision (and `token_logprobs` differentiates a
-float32 log-softmax), so a float32 model agrees with the naive reference to ~1e-7 relative.
+gradients it is built from keep the model's precision, and so do the per-rollout gradient
+blocks and token inner products formed from them (as autograd's own per-sample gradients would;
+`token_logprobs` differentiates a float32 log-softmax), so a float32 model agrees with the naive
+reference to ~1e-7 relative.
 
 Routes, chosen per parameter (`GramResult.methods`):
 
@@ -27,7 +29,7 @@ module's forward); that parameter then falls back to `per_sample`.
 Row chunks (`row_chunk` = c > 0, `analysis.gram_row_chunk`): the hooked forward/backward runs c
 rollouts at a time and the check is made per chunk (`chunked_gram.py`). Peak memory is then one
 chunk's graph plus what is kept across chunks: Z [N, k] per sketched parameter, but every
-chunk's factors, N T (a + b) float64 per parameter, for the exact routes. At 4B scale with a
+chunk's factors, N T (a + b) in the model's precision per parameter, for the exact routes. At 4B scale with a
 256k vocabulary, `sketch` with small chunks is the route that fits (docs/gpu_memory_plan.md).
 
 Sketch error. Each matrix parameter [a, b] is sketched as Z_i = U^T G_i V, U [a, k1], V [b, k2]
@@ -204,9 +206,14 @@ def per_rollout_grams(
     seed: int = 0,
     per_param: bool = False,
     row_chunk: int = 0,
+    check: bool = True,
 ) -> dict[str, GramResult]:
     """Grams for several coefficient sets (e.g. {"adv": A*w, "score": w}) from one forward
     per row chunk (row_chunk rollouts at a time; 0: all at once).
+
+    `check=False` skips the consistency check (module docstring): it tests how the model uses
+    its parameters, which does not change between calls, so a caller that has seen it pass on
+    one batch may skip it afterwards and save the parameter gradients in the backward.
 
     K_adv = diag(a) K_score diag(a) only when advantages are constant per rollout; per-token
     advantages need their own coefficient set, hence this general form.
@@ -224,7 +231,7 @@ def per_rollout_grams(
     else:
         parts = hooked_grams(
             model, input_ids, attention_mask, coeffs, params,
-            route=method, sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk,
+            route=method, sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk, check=check,
         )
     return {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
 

@@ -73,6 +73,7 @@ class ProbeSuite:
             )
         self.cfg = analysis_cfg
         self.matrices = set(analysis_cfg.matrices)
+        self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
         pattern = re.compile(analysis_cfg.layer_regex)
         self.layer_params = {
             name: p
@@ -154,8 +155,13 @@ class ProbeSuite:
         results = per_rollout_grams(
             model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
             method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
-            row_chunk=self.cfg.gram_row_chunk,
+            row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
         )  # one forward per row chunk, shared by the coefficient sets
+        # The hooks' consistency check depends on the model's structure only: once every
+        # hooked parameter has passed it, later probes skip it (and the weight gradients).
+        methods = next(iter(results.values())).methods
+        fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
+        self._hooks_verified = not fell_back
         grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
         if per_rollout is not None:
             scale = per_rollout.double().to(grams["score"].device)

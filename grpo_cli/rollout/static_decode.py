@@ -461,12 +461,13 @@ class StaticDecodeBackend:
         logprobs = torch.zeros(rows, max_new, device=self.device)  # [N, T]
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [N]
         step_function = step_function or self._step_function()
+        stop = torch.tensor(eos_id, device=self.device)  # [S] stop token ids
         for t in range(max_new):
             token = sample_tokens(logits, settings.temperature, settings.top_p, generator)  # [N]
             token = torch.where(done, pad_id, token)
             tokens[:, t] = token
             logprobs[:, t] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-            done |= is_stop(token, eos_id)
+            done |= is_stop(token, stop)
             last = t == max_new - 1
             if last or ((t + 1) % self.check_every == 0 and bool(done.all())):
                 break

@@ -86,9 +86,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     from grpo_cli.train.trainer import step_seed
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
-    device, task, loaded, backend, trainer, probes = (
-        parts.device, parts.task, parts.loaded, parts.backend, parts.trainer, parts.probes
-    )
+    device, loaded, trainer, probes = parts.device, parts.loaded, parts.trainer, parts.probes
     model = loaded.model
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
@@ -109,7 +107,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:
         if start == 0:
-            accuracy = _evaluate_into(results, evaluate, backend, loaded.tokenizer, task, cfg, 0)
+            accuracy = _evaluate_into(results, evaluate, trainer, cfg, 0)
         for step in range(start, steps):
             clock = time.perf_counter()
             probe_now = probes is not None and probes.due(step, steps)
@@ -127,8 +125,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
             if finished % cfg.analysis.eval_every == 0 or finished == steps:
                 eval_clock = time.perf_counter()
                 accuracy = _evaluate_into(
-                    results, evaluate, backend, loaded.tokenizer, task, cfg, finished,
-                    seed=step_seed(cfg.seed, finished, salt=7),
+                    results, evaluate, trainer, cfg, finished, seed=step_seed(cfg.seed, finished, salt=7),
                 )
                 time_eval = time.perf_counter() - eval_clock
             output.timings.update(
@@ -154,8 +151,10 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
                 break
 
 
-def _evaluate_into(results, evaluate, backend, tokenizer, task, cfg, step: int, seed: int = 0):
-    row = evaluate(backend, tokenizer, task, cfg, seed)
+def _evaluate_into(results, evaluate, trainer, cfg, step: int, seed: int = 0):
+    backend, tokenizer, task = trainer.backend, trainer.tokenizer, trainer.task
+    with trainer.autocast():  # sample as training does (bf16 when model.autocast=bf16)
+        row = evaluate(backend, tokenizer, task, cfg, seed)
     results.evals.append([{"step": step, **row}])
     return row["accuracy"]
 

@@ -7,6 +7,7 @@ error) on any exception, including a NaN loss or Ctrl-C; every row written befor
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import platform
 import sys
 import time
@@ -72,6 +73,7 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
         record["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
+        gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects
         record["ended_at"] = utc_now()
         results.write_status(record)
     return record["status"]

@@ -196,3 +196,22 @@ def test_logprobs_are_raw_whatever_the_temperature(backend, prompts, model_dir):
     batch = backend.generate(prompts, settings, generator_seed=3)
     gap = (policy_logprobs(policy, batch) - batch.sampler_logprobs).abs().max()
     assert gap < PARITY_ATOL, f"sampler log-probs are not the policy's raw log-probs: {gap:.2e}"
+
+
+def test_extra_stop_token_ends_completions(backend, prompts, model_dir, monkeypatch):
+    """model.stop_tokens (e.g. Nemotron's <extra_id_1>) reach vLLM as stop_token_ids."""
+    from transformers import AutoTokenizer
+
+    backend.sync_weights(load_policy(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stops = [tokenizer.convert_tokens_to_ids(char) for char in "0123456789"]  # common tokens
+    monkeypatch.setattr(backend, "stop_ids", stops)
+    settings = SamplingSettings(group_size=4, max_new_tokens=24, temperature=1.0)
+    batch = backend.generate(prompts, settings, generator_seed=5)
+    ended_by_stop = 0
+    for row in range(batch.num_rollouts):
+        length = int(batch.completion_mask[row].sum())
+        completion = batch.input_ids[row, batch.prompt_length : batch.prompt_length + length].tolist()
+        assert not set(completion[:-1]) & set(stops)  # nothing generated past a stop token
+        ended_by_stop += completion[-1] in stops
+    assert ended_by_stop > 0, "no completion met a stop token: the test saw nothing"

@@ -105,12 +105,3 @@ class PhaseClock:
     def detach(self) -> None:
         while self._undo:
             self._undo.pop()()
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - non-Unix
-        return float("nan")
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

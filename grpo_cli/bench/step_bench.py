@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.bench.clock import PhaseClock, peak_rss_mb
+from grpo_cli.bench.clock import PhaseClock
+from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 
 # analysis.every=0: the experiment preset sets analysis.every after the analysis group's own value.
 DEFAULT_OVERRIDES = ["experiment=cpu_rank_collapse", "analysis=off", "analysis.every=0", "progress=false"]
@@ -126,8 +127,8 @@ class GrpoStepper:
 
     def step(self, step: int) -> dict:
         setup, trainer, probes = self.setup, self.setup.trainer, self.setup.probes
+        reset_step_peak(setup.device)
         if setup.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(setup.device)
             torch.cuda.synchronize()
         self._instrument()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -164,12 +165,6 @@ class GrpoStepper:
         row["tokens_per_s"] = row["tokens"] / total
         row["peak_mb"] = peak_memory_mb(setup.device)
         return row
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return peak_rss_mb()
 
 
 def median(rows: list[dict], key: str) -> float:

@@ -24,6 +24,7 @@ import time
 import torch
 
 from grpo_cli.bench.clock import PhaseClock
+from grpo_cli.train.memory import peak_memory_mb
 from grpo_cli.train.setup import freeze_long_lived_objects
 
 # grpo-cli settings that mirror TRL's loss_type="grpo", scale_rewards="group" advantages.
@@ -177,8 +178,6 @@ class AlternatingCallback:
         row["train"] = total - row["rollout"] - row["reward"]
         row["train_other"] = row["train"] - row["forward"] - row["backward"] - row["optimizer"]
         row["tokens_per_s"] = row["tokens"] / total
-        from grpo_cli.bench.step_bench import peak_memory_mb
-
         row["peak_mb"] = peak_memory_mb(self.stepper.setup.device)
         if pair % 2 == 0:
             self._grpo_row = self.stepper.step(pair)

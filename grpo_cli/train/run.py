@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 import grpo_cli
 from grpo_cli.results.writer import RunResults
+from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 
 
 def utc_now() -> str:
@@ -111,6 +112,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
         if start == 0:
             accuracy = _evaluate_into(results, evaluate, trainer, cfg, 0)
         for step in range(start, steps):
+            reset_step_peak(device)
             clock = time.perf_counter()
             probe_now = probes is not None and probes.due(step, steps)
             output = trainer.step(step, capture_layers=probes.capture_layer_grads if probe_now else None)
@@ -159,14 +161,3 @@ def _evaluate_into(results, evaluate, trainer, cfg, step: int, seed: int = 0):
         row = evaluate(backend, tokenizer, task, cfg, seed)
     results.evals.append([{"step": step, **row}])
     return row["accuracy"]
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    except ImportError:  # pragma: no cover - non-Unix
-        return float("nan")

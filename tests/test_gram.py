@@ -444,3 +444,20 @@ def test_missed_use_in_one_chunk_falls_back_for_every_row(batch):
         assert max_rel(sketched.gram, ref.gram) < 1e-9
     unchecked = ghost_gram(model, ids, mask, coeff, check=False, row_chunk=4)
     assert max_rel(unchecked.gram, ref.gram) > 1e-3  # what the per-chunk check protects against
+
+
+def test_rollout_objectives_skip_prompt_logits_exactly(model64, batch):
+    """The probe's forward keeps logits from the first column with a coefficient on: the
+    objectives and their gradients equal those from every column's log-probs."""
+    from grpo_cli.algorithm.logprobs import token_logprobs
+
+    ids, mask, _, coeff = batch
+    trimmed = rollout_objectives(model64, ids, mask, [coeff])[0]  # [N]
+    params = list(model64.parameters())
+    grads = torch.autograd.grad(trimmed.sum(), params)
+    full = (coeff * token_logprobs(model64, ids, mask)).sum(-1)  # [N], float32 log-softmax
+    reference = torch.autograd.grad(full.sum(), params)
+    assert ids.shape[1] - int(coeff.ne(0).any(0).nonzero()[0]) < ids.shape[1] - 1  # columns skipped
+    torch.testing.assert_close(trimmed, full, rtol=1e-6, atol=1e-7)
+    for got, want in zip(grads, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)

@@ -23,6 +23,7 @@ turns the factors into the Gram of the per-rollout gradients, exactly or sketche
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Sequence
@@ -52,8 +53,10 @@ def rollout_objectives(
     token_coeffs: Sequence[torch.Tensor],  # each [N, L], zero on prompt and padding
 ) -> list[torch.Tensor]:  # each [N]: f_i for one coefficient set, one shared forward
     """Per-rollout scalars f_i = sum_t coeff[i, t] log p(token t), with a graph to differentiate."""
+    used = torch.stack([c != 0 for c in token_coeffs]).any(0).any(0)  # [L] columns with a coefficient
+    first = int(used.nonzero()[0]) if bool(used.any()) else input_ids.shape[1] - 1
     with torch.enable_grad():
-        logp = _logprobs_without_entropy(model, input_ids, attention_mask)  # [N, L] float32
+        logp = _logprobs_without_entropy(model, input_ids, attention_mask, max(first, 1))  # [N, L]
     return [(c.to(logp.device) * logp).sum(-1) for c in token_coeffs]
 
 
@@ -61,17 +64,24 @@ def _logprobs_without_entropy(
     model: nn.Module,
     input_ids: torch.Tensor,  # [N, L]
     attention_mask: torch.Tensor,  # [N, L]
-) -> torch.Tensor:  # [N, L] float32, column 0 zero
-    """`algorithm.logprobs.token_logprobs`, same float32 ops and values, minus the entropy: that
-    would add three [N, L, V] float32 tensors to the peak (4.4 GiB for 2 x 760 tokens at 256k)."""
+    first: int = 1,  # first column whose log-prob is wanted (>= 1)
+) -> torch.Tensor:  # [N, L] float32, zero before `first`
+    """`algorithm.logprobs.token_logprobs`, same float32 ops and values, minus the entropy (three
+    more [N, L, V] float32 tensors at the peak: 4.4 GiB for 2 x 760 tokens at 256k) and minus the
+    logits of columns before `first - 1` (the prompt: their log-probs have zero coefficients, so
+    leaving them out changes no gradient, and lm_head's hooked factors shrink to the kept columns)."""
+    width = input_ids.shape[1]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    ).logits
-    shifted = logits[:, :-1].float()  # [N, L-1, V]
-    targets = input_ids[:, 1:].unsqueeze(-1)  # [N, L-1, 1]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        inputs["logits_to_keep"] = width - first + 1  # columns first-1..L-1 predict first..L
+    logits = model(**inputs).logits
+    if logits.shape[1] != width - first + 1:  # a model without (or ignoring) logits_to_keep
+        logits = logits[:, first - 1 :]
+    shifted = logits[:, :-1].float()  # [N, L - first, V]
+    targets = input_ids[:, first:].unsqueeze(-1)  # [N, L - first, 1]
     picked = shifted.gather(-1, targets).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
-    return torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)
+    return torch.cat([picked.new_zeros(picked.shape[0], first), picked], dim=1)
 
 
 def per_sample_grads(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -37,3 +39,8 @@ def token_logprobs(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
     ).logits
     return token_logprobs_and_entropy(logits, input_ids)[0]
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether `model(...)` takes transformers' `logits_to_keep` (logits of the last k columns)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters

@@ -23,7 +23,6 @@ turns the factors into the Gram of the per-rollout gradients, exactly or sketche
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from collections.abc import Sequence
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
 
 CHUNK_ELEMS = 2**24  # float64 elements per intermediate block (128 MiB)
 
@@ -73,7 +74,7 @@ def _logprobs_without_entropy(
     width = input_ids.shape[1]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+    if accepts_logits_to_keep(model):
         inputs["logits_to_keep"] = width - first + 1  # columns first-1..L-1 predict first..L
     logits = model(**inputs).logits
     if logits.shape[1] != width - first + 1:  # a model without (or ignoring) logits_to_keep

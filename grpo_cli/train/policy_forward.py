@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from grpo_cli.algorithm.logprobs import token_logprobs_and_entropy
+from grpo_cli.algorithm.logprobs import accepts_logits_to_keep, token_logprobs_and_entropy
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -108,17 +108,25 @@ def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, tor
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False):
-    """One forward over every column: log-probs and entropies [N, L] (and final hidden states)."""
+    """One forward over every column: log-probs and entropies [N, L] (and final hidden states).
+
+    Logits are computed from the last prompt column on (`logits_to_keep`), as in the shared
+    path: prompt columns of the outputs are 0 (the completion mask is 0 there), and the
+    [N, L, V] float32 log-softmax terms shrink by the prompt's share of the columns.
+    """
+    width, prompt_length = batch.input_ids.shape[1], batch.prompt_length
+    first = prompt_length if 0 < prompt_length < width else 1  # first column with a log-prob
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        output_hidden_states=want_hidden,
-    )
-    logprobs, entropy = token_logprobs_and_entropy(output.logits, batch.input_ids)
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+              "position_ids": position_ids, "output_hidden_states": want_hidden}
+    if first > 1 and accepts_logits_to_keep(model):
+        inputs["logits_to_keep"] = width - first + 1
+    output = model(**inputs)
+    logits = output.logits[:, -(width - first + 1) :]  # [N, L - first + 1, V]
+    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, first - 1 :])
+    pad = (first - 1, 0)
     hidden = output.hidden_states[-1] if want_hidden else None
-    return logprobs, entropy, hidden
+    return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad), hidden
 
 
 def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False):

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from grpo_cli.rollout.decode_attention import two_part_attention
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -77,7 +79,8 @@ def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 
 class LlamaDecodeStep:
-    """Callable with `StaticDecodeBackend._decode_step`'s signature, for the shared-prefix cache."""
+    """Callable with `StaticDecodeBackend._decode_step`'s signature, on the shared-prefix cache
+    (`static_decode.SharedPrefixLayer`: prompt keys once per group, completion keys per row)."""
 
     def __init__(self, model: nn.Module, max_positions: int = 0):
         self.model = model
@@ -104,9 +107,7 @@ class LlamaDecodeStep:
         rotary = model.model.rotary_emb
         if max_positions <= 0 or getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
             return None
-        dtype = model.model.embed_tokens.weight.dtype
-        if torch.is_autocast_enabled(model.device.type):
-            dtype = torch.get_autocast_dtype(model.device.type)
+        dtype = model.model.embed_tokens.weight.dtype  # the hidden states' dtype, autocast or not
         probe = torch.zeros(1, dtype=dtype, device=model.device)
         positions = torch.arange(max_positions, device=model.device)[None]  # [1, S]
         cos, sin = rotary(probe, positions)  # [1, S, D]
@@ -114,12 +115,6 @@ class LlamaDecodeStep:
 
     def __call__(self, model, tokens, mask, positions, cache) -> torch.Tensor:
         """tokens [N, 1], mask [N, 1, 1, S] bool, positions [N, 1] -> raw logits [N, V] float32."""
-        from grpo_cli.rollout.static_decode import (
-            SharedPrefixLayer,
-            one_query_attention,
-            two_part_attention,
-        )
-
         body = model.model
         rows = tokens.shape[0]
         x = F.embedding(tokens, body.embed_tokens.weight)  # [N, 1, H]
@@ -140,12 +135,9 @@ class LlamaDecodeStep:
             k = qk[:, self.heads :].unsqueeze(2)  # [N, H_kv, 1, D]
             v = qkv[:, qk_heads:].unsqueeze(2)  # [N, H_kv, 1, D]
             cached = cache.layers[index]
-            keys, values = cached.update(k, v)
-            if isinstance(cached, SharedPrefixLayer):  # completion part [N, H_kv, t, D]
-                attended = two_part_attention(q, cached.prompt_keys, cached.prompt_values, keys,
-                                              values, mask, attn.scaling)  # [N, 1, H, D]
-            else:  # prompt + completion per row [N, H_kv, S, D]
-                attended = one_query_attention(q, keys, values, mask, attn.scaling)
+            keys, values = cached.update(k, v)  # completion part [N, H_kv, t, D]
+            attended = two_part_attention(q, cached.prompt_keys, cached.prompt_values, keys,
+                                          values, mask, attn.scaling)  # [N, 1, H, D]
             attended = attended.reshape(rows, 1, self.heads * self.head_dim)
             x = x + F.linear(attended, attn.o_proj.weight, attn.o_proj.bias)
             normed = rms_norm(x, layer.post_attention_layernorm)

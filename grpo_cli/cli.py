@@ -89,7 +89,13 @@ def bench(
     steps: Annotated[int, typer.Option(help="Timed steps (after one warm-up step).")] = 5,
     vs_trl: Annotated[bool, typer.Option("--vs-trl", help="Alternate with TRL's GRPOTrainer.")] = False,
 ) -> None:
-    """Time GRPO steps on a fixed model and batch; split by phase; optionally against TRL."""
+    """Time GRPO steps on a fixed model and batch; split by phase; optionally against TRL.
+
+    Extra arguments are bench flags or Hydra overrides: --model-size tiny|5m|25m,
+    --shared-prefix (algorithm.shared_prompt_forward), --autocast bf16 (model.autocast),
+    --compile-decode (rollout.compile_decode), --sorted-micro-batches N, --out CSV, --trl-bf16,
+    --trl-gradient-checkpointing. docs/speed.md has the measured ratios.
+    """
     from grpo_cli.bench.step_bench import run_bench
 
     run_bench(list(ctx.args), steps=steps, vs_trl=vs_trl)

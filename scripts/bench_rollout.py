@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import string
 import tempfile
 import time
 
@@ -30,34 +29,23 @@ SIZES = {  # name -> (hidden, layers, heads, intermediate); head_dim 32 or 64 (v
 
 
 def build_char_llama(directory: str, hidden: int, layers: int, heads: int, intermediate: int):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
-    chars = list(string.digits + "+-*=?. \n" + string.ascii_lowercase)
-    vocab = {token: index for index, token in enumerate(specials + chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-    )
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()  # the tokenizer grpo-cli's own char models use
     tokenizer.save_pretrained(directory)
     config = LlamaConfig(
-        vocab_size=len(vocab),
+        vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
         max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

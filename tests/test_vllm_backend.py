@@ -8,7 +8,6 @@ the very sequences vLLM produced, before and after a weight sync.
 from __future__ import annotations
 
 import os
-import string
 
 import pytest
 
@@ -36,25 +35,14 @@ PROMPTS_TEXT = [
 
 def build_char_llama(directory: str, seed: int = 0) -> None:
     """Save a 2-layer char-level Llama (head_dim 32, a size vLLM's CPU attention supports)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
-    chars = list(string.digits + "+-*=?. \n" + string.ascii_lowercase)
-    vocab = {token: index for index, token in enumerate(specials + chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-    )
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()  # the tokenizer grpo-cli's own char models use
     tokenizer.save_pretrained(directory)
     config = LlamaConfig(
-        vocab_size=len(vocab),
+        vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
@@ -62,9 +50,9 @@ def build_char_llama(directory: str, seed: int = 0) -> None:
         num_key_value_heads=2,
         max_position_embeddings=128,
         initializer_range=0.1,  # peaked next-token distributions, so log-probs vary by token
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)

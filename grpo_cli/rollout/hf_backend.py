@@ -26,9 +26,9 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def completion_mask_through_eos(completion_ids: torch.Tensor, eos_id: int | list[int]) -> torch.Tensor:
+def completion_mask_through_eos(completion_ids: torch.Tensor, stop_ids: int | list[int]) -> torch.Tensor:
     """1 on every completion token up to and including the first stop token, 0 after. [N, T] float."""
-    is_eos = is_stop(completion_ids, eos_id)  # [N, T]
+    is_eos = is_stop(completion_ids, stop_ids)  # [N, T]
     eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS strictly before t
     return (eos_before == 0).float()
 
@@ -50,7 +50,7 @@ class HFGenerateBackend:
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
     ) -> RolloutBatch:
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.stop_ids
+        pad_id, stop_ids = self.tokenizer.pad_token_id, self.stop_ids
         expanded = [prompt for prompt in prompts for _ in range(settings.group_size)]
         prompt_ids, prompt_mask = left_pad(expanded, pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
@@ -61,7 +61,7 @@ class HFGenerateBackend:
             top_p=None if greedy else settings.top_p,
             top_k=None,
             max_new_tokens=settings.max_new_tokens,
-            eos_token_id=eos_id if len(eos_id) > 1 else eos_id[0],
+            eos_token_id=stop_ids if len(stop_ids) > 1 else stop_ids[0],
             pad_token_id=pad_id,
             return_dict_in_generate=True,
             output_logits=True,
@@ -77,7 +77,7 @@ class HFGenerateBackend:
         completion_ids = output.sequences[:, prompt_length:]  # [N, T]
         logits = torch.stack(output.logits, dim=1).float()  # [N, T, V]
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1))
-        completion_mask = completion_mask_through_eos(completion_ids, eos_id)  # [N, T]
+        completion_mask = completion_mask_through_eos(completion_ids, stop_ids)  # [N, T]
         completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
         n_rows = len(expanded)
         zeros_prompt = torch.zeros((n_rows, prompt_length), device=self.device)

@@ -334,7 +334,7 @@ class StaticDecodeBackend:
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, generator_seed: int
     ) -> RolloutBatch:
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.stop_ids
+        pad_id, stop_ids = self.tokenizer.pad_token_id, self.stop_ids
         group_size, max_new = settings.group_size, settings.max_new_tokens
         unique_ids, unique_mask = left_pad(prompts, pad_id)  # [B, P]
         unique_ids, unique_mask = unique_ids.to(self.device), unique_mask.to(self.device)
@@ -349,13 +349,13 @@ class StaticDecodeBackend:
         try:
             completion_ids, logprobs = self._sample(
                 model, unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
-                eos_id, pad_id,
+                stop_ids, pad_id,
             )
         finally:
             model.train(was_training)
         prompt_ids = unique_ids.repeat_interleave(group_size, dim=0)  # [N, P]
         prompt_mask = unique_mask.repeat_interleave(group_size, dim=0)  # [N, P]
-        completion_mask = completion_mask_through_eos(completion_ids, eos_id)  # [N, T]
+        completion_mask = completion_mask_through_eos(completion_ids, stop_ids)  # [N, T]
         width = int(completion_mask.sum(dim=1).max().item()) if completion_ids.numel() else 0
         completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
         logprobs = logprobs[:, :width]
@@ -376,7 +376,7 @@ class StaticDecodeBackend:
         )
 
     def _sample(self, model, unique_ids, unique_mask, group_size, max_new, capacity, settings,
-                generator, eos_id, pad_id):
+                generator, stop_ids, pad_id):
         """Prefill each prompt once, then decode all B*R rows token by token."""
         if self.share_prompt_cache and not self.compile and supports_shared_prefix(model):
             cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
@@ -385,17 +385,17 @@ class StaticDecodeBackend:
                 step = LlamaDecodeStep(model, max_positions=capacity)
             with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
-                                  capacity, settings, generator, eos_id, pad_id, step)
+                                  capacity, settings, generator, stop_ids, pad_id, step)
         cache = make_cache(model.config, capacity, full_view=self.compile)
         if self.compile and supports_shared_prefix(model):
             with attention_routed(model, DECODE_MATH_ATTENTION):
                 return self._loop(model, cache, True, unique_ids, unique_mask, group_size, max_new,
-                                  capacity, settings, generator, eos_id, pad_id)
+                                  capacity, settings, generator, stop_ids, pad_id)
         return self._loop(model, cache, self.compile, unique_ids, unique_mask, group_size, max_new,
-                          capacity, settings, generator, eos_id, pad_id)
+                          capacity, settings, generator, stop_ids, pad_id)
 
     def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
-              settings, generator, eos_id, pad_id, step_function=None):
+              settings, generator, stop_ids, pad_id, step_function=None):
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         prompt_length = unique_ids.shape[1]
         positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
@@ -422,7 +422,7 @@ class StaticDecodeBackend:
         logprobs = torch.zeros(rows, max_new, device=self.device)  # [N, T]
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [N]
         step_function = step_function or self._step_function()
-        stop = torch.tensor(eos_id, device=self.device)  # [S] stop token ids
+        stop = torch.tensor(stop_ids, device=self.device)  # [S] stop token ids
         for t in range(max_new):
             token = sample_tokens(logits, settings.temperature, settings.top_p, generator)  # [N]
             token = torch.where(done, pad_id, token)

@@ -41,6 +41,14 @@ def default_reward(group_size: int, seed: int, step: int, steps: int) -> float:
     return 0.1 + 0.5 * step / max(steps - 1, 1) + 0.02 * np.log2(group_size)
 
 
+def default_sparsity(group_size: int, seed: int, step: int) -> float:
+    return 0.2 + 0.01 * step
+
+
+def default_hoyer(group_size: int, seed: int, step: int) -> float:
+    return 0.3 + 0.005 * step
+
+
 def default_accuracy(group_size: int, seed: int, step: int, steps: int) -> float:
     return 0.05 + 0.4 * step / max(steps - 1, 1)
 
@@ -200,6 +208,9 @@ def write_run(
     matrices: Iterable[str] = MATRICES,
     reward: Callable[..., float] = default_reward,
     accuracy: Callable[..., float] = default_accuracy,
+    sparsity: Callable[..., float] = default_sparsity,
+    hoyer: Callable[..., float] = default_hoyer,
+    credit_uniform: Number = 1.0,
     groups: int = 3,
     median_offset: float = 0.0,
     composition_offset: float = 0.0,
@@ -211,8 +222,10 @@ def write_run(
 ) -> Path:
     """Write one run directory; `rank(group_size, seed, step)` sets every rank measure.
 
-    `matrix_ranks` overrides `rank` for some matrices; only `matrices` are written (fewer
-    matrices, fewer figure panels: faster tests); files named in `skip` are not written.
+    `sparsity`, `hoyer` (probe steps) and `credit_uniform` take (group_size, seed, step) too.
+
+        `matrix_ranks` overrides `rank` for some matrices; only `matrices` are written (fewer
+        matrices, fewer figure panels: faster tests); files named in `skip` are not written.
     """
     run = Path(root) / (name or f"R{group_size}-{estimator}-s{seed}")
     run.mkdir(parents=True, exist_ok=True)
@@ -255,7 +268,15 @@ def write_run(
     metrics["loss"], metrics["pg_loss"] = 0.1, 0.1
     metrics["kl"] = [0.001 * s for s in step_range]
     metrics["entropy"] = [2.0 - 0.05 * s for s in step_range]
-    metrics["grad_sparsity"] = [0.2 + 0.01 * s if s in probes else np.nan for s in step_range]
+    metrics["grad_sparsity"] = [
+        sparsity(group_size, seed, s) if s in probes else np.nan for s in step_range
+    ]
+    metrics["grad_hoyer"] = [
+        hoyer(group_size, seed, s) if s in probes else np.nan for s in step_range
+    ]
+    metrics["credit_uniform_frac"] = [
+        _value(credit_uniform, group_size, seed, s) for s in step_range
+    ]
     metrics["grad_norm"] = 1.0
     files["metrics.csv"] = lambda p: metrics.to_csv(p, index=False)
 

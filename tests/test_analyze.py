@@ -162,7 +162,7 @@ def test_summary_md_prints_rule_and_status(flat):
 def test_summary_csv_is_tidy(flat):
     root, _ = flat
     table = pd.read_csv(root / "analysis" / "summary.csv")
-    assert set(table["kind"]) == {"rank", "verdict", "verdict_matched", "composition", "accuracy"}
+    assert set(table["kind"]) == {"claim", "rank", "verdict", "verdict_matched", "composition", "accuracy"}
     verdicts = table[table["kind"] == "verdict"]
     assert len(verdicts) == len(MATRICES) * 7 and (verdicts["verdict"] == "holds").all()
     ranks = table[(table["kind"] == "rank") & (table["matrix"] == "rollout_batch")]

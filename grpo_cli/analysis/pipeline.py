@@ -16,6 +16,7 @@ import pandas as pd
 
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis import plots, plots_training, report, style
+from grpo_cli.analysis.claims import Claim, ClaimRules, judge_claims
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
 from grpo_cli.analysis.summary import (
@@ -81,6 +82,7 @@ class AnalysisResult:
     include_incomplete: bool
     variant_columns: dict[str, str]  # variant config key -> display name
     variant_values: dict[str, dict]  # variant label -> {config key: value}
+    claims: list[Claim] = field(default_factory=list)  # the paper's four claims, in order
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -154,6 +156,10 @@ def analyze(
         with_x(ranks, analysed, matched_progress, edges), rule, matched_progress
     )
     comp_table = comp.composition_table(analysed, measures)
+    rank_verdicts = verdicts(summary, rule)
+    claims = judge_claims(
+        analysed, rank_verdicts, matched, ranks, ClaimRules(rank=rule), last_fraction, progress_bins
+    )
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -163,7 +169,7 @@ def analyze(
         measures=measures,
         rule=rule,
         summary=summary,
-        verdicts=verdicts(summary, rule),
+        verdicts=rank_verdicts,
         matched=matched,
         composition=comp.departure(comp_table),
         accuracy=accuracy_summary(analysed),
@@ -177,6 +183,7 @@ def analyze(
         variant_values={
             r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs
         },
+        claims=claims,
         notes=notes,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-Block = tuple[str, object]  # ("h1" | "h2" | "p" | "quote" | "list" | "table", payload)
+from grpo_cli.analysis.claims import claims_table
+
+Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
 SUMMARY_COLUMNS = [
     "kind",
+    "claim",
     "variant",
     "matrix",
     "layer",
@@ -55,7 +58,13 @@ def _compact(table: pd.DataFrame) -> pd.DataFrame:
 
 def summary_frame(result) -> pd.DataFrame:
     """Every summary row of an AnalysisResult in one tidy table; `kind` says what a row is."""
-    parts = [result.summary.assign(kind="rank")]
+    parts = []
+    if result.claims:
+        claims = claims_table(result.claims)
+        parts.append(
+            claims.assign(kind="claim", detail=claims["statement"] + " " + claims["evidence"])
+        )
+    parts.append(result.summary.assign(kind="rank"))
     for kind, table in (("verdict", result.verdicts), ("verdict_matched", result.matched)):
         if not table.empty:
             parts.append(
@@ -103,7 +112,7 @@ def summary_frame(result) -> pd.DataFrame:
         )
     frame = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     frame = frame.reindex(columns=SUMMARY_COLUMNS)
-    for column in ("group_size", "n_seeds", "n_incomplete", "n_obs"):
+    for column in ("claim", "group_size", "n_seeds", "n_incomplete", "n_obs"):
         frame[column] = frame[column].astype("Int64")
     for key, label in result.variant_columns.items():  # one column per differing key
         frame.insert(
@@ -181,12 +190,39 @@ def run_table(runs) -> pd.DataFrame:
     )
 
 
+def claim_blocks(result) -> list[Block]:
+    """The opening section: the paper's four claims, one verdict each, rule and numbers."""
+    if not result.claims:
+        return []
+    out: list[Block] = [
+        ("h2", "The paper's four claims"),
+        ("table", claims_table(result.claims)[["claim", "statement", "verdict"]]),
+        (
+            "p",
+            "Verdicts: holds (every part of the rule holds), fails (every part that could be "
+            "judged fails), mixed (some parts hold, others fail or cannot be judged), "
+            "undetermined (too little data), not measured (no run the rule can use).",
+        ),
+    ]
+    for claim in result.claims:
+        out += [
+            ("h3", f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"),
+            ("quote", f"Rule: {claim.rule}"),
+            ("p", claim.evidence),
+        ]
+        if not claim.table.empty:
+            out.append(("table", claim.table))
+    return out
+
+
 def blocks(result) -> list[Block]:
     """The content of summary.md and report.html."""
     counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
     incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
+        *claim_blocks(result),
+        ("h2", "Runs"),
         (
             "p",
             f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
@@ -264,6 +300,8 @@ def render_markdown(content: list[Block]) -> str:
             parts.append(f"# {payload}")
         elif kind == "h2":
             parts.append(f"## {payload}")
+        elif kind == "h3":
+            parts.append(f"### {payload}")
         elif kind == "quote":
             parts.append(f"> {payload}")
         elif kind == "list":
@@ -284,7 +322,11 @@ def _html_table(table: pd.DataFrame) -> str:
         cells = []
         for value in row:
             text = fmt(value, 3)
-            css = f' class="{text}"' if text in ("holds", "fails", "failed", "incomplete") else ""
+            css = (
+                f' class="{text}"'
+                if text in ("holds", "fails", "failed", "incomplete", "mixed")
+                else ""
+            )
             cells.append(f"<td{css}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
@@ -293,7 +335,7 @@ def _html_table(table: pd.DataFrame) -> str:
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:0.5em 0;font-size:0.85em}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}
-td.holds{background:#d9f2d9}td.fails,td.failed{background:#f9d6d5}td.incomplete{background:#fff3c4}
+td.holds{background:#d9f2d9}td.mixed{background:#fff3c4}td.fails,td.failed{background:#f9d6d5}td.incomplete{background:#fff3c4}
 blockquote{border-left:4px solid #888;margin:0.5em 0;padding:0.3em 1em;background:#f7f7f7}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"""
 
@@ -302,7 +344,7 @@ def render_html(content: list[Block], figures: dict[str, Path], captions: dict[s
     parts = []
     for kind, payload in content:
         text = html.escape(str(payload)) if kind not in ("list", "table") else ""
-        if kind in ("h1", "h2"):
+        if kind in ("h1", "h2", "h3"):
             parts.append(f"<{kind}>{text}</{kind}>")
         elif kind == "quote":
             parts.append(f"<blockquote>{text}</blockquote>")

@@ -18,9 +18,8 @@ from grpo_cli.algorithm.advantages import (
     get_estimator,
     process_advantages,
 )
+from grpo_cli.algorithm.kinds import TOKEN_LEVEL_ESTIMATORS
 from grpo_cli.rollout.batch import RolloutBatch
-
-TOKEN_LEVEL_ESTIMATORS = ("ppo", "process")
 
 
 def known_estimators() -> list[str]:

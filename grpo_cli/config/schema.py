@@ -132,7 +132,7 @@ class AnalysisConfig:
     rank_rtol: float = 1e-6  # numerical rank: sigma_k > rank_rtol * sigma_1
     sparsity_rtol: float = 1e-3  # sparsity: |g| < sparsity_rtol * max|g|
     max_groups_saved: int = 64  # per-group spectra kept per probe step
-    eval_every: int = 10  # held-out evaluation every N steps (and at the first and last step)
+    eval_every: int = 10  # held-out evaluation every N steps and at the first and last step (0 = never)
     eval_greedy: bool = True  # greedy (True) or sampled (False) evaluation decoding
 
 

@@ -45,11 +45,18 @@ METRIC_COLUMNS = (
 )
 TIMING_COLUMNS = (
     "step",
-    "time_rollout",
+    "time_rollout",  # one column per phase of grpo_cli/train/loop.py, exclusive (they sum to time_step)
     "time_reward",
-    "time_train",
-    "time_probe",
+    "time_old_log_prob",
+    "time_advantage",
+    "time_forward",
+    "time_backward",
+    "time_optimizer",
+    "time_update",
+    "time_sync_weights",
+    "time_probes",
     "time_eval",
+    "time_other",
     "time_step",
     "peak_memory_mb",
 )

@@ -10,7 +10,6 @@ import datetime as dt
 import gc
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,7 +17,6 @@ from omegaconf import OmegaConf
 
 import grpo_cli
 from grpo_cli.results.writer import RunResults
-from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 
 
 def utc_now() -> str:
@@ -83,14 +81,13 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 def _train(cfg, results: RunResults, record: dict, log) -> None:
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import load_checkpoint, save_checkpoint
-    from grpo_cli.train.evaluate import evaluate
+    from grpo_cli.train.loop import TrainingLoop
     from grpo_cli.train.progress import StepProgress
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects
-    from grpo_cli.train.trainer import step_seed
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
-    device, loaded, trainer, probes = parts.device, parts.loaded, parts.trainer, parts.probes
-    model = loaded.model
+    device, trainer = parts.device, parts.trainer
+    loop = TrainingLoop(cfg, parts)
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     )
@@ -109,43 +106,28 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     steps = cfg.algorithm.steps
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:
-        if start == 0:
-            accuracy = _evaluate_into(results, evaluate, trainer, cfg, 0)
+        if start == 0 and loop.eval_every > 0:  # the policy before any step
+            row = loop.evaluate(0)
+            results.evals.append([row])
+            accuracy = row["accuracy"]
         for step in range(start, steps):
-            reset_step_peak(device)
-            clock = time.perf_counter()
-            probe_now = probes is not None and probes.due(step, steps)
-            output = trainer.step(step, capture_layers=probes.capture_layer_grads if probe_now else None)
-            time_probe = 0.0
-            if probe_now:
-                probe_clock = time.perf_counter()
-                probe_rows = probes.record(step, output, model)
-                output.metrics.update(probe_rows.metrics)
-                results.ranks.append(probe_rows.ranks)
-                results.spectra.append(probe_rows.spectra)
-                time_probe = time.perf_counter() - probe_clock
-            time_eval = 0.0
-            finished = step + 1
-            if finished % cfg.analysis.eval_every == 0 or finished == steps:
-                eval_clock = time.perf_counter()
-                accuracy = _evaluate_into(
-                    results, evaluate, trainer, cfg, finished, seed=step_seed(cfg.seed, finished, salt=7),
-                )
-                time_eval = time.perf_counter() - eval_clock
-            output.timings.update(
-                time_probe=time_probe,
-                time_eval=time_eval,
-                time_step=time.perf_counter() - clock,
-                peak_memory_mb=peak_memory_mb(device),
-            )
+            done = loop.run_step(step)
+            output = done.output
+            if done.probe_rows is not None:
+                results.ranks.append(done.probe_rows.ranks)
+                results.spectra.append(done.probe_rows.spectra)
+            if done.eval_row is not None:
+                results.evals.append([done.eval_row])
+                accuracy = done.eval_row["accuracy"]
             results.metrics.append([output.metrics])
-            results.timings.append([output.timings])
+            results.timings.append([done.timings])
             events = monitor.update(step, output.metrics)
             for event in events:
                 log(f"ALARM step {event.step}: {event.message}")
             results.events.append([vars(event) for event in events])
             record["last_step"] = step
             progress.advance(output.metrics["reward_mean"], accuracy)
+            finished = step + 1
             if finished % cfg.checkpoint_every == 0 or finished == steps or events:
                 save_checkpoint(results.checkpoint_path, finished, trainer, monitor)
             results.write_status(record)
@@ -154,10 +136,3 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
                 log(f"stopping at step {step}: alarms.stop_on_alarm=true")
                 break
 
-
-def _evaluate_into(results, evaluate, trainer, cfg, step: int, seed: int = 0):
-    backend, tokenizer, task = trainer.backend, trainer.tokenizer, trainer.task
-    with trainer.autocast():  # sample as training does (bf16 when model.autocast=bf16)
-        row = evaluate(backend, tokenizer, task, cfg, seed)
-    results.evals.append([{"step": step, **row}])
-    return row["accuracy"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from grpo_cli.train.credit import (
     zero_variance_groups,
 )
 from grpo_cli.train.policy_forward import forward_policy
+from grpo_cli.train.timing import PhaseTimer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -41,7 +41,6 @@ class NonFiniteLossError(RuntimeError):
 @dataclass
 class StepOutput:
     metrics: dict  # one row of metrics.csv
-    timings: dict  # one row of timings.csv
     batch: RolloutBatch
     advantages: torch.Tensor  # [N, L]
     scored: ScoredBatch
@@ -67,6 +66,7 @@ class GRPOTrainer:
         device: torch.device,
         reference_model=None,
         value_head=None,
+        timer: PhaseTimer | None = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -76,6 +76,7 @@ class GRPOTrainer:
         self.device = device
         self.reference_model = reference_model
         self.value_head = value_head
+        self.timer = timer or PhaseTimer(device)  # the step's phases; the loop adds probes and eval
         algorithm = cfg.algorithm
         trainable = [p for p in model.parameters() if p.requires_grad]
         if value_head is not None:
@@ -108,15 +109,20 @@ class GRPOTrainer:
 
     def rollout(self, step: int, draw: int) -> RolloutBatch:
         indices = self.sample_problems(step, draw)
-        batch = self.backend.generate(
-            [self.prompt_ids[i] for i in indices],
-            self.settings,
-            generator_seed=step_seed(self.cfg.seed, step, salt=100 + draw),
-        )
+        with self.timer.phase("rollout"):
+            batch = self.backend.generate(
+                [self.prompt_ids[i] for i in indices],
+                self.settings,
+                generator_seed=step_seed(self.cfg.seed, step, salt=100 + draw),
+            )
         batch.problem_indices = indices
         return batch.to(self.device)
 
     def score(self, batch: RolloutBatch) -> ScoredBatch:
+        with self.timer.phase("reward"):
+            return self._score(batch)
+
+    def _score(self, batch: RolloutBatch) -> ScoredBatch:
         algorithm = self.cfg.algorithm
         problems = [
             self.task.train[index] for index in batch.problem_indices for _ in range(batch.group_size)
@@ -200,29 +206,36 @@ class GRPOTrainer:
             )
 
     def step(self, step: int, capture_layers: Callable[[], dict] | None = None) -> StepOutput:
-        """One GRPO step. `capture_layers` (probe steps) snapshots batch gradients before the update."""
-        algorithm = self.cfg.algorithm
-        clock = time.perf_counter()
+        """One GRPO step. `capture_layers` (probe steps) snapshots batch gradients before the update.
+
+        Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
+        backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
+        under update, and sync_weights (the sampler's copy of the new weights).
+        """
+        algorithm, timer = self.cfg.algorithm, self.timer
+        # ---- rollout and reward (timed inside: rollout, reward) ----
         with self.autocast():
             batch, scored, dropped = self.collect(step)
-        time_rollout = time.perf_counter() - clock
 
-        clock = time.perf_counter()
+        # ---- old log-probs, advantages ----
         mask = batch.completion_mask  # [N, L]
         # With one pass over the batch the ratio is exactly 1 at the update, so the training
         # forward's own detached log-probs serve as "old" and the extra forward is skipped.
         single_pass = (
             algorithm.num_iterations == 1 and self.value_head is None and algorithm.tis_cap <= 0
         )
-        old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
-        advantages, returns = token_advantages(algorithm, batch, scored, values)  # [N, L]
-        tis = torch.ones_like(mask)
-        if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
-            tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
-        ref_logprobs = self.reference_logprobs(batch)
-        time_reward = time.perf_counter() - clock
+        with timer.phase("old_log_prob"):
+            old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
+        with timer.phase("advantage"):
+            advantages, returns = token_advantages(algorithm, batch, scored, values)  # [N, L]
+            tis = torch.ones_like(mask)
+            if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
+                tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
+        with timer.phase("old_log_prob"):
+            ref_logprobs = self.reference_logprobs(batch)
 
-        clock = time.perf_counter()
+        # ---- update: forward, backward, optimizer per micro-batch and iteration ----
+        timer.start("update")
         constant = algorithm.loss_constant or self.settings.max_new_tokens
         batch_tokens = float(mask.sum().item())
         weights = aggregation_weights(
@@ -239,6 +252,7 @@ class GRPOTrainer:
             for rows in self.micro_batches(batch.num_rollouts):
                 part = select_rows(batch, rows)
                 part_mask = part.completion_mask
+                timer.start("forward")  # the policy's forward and the loss terms
                 with self.autocast():
                     logprobs, entropy, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
@@ -266,29 +280,37 @@ class GRPOTrainer:
                     v_loss = value_loss(part_values, returns[rows], part_mask)
                     loss = loss + algorithm.value_coef * v_loss * share
                     totals["value_loss"] += v_loss.item() * share
+                timer.stop("forward")
                 if not torch.isfinite(loss):
+                    timer.stop("update")
                     raise NonFiniteLossError(
                         f"step {step}: loss is {loss.item()} (pg_loss {pg_loss.item()}); "
                         "lower algorithm.lr or check the rewards"
                     )
-                loss.backward()
+                with timer.phase("backward"):
+                    loss.backward()
                 if iteration == 0:
                     totals["loss"] += loss.item()
                     totals["pg_loss"] += pg_loss.item()
                     totals["clip"] += stats["clip_frac"].item() * share
                     totals["entropy"] += (entropy.detach() * part_mask).sum().item() / max(batch_tokens, 1.0)
             if iteration == 0 and capture_layers is not None:
-                layer_grads = capture_layers()
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            max_norm = algorithm.max_grad_norm if algorithm.max_grad_norm > 0 else math.inf
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            if iteration == 0:
-                grad_norm = norm.item()
+                with timer.phase("probes"):  # the probes' copy of the batch gradients
+                    layer_grads = capture_layers()
+            with timer.phase("optimizer"):  # clipping and the optimizer step
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                max_norm = algorithm.max_grad_norm if algorithm.max_grad_norm > 0 else math.inf
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                if iteration == 0:
+                    grad_norm = norm.item()
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
             if not math.isfinite(grad_norm):
+                timer.stop("update")
                 raise NonFiniteLossError(f"step {step}: gradient norm is {grad_norm}")
-            self.optimizer.step()
-        self.backend.sync_weights(self.model)
-        time_train = time.perf_counter() - clock
+        timer.stop("update")
+        with timer.phase("sync_weights"):
+            self.backend.sync_weights(self.model)
 
         lengths = batch.completion_lengths()
         in_completion = mask > 0
@@ -317,13 +339,7 @@ class GRPOTrainer:
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform_fraction(advantages, mask),
         }
-        timings = {
-            "step": step,
-            "time_rollout": time_rollout,
-            "time_reward": time_reward,
-            "time_train": time_train,
-        }
-        return StepOutput(metrics, timings, batch, advantages, scored, weights, layer_grads)
+        return StepOutput(metrics, batch, advantages, scored, weights, layer_grads)
 
 
 def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:

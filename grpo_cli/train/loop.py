@@ -1,0 +1,89 @@
+"""One step of the training loop, shared by `grpo run` and every benchmark:
+GRPO step -> probes if due -> held-out evaluation if due, every phase timed by one PhaseTimer.
+
+The trainer names its own phases (rollout, reward, old_log_prob, advantage, forward, backward,
+optimizer, update, sync_weights; grpo_cli/train/trainer.py); this loop adds probes and eval, and
+`other` for the rest of the step. The totals become one timings.csv row (docs/results.md).
+What to write where (results, checkpoints, alarms) stays with the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpo_cli.results.writer import TIMING_COLUMNS
+from grpo_cli.train.evaluate import evaluate
+from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
+from grpo_cli.train.trainer import StepOutput, step_seed
+
+
+@dataclass
+class LoopStep:
+    output: StepOutput  # the trainer's step: metrics (with the probes' on probe steps), batch, ...
+    probe_rows: object | None  # grpo_cli.probes.runner.ProbeRows on probe steps
+    eval_row: dict | None  # one eval.csv row when the held-out evaluation ran after this step
+    timings: dict  # one timings.csv row
+
+
+def timing_row(step: int, seconds: dict[str, float], peak_mb: float) -> dict:
+    """Phase totals as a timings.csv row: `time_<phase>` per phase, `time_step` their sum."""
+    row = {"step": step}
+    unknown = {f"time_{name}" for name in seconds} - set(TIMING_COLUMNS)
+    if unknown:
+        raise KeyError(f"phases without a timings.csv column: {sorted(unknown)}")
+    for column in TIMING_COLUMNS:
+        if column.startswith("time_") and column != "time_step":
+            row[column] = seconds.get(column.removeprefix("time_"), 0.0)
+    row["time_step"] = sum(seconds.values())
+    row["peak_memory_mb"] = peak_mb
+    return row
+
+
+class TrainingLoop:
+    """Runs steps of one set of RunComponents (grpo_cli/train/setup.py)."""
+
+    def __init__(self, cfg, parts):
+        self.cfg = cfg
+        self.trainer = parts.trainer
+        self.probes = parts.probes
+        self.model = parts.model
+        self.device = parts.device
+        self.timer = parts.trainer.timer
+        self.steps = cfg.algorithm.steps
+        self.eval_every = cfg.analysis.eval_every  # 0 = no held-out evaluation
+
+    def evaluation_due(self, finished: int) -> bool:
+        """After `finished` steps: every `eval_every` steps and after the last (0 = never)."""
+        every = self.eval_every
+        return every > 0 and (finished % every == 0 or finished == self.steps)
+
+    def evaluate(self, finished: int, seed: int = 0) -> dict:
+        """One eval.csv row for the policy after `finished` steps."""
+        trainer = self.trainer
+        with trainer.autocast():  # sample as training does (bf16 when model.autocast=bf16)
+            row = evaluate(trainer.backend, trainer.tokenizer, trainer.task, self.cfg, seed)
+        return {"step": finished, **row}
+
+    def run_step(self, step: int) -> LoopStep:
+        timer = self.timer
+        timer.clear()
+        reset_step_peak(self.device)
+        probe_now = self.probes is not None and self.probes.due(step, self.steps)
+        probe_rows, eval_row = None, None
+        with timer.phase("other"):
+            # ---- the GRPO step (its phases are timed inside) ----
+            output = self.trainer.step(
+                step, capture_layers=self.probes.capture_layer_grads if probe_now else None
+            )
+            # ---- probes: spectra of this step's gradients ----
+            if probe_now:
+                with timer.phase("probes"):
+                    probe_rows = self.probes.record(step, output, self.model)
+                output.metrics.update(probe_rows.metrics)
+            # ---- held-out evaluation ----
+            finished = step + 1
+            if self.evaluation_due(finished):
+                with timer.phase("eval"):
+                    eval_row = self.evaluate(finished, seed=step_seed(self.cfg.seed, finished, salt=7))
+        timings = timing_row(step, timer.take(), peak_memory_mb(self.device))
+        return LoopStep(output, probe_rows, eval_row, timings)

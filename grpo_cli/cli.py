@@ -93,8 +93,9 @@ def bench(
 
     Extra arguments are bench flags or Hydra overrides: --model-size tiny|5m|25m,
     --shared-prefix (algorithm.shared_prompt_forward), --autocast bf16 (model.autocast),
-    --compile-decode (rollout.compile_decode), --sorted-micro-batches N, --out CSV, --trl-bf16,
-    --trl-gradient-checkpointing. docs/speed.md has the measured ratios.
+    --compile-decode (rollout.compile_decode), --out CSV, --trl-bf16,
+    --trl-gradient-checkpointing. The phases are those of timings.csv, from the loop `grpo run`
+    uses. docs/speed.md has the measured ratios.
     """
     from grpo_cli.bench.step_bench import run_bench
 

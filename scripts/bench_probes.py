@@ -3,9 +3,11 @@
     python scripts/bench_probes.py [--steps 20] [--group-size 8] [OVERRIDES...]
 
 Each mode runs in its own process (so peak RSS is per mode) on the CPU preset's model and
-schedule (`experiment=cpu_rank_collapse`, probes every `analysis.every` steps). Reports the mean
-step time without probes, the probe time per probed step, the overhead of the default schedule
-(total probe time / total step time without probes) and the peak memory of each mode.
+schedule (`experiment=cpu_rank_collapse`, probes every `analysis.every` steps), through the
+training loop `grpo run` uses; times are its `time_step` and `time_probes` (the probes' gradient
+snapshot inside the step included). Reports the median step time without probes, the probe time
+per probed step, the overhead of the default schedule (total probe time / total step time
+without probes) and the peak memory of each mode.
 """
 
 from __future__ import annotations
@@ -16,26 +18,23 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 
 def run_mode(probes_on: bool, steps: int, overrides: list[str]) -> dict:
     from grpo_cli.bench.builder import build_setup
     from grpo_cli.config.compose import compose_config
+    from grpo_cli.train.loop import TrainingLoop
 
     every = [] if probes_on else ["analysis.every=0"]
-    cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", *overrides, *every])
-    setup = build_setup(cfg, log=lambda *args: None)
+    cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", "analysis.eval_every=0",
+                          *overrides, *every])
+    loop = TrainingLoop(cfg, build_setup(cfg, log=lambda *args: None))
     step_times, probe_times = [], []
     for step in range(steps):
-        due = setup.probes is not None and setup.probes.due(step, cfg.algorithm.steps)
-        clock = time.perf_counter()
-        output = setup.trainer.step(step, setup.probes.capture_layer_grads if due else None)
-        step_times.append(time.perf_counter() - clock)
-        if due:
-            clock = time.perf_counter()
-            setup.probes.record(step, output, setup.model)
-            probe_times.append(time.perf_counter() - clock)
+        timings = loop.run_step(step).timings  # the phases of timings.csv
+        step_times.append(timings["time_step"] - timings["time_probes"])
+        if timings["time_probes"] > 0:
+            probe_times.append(timings["time_probes"])
     return {
         "step_times": step_times,
         "probe_times": probe_times,

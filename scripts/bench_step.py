@@ -27,7 +27,6 @@ VARIANTS: dict[str, list[str]] = {
     "static": ["rollout.backend=hf_static"],
     "compiled": ["rollout.backend=hf_static", "--compile-decode"],
     "shared": ["--shared-prefix"],
-    "sorted8": ["--sorted-micro-batches", "8"],
     "fast": ["rollout.backend=hf_static", "--shared-prefix"],
     "fast_compiled": ["rollout.backend=hf_static", "--compile-decode", "--shared-prefix"],
     "fast_bf16": ["rollout.backend=hf_static", "--shared-prefix", "--autocast", "bf16"],

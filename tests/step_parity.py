@@ -7,7 +7,7 @@ import torch
 from grpo_cli.bench.builder import build_setup
 from grpo_cli.config.compose import compose_config
 
-# The reference: plain training forward, fp32, no prototype patches.
+# The reference: plain training forward, fp32.
 PLAIN = ["algorithm.shared_prompt_forward=false", "model.autocast=none"]
 
 TINY = [

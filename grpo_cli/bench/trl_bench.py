@@ -13,19 +13,28 @@ recomputes activations). grpo-cli is switched to TRL's loss and advantage conven
 A TRL step is timed from `on_step_begin` to `on_step_end` (generation, reward, loss, backward,
 clipping, optimizer, zero_grad); the grpo-cli step of the same pair runs inside the callback,
 before TRL's step on odd pairs and after it on even ones, so neither side always goes first.
+TRL's phases come from the same PhaseTimer as grpo-cli's, fed by instance-level wrappers of TRL's
+own methods (generation, rewards, accelerator.backward, clipping, optimizer step) and forward hooks
+on TRL's model; grpo-cli's side is timed by its own loop, unpatched.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import tempfile
 import time
 
 import torch
 
-from grpo_cli.bench.clock import PhaseClock
-from grpo_cli.train.memory import peak_memory_mb
+from grpo_cli.bench.table import load_average, print_phase_table
+from grpo_cli.train.loop import PHASES
+from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 from grpo_cli.train.setup import freeze_long_lived_objects
+from grpo_cli.train.timing import PhaseTimer
+
+# TRL's step split into the phases its methods allow; the rest of its step is `other`.
+TRL_PHASES = ("rollout", "reward", "forward", "backward", "optimizer", "other")
 
 # grpo-cli settings that mirror TRL's loss_type="grpo", scale_rewards="group" advantages.
 TRL_MATCHING_OVERRIDES = [
@@ -114,77 +123,98 @@ def build_trl_trainer(setup, steps: int, options, output_dir: str, callbacks):
     return trl, model
 
 
+def time_calls(owner, attribute: str, timer: PhaseTimer, name: str) -> None:
+    """Time every call of `owner.attribute` (a TRL or accelerate object) as phase `name`."""
+    original = getattr(owner, attribute)
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        with timer.phase(name):
+            return original(*args, **kwargs)
+
+    setattr(owner, attribute, timed)  # an instance attribute: only this TRL trainer is affected
+
+
+def time_grad_forwards(model: torch.nn.Module, timer: PhaseTimer) -> None:
+    """Time grad-enabled forwards of TRL's model as `forward` (its no-grad ones are sampling
+    and old log-probs)."""
+
+    def before(module, args, kwargs):
+        if torch.is_grad_enabled():
+            timer.start("forward")
+
+    def after(module, args, kwargs, output):
+        if torch.is_grad_enabled():
+            timer.stop("forward")
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after, with_kwargs=True)
+
+
 class AlternatingCallback:
     """Times TRL steps and runs the paired grpo-cli step outside TRL's step window."""
 
     def __init__(self, stepper, console):
         self.stepper = stepper
         self.console = console
-        self.clock = PhaseClock(synchronize=stepper.setup.device.type == "cuda")
+        self.timer = PhaseTimer(stepper.setup.device)
+        self.pairs: list[tuple[dict, dict]] = []
         self.trl = None  # set after the TRL trainer exists
         self.trl_model = None
-        self.pairs: list[tuple[dict, dict]] = []
         self._grpo_row: dict | None = None
         self._tokens = 0
-        self._start = 0.0
 
-    def _instrument(self) -> None:
-        trl, clock = self.trl, self.clock
+    def instrument(self) -> None:
+        """Wrap TRL's own methods once (its optimizer exists from the first step on); the timer
+        counts only inside TRL's step window."""
+        timer, trl = self.timer, self.trl
         generate = trl._generate_single_turn
 
         def counted_generate(*args, **kwargs):
-            with clock.phase("rollout"):
+            with timer.phase("rollout"):
                 completion_ids, logprobs = generate(*args, **kwargs)
             self._tokens += sum(len(ids) for ids in completion_ids)
             return completion_ids, logprobs
 
         trl._generate_single_turn = counted_generate
-        clock._undo.append(lambda: delattr(trl, "_generate_single_turn"))
-        clock.wrap(trl, "_calculate_rewards", "reward")
-        clock.wrap(trl, "_clip_grad_norm", "optimizer")
-        clock.wrap(trl.optimizer, "step", "optimizer")
-        clock.hook_forward(self.trl_model, "forward")
-        clock.patch_backward("backward")
+        time_calls(trl, "_calculate_rewards", timer, "reward")
+        time_calls(trl, "_clip_grad_norm", timer, "optimizer")
+        time_calls(trl.optimizer, "step", timer, "optimizer")
+        time_calls(trl.accelerator, "backward", timer, "backward")
+        time_grad_forwards(self.trl_model, timer)
 
     def on_step_begin(self, args, state, control, **kwargs):
         pair = state.global_step
+        if pair == 0:
+            self.instrument()
         if pair % 2 == 1:
             self._grpo_row = self.stepper.step(pair)
         self._tokens = 0
-        self._instrument()
+        reset_step_peak(self.stepper.setup.device)
+        self.timer.clear()
         self._cpu_start = time.process_time()
-        self._start = self.clock._now()
+        self.timer.start("other")
 
     def on_step_end(self, args, state, control, **kwargs):
-        total = self.clock._now() - self._start
+        self.timer.stop("other")
         cpu = time.process_time() - self._cpu_start
-        self.clock.detach()
+        phases = self.timer.take()
         pair = state.global_step - 1
-        phases = self.clock.reset()
         row = {
             "side": "trl",
             "step": pair,
-            "step_s": total,
+            "step_s": sum(phases.values()),
             "cpu_s": cpu,
-            "rollout": phases.get("rollout", 0.0),
-            "reward": phases.get("reward", 0.0),
-            "forward": phases.get("forward", 0.0),
-            "backward": phases.get("backward", 0.0),
-            "optimizer": phases.get("optimizer", 0.0),
-            "probes": 0.0,
+            **{phase: phases.get(phase, 0.0) for phase in TRL_PHASES},
             "tokens": self._tokens,
             "threads": torch.get_num_threads(),
         }
-        row["train"] = total - row["rollout"] - row["reward"]
-        row["train_other"] = row["train"] - row["forward"] - row["backward"] - row["optimizer"]
-        row["tokens_per_s"] = row["tokens"] / total
+        row["tokens_per_s"] = row["tokens"] / row["step_s"]
         row["peak_mb"] = peak_memory_mb(self.stepper.setup.device)
         if pair % 2 == 0:
             self._grpo_row = self.stepper.step(pair)
         grpo = self._grpo_row
         self.pairs.append((grpo, row))
-        from grpo_cli.bench.step_bench import load_average
-
         self.console.print(
             f"pair {pair}{' (warm-up)' if pair == 0 else ''}: grpo-cli {grpo['step_s']:.3f}s "
             f"({grpo['tokens_per_s']:.0f} tok/s), TRL {row['step_s']:.3f}s "
@@ -196,8 +226,6 @@ class AlternatingCallback:
 def run_vs_trl(setup, stepper, steps: int, options, console) -> list[dict]:
     """One warm-up pair, then `steps` timed pairs; print per-pair and median ratios."""
     from transformers import TrainerCallback
-
-    from grpo_cli.bench.step_bench import print_phase_table
 
     callback = AlternatingCallback(stepper, console)
     # transformers wants a TrainerCallback instance; give it one that forwards to ours
@@ -218,8 +246,8 @@ def run_vs_trl(setup, stepper, steps: int, options, console) -> list[dict]:
     trl_rows = [trl_row for _, trl_row in timed]
     ratios = [grpo["step_s"] / trl_row["step_s"] for grpo, trl_row in timed]
     cpu_ratios = [grpo["cpu_s"] / trl_row["cpu_s"] for grpo, trl_row in timed]
-    print_phase_table(console, grpo_rows, "grpo-cli step")
-    print_phase_table(console, trl_rows, "TRL GRPOTrainer step")
+    print_phase_table(console, grpo_rows, "grpo-cli step", PHASES)
+    print_phase_table(console, trl_rows, "TRL GRPOTrainer step", TRL_PHASES)
     summarize_pairs(console, grpo_rows, trl_rows, ratios, cpu_ratios)
     for grpo, trl_row, ratio, cpu_ratio in zip(grpo_rows, trl_rows, ratios, cpu_ratios, strict=True):
         grpo["ratio"] = trl_row["ratio"] = ratio

@@ -16,6 +16,12 @@ from grpo_cli.train.evaluate import evaluate
 from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 from grpo_cli.train.trainer import StepOutput, step_seed
 
+# The loop's phases in timings.csv order (rollout, reward, ..., other); time_step is their sum.
+PHASES = tuple(
+    column.removeprefix("time_") for column in TIMING_COLUMNS
+    if column.startswith("time_") and column != "time_step"
+)
+
 
 @dataclass
 class LoopStep:
@@ -27,13 +33,10 @@ class LoopStep:
 
 def timing_row(step: int, seconds: dict[str, float], peak_mb: float) -> dict:
     """Phase totals as a timings.csv row: `time_<phase>` per phase, `time_step` their sum."""
-    row = {"step": step}
-    unknown = {f"time_{name}" for name in seconds} - set(TIMING_COLUMNS)
+    unknown = set(seconds) - set(PHASES)
     if unknown:
         raise KeyError(f"phases without a timings.csv column: {sorted(unknown)}")
-    for column in TIMING_COLUMNS:
-        if column.startswith("time_") and column != "time_step":
-            row[column] = seconds.get(column.removeprefix("time_"), 0.0)
+    row = {"step": step, **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES}}
     row["time_step"] = sum(seconds.values())
     row["peak_memory_mb"] = peak_mb
     return row

@@ -1,0 +1,150 @@
+"""TRL's GRPO batch and loss in grpo-cli's terms: the rows, token weights and advantages whose
+per-rollout gradients the probes decompose (grpo_cli/probes/runner.py). Plain torch; TRL is
+not imported here.
+
+TRL (trl/trainer/grpo_trainer.py, `_compute_loss`) minimises agg(-min(r A, clip(r) A) m) over
+the tokens of the optimizer step's N rollouts, r = exp(logp - logp_old) the token ratio and m
+the loss mask. When TRL computes no old log-probs (one pass per generation, generation aligned
+with the optimizer step, no vLLM importance correction), logp_old = logp.detach(): r = 1, the
+clip is inactive, and the gradient of rollout i's share of the loss is
+
+    g_i = -A_i sum_t w_it grad log pi(y_it | prefix),
+
+with w the aggregation weights of TRL's `loss_type` (checked against TRL 1.16):
+
+| loss_type | w_it | why |
+| --- | --- | --- |
+| `grpo` | m_it / (N max(sum_t m_it, 1)) | per-sequence token mean, mean over rows (/ accumulation) |
+| `bnpo` | m_it / max(sum m, 1) | token mean over the micro-batch: one micro-batch per step |
+| `dr_grpo` | m_it / (N max_completion_length) | sum over tokens / (rows x max length) |
+| `dapo` | m_it / max(num_items_in_batch, 1) | sum over tokens / the step's loss tokens |
+
+That is grpo-cli's per-rollout row "advantage x loss token weights" (docs/results.md), so the
+probes need only the batch, w and A. Settings that change the gradient otherwise (a KL term, a
+ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
+are refused by `unsupported_settings`, each with the setting's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_cli.rollout.batch import RolloutBatch
+
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def unsupported_settings(args, trainer=None) -> list[str]:
+    """Why the probes cannot reproduce this TRL run's gradient (empty list: they can).
+
+    `args` is TRL's GRPOConfig; `trainer` (optional) its GRPOTrainer, for the process count and
+    the MoE auxiliary loss. Attributes absent from an older TRL read as their neutral value.
+    """
+    problems = []
+    loss_type = getattr(args, "loss_type", None)
+    if loss_type not in SUPPORTED_LOSS_TYPES:
+        problems.append(
+            f"loss_type={loss_type!r} is not supported (supported: {', '.join(SUPPORTED_LOSS_TYPES)}): "
+            "its per-token weights are not the advantage times a fixed aggregation weight"
+        )
+    if getattr(args, "beta", 0.0) != 0.0:
+        problems.append(f"beta={args.beta}: the KL term adds a per-token gradient the probes do not model; set beta=0.0")
+    if getattr(args, "num_iterations", 1) != 1:
+        problems.append(f"num_iterations={args.num_iterations}: the ratio is not 1 after the first pass; set num_iterations=1")
+    accumulation = getattr(args, "gradient_accumulation_steps", 1)
+    per_generation = getattr(args, "steps_per_generation", None) or accumulation
+    if per_generation != accumulation:
+        problems.append(
+            f"steps_per_generation={per_generation} != gradient_accumulation_steps={accumulation}: "
+            "one generation must be exactly one optimizer step's batch"
+        )
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
+        problems.append("use_vllm with vllm_importance_sampling_correction=True: the loss is reweighted by a sampler ratio")
+    if getattr(args, "importance_sampling_level", "token") != "token":
+        problems.append(f"importance_sampling_level={args.importance_sampling_level!r}: only 'token' is verified")
+    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        problems.append(f"top_entropy_quantile={args.top_entropy_quantile}: the entropy mask drops tokens; set 1.0")
+    if getattr(args, "off_policy_mask_threshold", None) is not None:
+        problems.append("off_policy_mask_threshold is set: the off-policy mask drops sequences; set None")
+    if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
+        problems.append("entropy_coef / use_adaptive_entropy: the entropy bonus adds a gradient; set entropy_coef=0.0")
+    delta = getattr(args, "delta", None)
+    if delta is not None and delta <= 1.0:
+        problems.append(f"delta={delta}: the two-sided clip is active at ratio 1; use None or a value > 1")
+    if loss_type == "bnpo" and accumulation != 1:
+        problems.append("loss_type='bnpo' with gradient_accumulation_steps > 1: its weights depend on the shuffled micro-batches")
+    if trainer is not None:
+        processes = getattr(getattr(trainer, "accelerator", None), "num_processes", 1)
+        if processes != 1:
+            problems.append(f"{processes} processes: the probes see one process's rollouts; run on one process")
+        if getattr(trainer, "aux_loss_enabled", False):
+            problems.append("router_aux_loss_coef != 0: the MoE auxiliary loss adds a gradient")
+    return problems
+
+
+@dataclass
+class TrlStep:
+    """One optimizer step's TRL batch in grpo-cli's terms (rows of a group contiguous)."""
+
+    batch: RolloutBatch
+    advantages: torch.Tensor  # [N, L] A_i on rollout i's loss tokens, 0 elsewhere
+    loss_weights: torch.Tensor  # [N, L] w_it of TRL's loss_type (module docstring)
+
+
+def trl_step(
+    output: dict,  # TRL's `_generate_and_score_completions` output, before its shuffle
+    group_size: int,  # R = num_generations
+    loss_type: str,
+    max_completion_length: int,
+) -> TrlStep:
+    """Join TRL's prompt and completion tensors into one [N, L] batch with TRL's loss weights."""
+    if any(key in output for key in ("pixel_values", "image_grid_thw", "num_images")):
+        raise ValueError("multimodal TRL batches are not supported by the spectra probes")
+    prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]  # [N, Lp] each
+    completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]  # [N, Lc]
+    loss_mask = completion_mask.float()  # [N, Lc]
+    if output.get("tool_mask") is not None:
+        loss_mask = loss_mask * output["tool_mask"].float()
+    rows, prompt_length = prompt_ids.shape
+    if rows % group_size:
+        raise ValueError(f"TRL batch of {rows} rows is not a whole number of groups of {group_size}")
+    token_mask = torch.cat([loss_mask.new_zeros(rows, prompt_length), loss_mask], dim=1)  # [N, L]
+    sampler = torch.zeros_like(token_mask)
+    if output.get("sampling_per_token_logps") is not None:
+        sampler[:, prompt_length:] = output["sampling_per_token_logps"].float().nan_to_num(0.0) * loss_mask
+    batch = RolloutBatch(
+        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),  # [N, L]
+        attention_mask=torch.cat([prompt_mask, completion_mask], dim=1).long(),  # [N, L]
+        completion_mask=token_mask,
+        sampler_logprobs=sampler,
+        group_size=group_size,
+        prompt_length=prompt_length,
+    )
+    advantages = output["advantages"].float()  # [N] (or [N, Lc] from a TRL subclass)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand(-1, completion_ids.shape[1])
+    advantages = torch.cat([advantages.new_zeros(rows, prompt_length), advantages], dim=1) * (token_mask > 0)
+    weights = loss_weights(loss_type, token_mask, max_completion_length, output.get("num_items_in_batch"))
+    return TrlStep(batch, advantages, weights)
+
+
+def loss_weights(
+    loss_type: str,
+    mask: torch.Tensor,  # [N, L] loss mask (0 on prompt, padding and masked tokens)
+    max_completion_length: int,
+    num_items_in_batch: torch.Tensor | float | None = None,  # dapo: the step's loss tokens
+) -> torch.Tensor:  # [N, L]
+    """w_it of TRL's loss aggregation, for the step's whole batch (table in the module docstring)."""
+    rows = mask.shape[0]
+    if loss_type == "grpo":
+        return mask / (rows * mask.sum(dim=1, keepdim=True).clamp(min=1.0))
+    if loss_type == "bnpo":
+        return mask / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return mask / (rows * max_completion_length)
+    if loss_type == "dapo":
+        items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch)
+        return mask / items.to(mask).clamp(min=1.0)
+    raise ValueError(f"loss_type={loss_type!r} is not supported (supported: {', '.join(SUPPORTED_LOSS_TYPES)})")

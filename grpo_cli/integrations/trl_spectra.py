@@ -1,0 +1,359 @@
+"""Gradient spectra inside TRL's GRPOTrainer: one callback, grpo-cli's results contract.
+
+    from grpo_cli.integrations.trl_spectra import SpectraCallback
+
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=..., train_dataset=...)
+    SpectraCallback(out_dir="results/my_sweep/R4", every=10).attach(trainer)
+    trainer.train()
+
+`grpo analyze results/my_sweep` then reads the runs as it reads its own (docs/results.md; the
+files a TRL run writes differently are listed there under "Runs recorded inside TRL").
+
+How it sees the batch. A transformers callback is handed no batch and no trainer, so `attach`
+wraps four methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
+calls the original and only records):
+
+- `_generate_and_score_completions`: the step's rollouts before TRL shuffles them (groups
+  contiguous): prompt and completion ids and masks, advantages, loss-token count;
+- `_calculate_rewards`: each rollout's rewards (TRL's reward_weights applied, as it logs them);
+- `compute_loss`: the loss value, and the entropy and clip fraction TRL records for the step;
+- `_clip_grad_norm`: called after the step's backward and before clipping and the optimizer:
+  on probe steps the probes run here, at the weights the batch's loss was computed at.
+
+The probes are grpo-cli's (`ProbeSuite`): the per-rollout rows are TRL's own per-rollout loss
+gradients (trl_batch.py says which settings make that exact and refuses the others), their Grams
+are exact float64 Grams with the ghost identity, computed with `torch.autograd.grad`, so TRL's
+`.grad` is left as its backward made it. The forward they differentiate is TRL's: positions
+0..L-1 whatever the left padding (TRL passes no position_ids) and logits / temperature
+(`TrlLossForward`). They run in eval mode, in the model's dtype and without autocast: under
+`bf16=True` they are the fp32-weights gradient, not the autocast one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import yaml
+from torch import nn
+from transformers import TrainerCallback
+
+from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
+from grpo_cli.config.schema import AnalysisConfig
+from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
+from grpo_cli.probes.runner import ProbeSuite
+from grpo_cli.results.writer import RunResults
+from grpo_cli.train.alarms import expected_zero_variance_fraction
+from grpo_cli.train.credit import ScoredBatch, credit_uniform_fraction, zero_variance_groups
+from grpo_cli.train.memory import peak_memory_mb
+from grpo_cli.train.run import utc_now, versions
+from grpo_cli.train.trainer import StepOutput
+
+WRAPPED = ("_generate_and_score_completions", "_calculate_rewards", "compute_loss", "_clip_grad_norm")
+TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # ours -> TRL's key
+
+
+class TrlLossForward(nn.Module):
+    """The policy as TRL's loss calls it: no position_ids (so positions run 0..L-1 over left
+    padding, as in TRL's `_get_per_token_logps_and_entropies`) and logits / temperature."""
+
+    def __init__(self, policy: nn.Module, temperature: float):
+        super().__init__()
+        self.policy = policy
+        self.temperature = temperature
+
+    def forward(self, input_ids, attention_mask, position_ids=None, logits_to_keep: int = 0):
+        del position_ids  # TRL's training forward passes none
+        kwargs = {"logits_to_keep": logits_to_keep} if accepts_logits_to_keep(self.policy) else {}
+        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+        return SimpleNamespace(logits=logits / self.temperature)
+
+
+class SpectraCallback(TrainerCallback):
+    """Record grpo-cli's spectra, ranks and metrics of a TRL GRPOTrainer run into `out_dir`.
+
+    every: probe when `global_step % every == 0` (and at the last step); matrices: any of
+    rollout_group, rollout_batch, score_group, group_batch, layer, update (default all); other
+    keyword arguments are `analysis.*` settings (grpo_cli/config/schema.py: layer_regex,
+    param_regex, gram_method, rank_rtol, ...). experiment / task name the run in config.yaml;
+    a rollout counts as correct (accuracy_train, group composition) when its reward exceeds
+    `success_threshold`.
+    """
+
+    def __init__(self, out_dir, every: int = 10, matrices: list[str] | None = None, *,
+                 experiment: str | None = None, task: str = "unknown",
+                 success_threshold: float = 0.5, **analysis):
+        known = {f.name for f in fields(AnalysisConfig)}
+        unknown = sorted(set(analysis) - known)
+        if unknown:
+            raise ValueError(f"SpectraCallback: unknown analysis setting(s) {unknown}; known: {sorted(known)}")
+        if every < 1:
+            raise ValueError(f"SpectraCallback: every={every} must be >= 1")
+        self.analysis = AnalysisConfig(every=every, **analysis)
+        if matrices is not None:
+            self.analysis.matrices = list(matrices)
+        self.results = RunResults(Path(out_dir))
+        self.experiment = experiment or self.results.run_dir.parent.name
+        self.task = task
+        self.success_threshold = success_threshold
+        self.trainer = None
+        self.probes: ProbeSuite | None = None
+        self._originals: dict[str, object] = {}
+        self._record: dict = {}
+        self._reset_step()
+
+    # ---- installation ---------------------------------------------------------------------------
+    def attach(self, trainer) -> SpectraCallback:
+        """Check that the probes reproduce this trainer's loss, wrap its methods, add the callback."""
+        problems = unsupported_settings(trainer.args, trainer)
+        if problems:
+            raise ValueError("SpectraCallback cannot record this GRPOTrainer run:\n- " + "\n- ".join(problems))
+        self.trainer = trainer
+        for name in WRAPPED:
+            self._originals[name] = trainer.__dict__.get(name)  # None: the class's method
+            setattr(trainer, name, self._wrapper(name, getattr(trainer, name)))
+        trainer.add_callback(self)
+        return self
+
+    def _wrapper(self, name: str, original):
+        record = getattr(self, f"_around{name}" if name.startswith("_") else f"_around_{name}")
+
+        def wrapped(*args, **kwargs):
+            return record(original, *args, **kwargs)
+
+        return wrapped
+
+    def _require_trainer(self):
+        if self.trainer is None:
+            raise RuntimeError(
+                "SpectraCallback was passed to the trainer but never attached: call "
+                "SpectraCallback(...).attach(trainer) after building the GRPOTrainer"
+            )
+
+    @property
+    def _policy(self) -> nn.Module:
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def _reset_step(self) -> None:
+        self._step_data: TrlStep | None = None
+        self._rewards: torch.Tensor | None = None  # [N]
+        self._loss = 0.0
+        self._trl_metrics: dict[str, list[float]] = {key: [] for key in TRL_METRICS}
+        self._grad_norm = math.nan
+        self._probe_rows = None
+        self._probed = False
+        self._times = {"rollout": 0.0, "reward": 0.0, "probe": 0.0}
+
+    # ---- wrapped TRL methods --------------------------------------------------------------------
+    def _around_generate_and_score_completions(self, original, *args, **kwargs):
+        clock = time.perf_counter()
+        output = original(*args, **kwargs)
+        if self.trainer.model.training:
+            args_ = self.trainer.args
+            self._step_data = trl_step(output, args_.num_generations, args_.loss_type,
+                                       args_.max_completion_length)
+            self._times["rollout"] += time.perf_counter() - clock - self._times["reward"]
+        return output
+
+    def _around_calculate_rewards(self, original, *args, **kwargs):
+        clock = time.perf_counter()
+        per_func = original(*args, **kwargs)  # [N, F]
+        if self.trainer.model.training:
+            weights = self.trainer.reward_weights.to(per_func.device)  # [F]
+            rewards = (per_func * weights).nansum(dim=1)  # [N], as TRL logs them
+            self._rewards = rewards.masked_fill(per_func.isnan().all(dim=1), math.nan)
+            self._times["reward"] += time.perf_counter() - clock
+        return per_func
+
+    def _around_compute_loss(self, original, *args, **kwargs):
+        loss = original(*args, **kwargs)
+        if self.trainer.model.training:
+            self._loss += float(loss.detach())
+            logged = self.trainer._metrics["train"]  # what TRL logs for this micro-batch
+            for ours, theirs in TRL_METRICS.items():
+                if logged.get(theirs):
+                    self._trl_metrics[ours].append(float(logged[theirs][-1]))
+        return loss
+
+    def _around_clip_grad_norm(self, original, *args, **kwargs):
+        self._probe_before_update()
+        norm = original(*args, **kwargs)
+        self._grad_norm = float(norm)
+        return norm
+
+    # ---- callback events ------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._require_trainer()
+        results, start = self.results, state.global_step
+        initial = results.run_dir / "checkpoints" / "initial_layers.pt"
+        if start == 0:
+            initial.unlink(missing_ok=True)  # W_0 of this run, not of an earlier one in out_dir
+        (results.run_dir / "config.yaml").write_text(yaml.safe_dump(self._config(args, state), sort_keys=False))
+        (results.run_dir / "trl_args.yaml").write_text(yaml.safe_dump(_plain(args.to_dict()), sort_keys=False))
+        import trl
+
+        policy = self._policy
+        self._record = {
+            "status": "running", "error": None, "started_at": utc_now(), "ended_at": None,
+            "last_step": None, "stopped_by": None, "versions": {**versions(), "trl": trl.__version__},
+            "device": str(next(policy.parameters()).device), "seed": args.seed,
+            "group_size": args.num_generations, "estimator": "grpo",
+            "model": _model_name(policy), "task": self.task, "experiment": self.experiment,
+            "resumed_from": start or None, "gram_params": self.analysis.param_regex,
+            "trainer": "trl", "loss_type": args.loss_type,
+        }
+        results.write_status(self._record)
+        results.truncate_from(start)
+        results.ensure_files()
+        self.probes = ProbeSuite(self.analysis, policy, initial)
+        self._forward = TrlLossForward(policy, args.temperature)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._reset_step()
+        self._step = state.global_step
+        self._probe_now = self.probes.due(self._step, state.max_steps)
+        self._clock = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        # without max_grad_norm TRL never calls _clip_grad_norm: probe and take the norm here
+        self._probe_before_update()
+        if math.isnan(self._grad_norm):
+            grads = [p.grad for p in self._policy.parameters() if p.grad is not None]
+            self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._step_data is None:
+            return
+        time_step = time.perf_counter() - self._clock
+        metrics = self._metrics_row()
+        if self._probe_rows is not None:
+            metrics.update(self._probe_rows.metrics)
+        self.results.metrics.append([metrics])
+        times = self._times
+        self.results.timings.append([{
+            "step": self._step, "time_rollout": times["rollout"], "time_reward": times["reward"],
+            "time_train": time_step - times["rollout"] - times["reward"] - times["probe"],
+            "time_probe": times["probe"], "time_eval": 0.0, "time_step": time_step,
+            "peak_memory_mb": peak_memory_mb(next(self._policy.parameters()).device),
+        }])
+        self._record["last_step"] = self._step
+        self.results.write_status(self._record)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._record.update(status="completed", ended_at=utc_now())
+        self.results.write_status(self._record)
+        for name, original in self._originals.items():  # unwrap: the trainer is TRL's again
+            if original is None:
+                delattr(self.trainer, name)
+            else:
+                setattr(self.trainer, name, original)
+        self._originals.clear()
+
+    # ---- probes and rows ------------------------------------------------------------------------
+    def _probe_before_update(self) -> None:
+        """On a probe step, once: batch gradients (before clipping), then the spectra."""
+        if not self._probe_now or self._probed or self._step_data is None:
+            return
+        self._probed = True
+        clock = time.perf_counter()
+        policy = self._policy
+        layer_grads = self.probes.capture_layer_grads()
+        data = self._step_data
+        correct = (self._rewards > self.success_threshold).float()  # NaN reward: not correct
+        output = StepOutput(
+            metrics={}, timings={}, batch=data.batch, advantages=data.advantages,
+            scored=ScoredBatch(rewards=self._rewards, correct=correct),
+            loss_weights=data.loss_weights, layer_grads=layer_grads,
+        )
+        was_training = policy.training
+        policy.eval()  # no dropout; HF models also skip gradient checkpointing in eval mode
+        try:
+            self._probe_rows = self.probes.record(self._step, output, self._forward)
+        finally:
+            policy.train(was_training)
+        self.results.ranks.append(self._probe_rows.ranks)
+        self.results.spectra.append(self._probe_rows.spectra)
+        self._times["probe"] += time.perf_counter() - clock
+
+    def _metrics_row(self) -> dict:
+        data, rewards = self._step_data, self._rewards
+        size = data.batch.group_size
+        finite = rewards.nan_to_num(0.0)
+        accuracy = float((rewards > self.success_threshold).float().mean())
+        lengths = data.batch.completion_mask.sum(dim=1)  # [N] loss tokens per rollout
+        trl = {key: (sum(v) / len(v) if v else math.nan) for key, v in self._trl_metrics.items()}
+        return {
+            "step": self._step,
+            "reward_mean": float(rewards.nanmean()),
+            "reward_std": float(finite.std(correction=0)),
+            "accuracy_train": accuracy,
+            "zero_variance_frac": float(zero_variance_groups(finite, size).float().mean()),
+            "expected_zero_variance_frac": expected_zero_variance_fraction(accuracy, size),
+            "loss": self._loss,
+            "pg_loss": self._loss,  # unsupported_settings admits no other loss term
+            "kl": math.nan,
+            "value_loss": math.nan,
+            "entropy": trl["entropy"],
+            "clip_frac": trl["clip_frac"],
+            "grad_norm": self._grad_norm,
+            "completion_len_mean": float(lengths.float().mean()),
+            "completion_len_max": int(lengths.max()),
+            "tokens": int(lengths.sum()),
+            "logprob_diff_mean": math.nan,
+            "logprob_diff_max": math.nan,
+            "groups_dropped": 0,
+            "grad_sparsity": math.nan,
+            "grad_hoyer": math.nan,
+            "credit_uniform_frac": credit_uniform_fraction(data.advantages, data.batch.completion_mask),
+        }
+
+    def _config(self, args, state) -> dict:
+        """config.yaml: grpo-cli's keys for what TRL sets (R, B, sampling, loss), plus analysis."""
+        rows = args.generation_batch_size or args.per_device_train_batch_size * args.gradient_accumulation_steps
+        return {
+            "experiment": {"name": self.experiment},
+            "seed": args.seed,
+            "trainer": "trl",
+            "model": {"name": _model_name(self._policy)},
+            "task": {"name": self.task},
+            "rollout": {
+                "group_size": args.num_generations,
+                "prompts_per_step": rows // args.num_generations,
+                "max_new_tokens": args.max_completion_length,
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "top_k": args.top_k,
+            },
+            "algorithm": {
+                "name": "grpo",
+                "loss_type": args.loss_type,
+                "scale_rewards": args.scale_rewards,
+                "steps": state.max_steps,
+                "lr": args.learning_rate,
+                "epsilon": args.epsilon,
+                "epsilon_high": args.epsilon_high,
+                "max_grad_norm": args.max_grad_norm,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            },
+            "analysis": _plain(asdict(self.analysis)),
+            "success_threshold": self.success_threshold,
+        }
+
+
+def _model_name(policy: nn.Module) -> str:
+    return str(getattr(policy.config, "_name_or_path", "") or type(policy).__name__)
+
+
+def _plain(tree):
+    """YAML-safe copy: enums and other objects as strings."""
+    if isinstance(tree, dict):
+        return {str(k): _plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_plain(v) for v in tree]
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    return str(tree)

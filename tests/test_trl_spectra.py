@@ -1,0 +1,214 @@
+"""SpectraCallback inside TRL's GRPOTrainer: the recorded per-rollout spectra are those of TRL's own
+per-rollout loss gradients, TRL's .grad is untouched, and `grpo analyze` reads the runs.
+
+The reference gradients come from TRL's `compute_loss` itself, one rollout at a time (the other
+rollouts' advantages set to 0: with beta = 0 each rollout's loss term is proportional to its
+advantage, and the normalisers do not depend on the advantages), in float64, so they share no
+code with the probes (TRL's log-probs come from its own fused fp32 LM-head kernel). Prompts of
+different lengths make TRL left-pad. lr = 0 keeps the weights fixed, so the reference can be computed
+after training at the weights every probe saw.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+from step_parity import TINY, parity_reward
+
+from grpo_cli.integrations.trl_batch import loss_weights, unsupported_settings
+
+trl = pytest.importorskip("trl")  # the `dev` extra installs it; `grpo analyze` does not need it
+
+from grpo_cli.analysis import analyze  # noqa: E402
+from grpo_cli.analysis.load import load_run, read_spectra  # noqa: E402
+from grpo_cli.integrations.trl_setup import (  # noqa: E402
+    grpo_config_kwargs,
+    load_trl_policy,
+    task_dataset,
+    task_reward,
+)
+from grpo_cli.integrations.trl_spectra import SpectraCallback  # noqa: E402
+from grpo_cli.probes.gram import group_blocks, group_sum_gram  # noqa: E402
+
+# varied prompt lengths (one- and two-digit operands, one or two operations): TRL left-pads
+VARIED = ["task.max_steps=2", "task.operand_max=30", "task.operators=[+,-]"]
+
+
+@pytest.fixture(scope="module")
+def policy_source(tmp_path_factory):
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.models.policy import load_policy
+    from grpo_cli.tasks import build_task
+
+    cache = tmp_path_factory.mktemp("trl_cache")
+    cfg = compose_config(TINY + VARIED + [f"cache_dir={cache}"])
+    task = build_task(cfg.task)
+    loaded = load_policy(cfg, task, torch.device("cpu"), log=lambda message: None)
+    task.tokenizer = loaded.tokenizer
+    task.reward = parity_reward  # varies within groups, so advantages are not all zero
+    return cfg, task, loaded.source_path
+
+
+def build_trainer(policy_source, tmp_path, *, group_size=4, steps=2, lr=0.0, **overrides):
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg, task, source = policy_source
+    cfg = cfg.copy()
+    cfg.rollout.group_size = group_size
+    model, tokenizer = load_trl_policy(source, "cpu", dtype=torch.float64)
+    kwargs = grpo_config_kwargs(cfg, steps=steps, output_dir=str(tmp_path / "trl"), device_type="cpu")
+    kwargs.update(learning_rate=lr, **overrides)
+    return GRPOTrainer(
+        model=model, reward_funcs=task_reward(task), args=GRPOConfig(**kwargs),
+        train_dataset=task_dataset(task), processing_class=tokenizer,
+    )
+
+
+def capture_batches(trainer) -> list[dict]:
+    """Every step's generation output (wrapping the callback's wrapper, so the same dict)."""
+    batches, inner = [], trainer._generate_and_score_completions
+
+    def wrapped(*args, **kwargs):
+        output = inner(*args, **kwargs)
+        batches.append(output)
+        return output
+
+    trainer._generate_and_score_completions = wrapped
+    return batches
+
+
+def reference_gram(trainer, output) -> torch.Tensor:  # [N, N] float64
+    """G G^T, row i the gradient of TRL's compute_loss with only rollout i's advantage kept."""
+    model = trainer.model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for i in range(output["advantages"].shape[0]):
+        advantages = torch.zeros_like(output["advantages"])
+        advantages[i] = output["advantages"][i]
+        loss = trainer.compute_loss(model, {**output, "advantages": advantages})
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(torch.cat([
+            (g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+            for g, p in zip(grads, params, strict=True)
+        ]))
+    gram = torch.stack(rows)  # [N, P]
+    return gram @ gram.T
+
+
+def sigma_of(gram: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.eigvalsh(gram).clamp(min=0).sqrt().flip(0)
+
+
+def recorded_sigma(spectra: pd.DataFrame, step: int, matrix: str, group: str) -> torch.Tensor:
+    rows = spectra[(spectra.step == step) & (spectra.matrix == matrix) & (spectra.group == group)]
+    return torch.tensor(rows.sort_values("k")["sigma"].to_numpy(), dtype=torch.float64)
+
+
+def assert_same_spectrum(recorded: torch.Tensor, reference: torch.Tensor, label: str) -> None:
+    assert recorded.numel() == reference.numel(), label
+    scale = float(reference[0])
+    assert scale > 0, f"{label}: a zero matrix proves nothing"
+    gap = float((recorded - reference).abs().max())
+    assert gap <= 1e-6 * scale, f"{label}: max |sigma gap| {gap:.3e} vs sigma_1 {scale:.3e}"
+
+
+@pytest.mark.parametrize("loss_type", [  # TRL's default and the bench's; the others ~7 s each
+    "dapo", "grpo", pytest.param("dr_grpo", marks=pytest.mark.slow), pytest.param("bnpo", marks=pytest.mark.slow),
+])
+def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path, loss_type):
+    trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, max_grad_norm=1e9)
+    run_dir = tmp_path / "run"
+    SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group", "group_batch"]).attach(trainer)
+    batches = capture_batches(trainer)
+    grads_seen = []
+
+    class GradSnapshot(trl.trainer.grpo_trainer.TrainerCallback):  # after the probes, before the step
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            grads_seen.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+
+    trainer.add_callback(GradSnapshot())
+    trainer.train()
+
+    spectra = read_spectra(load_run(run_dir))
+    assert len(batches) == 2 and set(spectra.step) == {0, 1}
+    prompt_lengths = batches[0]["prompt_mask"].sum(dim=1)
+    assert prompt_lengths.min() < prompt_lengths.max(), "prompts all one length: no left padding tested"
+    for step, output in enumerate(batches):
+        gram = reference_gram(trainer, output)
+        assert_same_spectrum(recorded_sigma(spectra, step, "rollout_batch", "all"), sigma_of(gram),
+                             f"{loss_type} step {step} rollout_batch")
+        assert_same_spectrum(recorded_sigma(spectra, step, "group_batch", "all"),
+                             sigma_of(group_sum_gram(gram, 4)), f"{loss_type} step {step} group_batch")
+        recorded_groups = sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
+                                             & spectra.group.str.startswith("g")].group))
+        assert recorded_groups, "no informative group recorded"
+        blocks = group_blocks(gram, 4)
+        for group in recorded_groups:
+            assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
+                                 sigma_of(blocks[int(group[1:])]), f"{loss_type} step {step} {group}")
+        # TRL's .grad after the probes is TRL's own batch gradient (nothing leaked in); TRL's fp32
+        # kernel summed the shuffled rows in another order, hence not bit-equal
+        model = trainer.model.train()
+        loss = trainer.compute_loss(model, output)
+        reference = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        for (name, seen), expected in zip(grads_seen[step].items(), reference, strict=True):
+            expected = torch.zeros_like(seen) if expected is None else expected
+            assert (seen - expected).norm() <= 1e-6 * expected.norm().clamp(min=1e-12), name
+
+
+def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
+    sweep = tmp_path / "trl_sweep"
+    for group_size in (2, 4):
+        trainer = build_trainer(policy_source, tmp_path / f"R{group_size}", group_size=group_size,
+                                steps=3, lr=1e-3, loss_type="dapo")
+        SpectraCallback(sweep / f"R{group_size}-grpo-s0", every=2, task="arith").attach(trainer)
+        trainer.train()
+        assert "compute_loss" not in trainer.__dict__, "wrappers left behind"
+
+    run = load_run(sweep / "R4-grpo-s0")
+    assert run.status == "completed" and run.group_size == 4 and run.seed == 0 and not run.problems
+    assert list(run.metrics.step) == [0, 1, 2]
+    assert run.metrics.grad_norm.gt(0).all() and run.metrics.tokens.gt(0).all()
+    assert run.metrics.grad_sparsity.notna().tolist() == [True, False, True]  # probe steps 0 and 2
+    assert set(run.ranks.step) == {0, 2}
+    assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}
+    for column in ("time_probe", "time_step"):
+        assert column in pd.read_csv(run.path / "timings.csv")
+
+    result = analyze([sweep], measure="erank_entropy", figures=False)
+    assert len(result.analysed) == 2 and result.grouping.variant_keys == []
+    verdict = result.verdicts[result.verdicts.matrix == "rollout_batch"]
+    assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in ("holds", "fails", "inconclusive")
+    assert set(result.summary[result.summary.matrix == "rollout_batch"]["group_size"]) == {2, 4}
+
+
+def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
+    trainer = build_trainer(policy_source, tmp_path, loss_type="cispo")
+    with pytest.raises(ValueError, match="loss_type='cispo' is not supported"):
+        SpectraCallback(tmp_path / "run").attach(trainer)
+    with pytest.raises(ValueError, match="unknown analysis setting"):
+        SpectraCallback(tmp_path / "run", gram_metod="ghost")
+    plain = trl.GRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, report_to="none")
+    assert unsupported_settings(plain) == []  # TRL's defaults (loss_type dapo, beta 0) are fine
+    risky = SimpleNamespace(loss_type="bnpo", beta=0.04, num_iterations=2, gradient_accumulation_steps=2,
+                            steps_per_generation=4, top_entropy_quantile=0.2, entropy_coef=0.01)
+    problems = "\n".join(unsupported_settings(risky))
+    for name in ("beta=0.04", "num_iterations=2", "steps_per_generation=4", "top_entropy_quantile",
+                 "entropy_coef", "'bnpo' with gradient_accumulation_steps"):
+        assert name in problems
+
+
+def test_loss_weights_match_trls_aggregations():
+    mask = torch.tensor([[0.0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]])  # 2 + 3 + 0 loss tokens
+    grpo = loss_weights("grpo", mask, max_completion_length=3)
+    assert torch.allclose(grpo.sum(dim=1), torch.tensor([1 / 3, 1 / 3, 0.0]))  # mean of row means
+    assert torch.allclose(loss_weights("bnpo", mask, 3), mask / 5)
+    assert torch.allclose(loss_weights("dr_grpo", mask, 3), mask / 9)  # N x max_completion_length
+    assert torch.allclose(loss_weights("dapo", mask, 3, num_items_in_batch=torch.tensor(7.0)), mask / 7)
+    with pytest.raises(ValueError, match="sapo"):
+        loss_weights("sapo", mask, 3)
+    assert math.isclose(float(loss_weights("dapo", mask, 3).sum()), 1.0)

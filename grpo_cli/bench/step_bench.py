@@ -143,7 +143,7 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
     options = parse_bench_args(overrides)
     extra = []
     if vs_trl:
-        from grpo_cli.bench.trl_bench import TRL_MATCHING_OVERRIDES
+        from grpo_cli.integrations.trl_setup import TRL_MATCHING_OVERRIDES
 
         extra = TRL_MATCHING_OVERRIDES
     cfg = compose_bench_config(options, extra)

@@ -28,6 +28,12 @@ import time
 import torch
 
 from grpo_cli.bench.table import load_average, print_phase_table
+from grpo_cli.integrations.trl_setup import (
+    grpo_config_kwargs,
+    load_trl_policy,
+    task_dataset,
+    task_reward,
+)
 from grpo_cli.train.loop import PHASES
 from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 from grpo_cli.train.setup import freeze_long_lived_objects
@@ -36,87 +42,23 @@ from grpo_cli.train.timing import PhaseTimer
 # TRL's step split into the phases its methods allow; the rest of its step is `other`.
 TRL_PHASES = ("rollout", "reward", "forward", "backward", "optimizer", "other")
 
-# grpo-cli settings that mirror TRL's loss_type="grpo", scale_rewards="group" advantages.
-TRL_MATCHING_OVERRIDES = [
-    "algorithm.loss_agg=seq_mean_token_mean",  # TRL "grpo": per-sequence token mean, then mean
-    "algorithm.std=sample",  # TRL nanstd: ddof=1
-    "algorithm.std_epsilon=1e-4",  # TRL: (r - mean) / (std + 1e-4)
-]
-
-
-def trl_dataset(setup, steps: int):
-    """One row per prompt, in grpo-cli's draw order for steps 0..steps."""
-    from datasets import Dataset
-
-    trainer, task = setup.trainer, setup.task
-    indices = [index for step in range(steps + 1) for index in trainer.sample_problems(step, 0)]
-    return Dataset.from_dict(
-        {"prompt": [task.prompt(task.train[i]) for i in indices], "problem_index": indices}
-    )
-
-
-def make_reward(task):
-    def task_reward(prompts, completions, problem_index, **kwargs) -> list[float]:
-        return [task.reward(text, task.train[i]) for text, i in zip(completions, problem_index, strict=True)]
-
-    return task_reward
-
-
 def build_trl_trainer(setup, steps: int, options, output_dir: str, callbacks):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     cfg = setup.cfg
-    tokenizer = AutoTokenizer.from_pretrained(setup.source_path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(setup.source_path, dtype=torch.float32)
-    model.to(setup.device)
-    group_size, prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-    args = GRPOConfig(
-        output_dir=output_dir,
-        max_steps=steps + 1,
-        per_device_train_batch_size=prompts * group_size,
-        gradient_accumulation_steps=1,
-        num_generations=group_size,
-        max_completion_length=cfg.rollout.max_new_tokens,
-        learning_rate=cfg.algorithm.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        adam_beta1=cfg.algorithm.betas[0],
-        adam_beta2=cfg.algorithm.betas[1],
-        weight_decay=cfg.algorithm.weight_decay,
-        max_grad_norm=cfg.algorithm.max_grad_norm,
-        epsilon=cfg.algorithm.epsilon,
-        epsilon_high=cfg.algorithm.epsilon_high,
-        loss_type="grpo",
-        scale_rewards="group",
-        beta=0.0,
-        num_iterations=1,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=0,
-        use_vllm=False,
+    model, tokenizer = load_trl_policy(setup.source_path, setup.device)
+    kwargs = grpo_config_kwargs(cfg, steps=steps + 1, output_dir=output_dir, device_type=setup.device.type)
+    kwargs.update(
         bf16=options.trl_bf16,
-        fp16=False,
-        use_cpu=setup.device.type == "cpu",
         gradient_checkpointing=options.trl_gradient_checkpointing,
-        shuffle_dataset=False,
-        seed=cfg.seed,
-        report_to="none",
-        logging_steps=10**6,
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-        log_completions=False,
+        shuffle_dataset=False,  # grpo-cli's draw order (task_dataset below)
     )
+    indices = [index for step in range(steps + 1) for index in setup.trainer.sample_problems(step, 0)]
     trl = GRPOTrainer(
         model=model,
-        reward_funcs=make_reward(setup.task),
-        args=args,
-        train_dataset=trl_dataset(setup, steps),
+        reward_funcs=task_reward(setup.task),
+        args=GRPOConfig(**kwargs),
+        train_dataset=task_dataset(setup.task, indices),
         processing_class=tokenizer,
         callbacks=callbacks,
     )

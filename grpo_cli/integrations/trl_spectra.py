@@ -51,10 +51,14 @@ from grpo_cli.train.alarms import expected_zero_variance_fraction
 from grpo_cli.train.credit import ScoredBatch, credit_uniform_fraction, zero_variance_groups
 from grpo_cli.train.memory import peak_memory_mb
 from grpo_cli.train.run import utc_now, versions
+from grpo_cli.train.timing import PhaseTimer
 from grpo_cli.train.trainer import StepOutput
 
 WRAPPED = ("_generate_and_score_completions", "_calculate_rewards", "compute_loss", "_clip_grad_norm")
 TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # ours -> TRL's key
+# timings.csv phases a TRL step is cut into (the loop's others, e.g. backward, stay blank:
+# TRL's backward is counted in time_other)
+TIMED = ("rollout", "reward", "forward", "optimizer", "probes")
 
 
 class TrlLossForward(nn.Module):
@@ -146,42 +150,43 @@ class SpectraCallback(TrainerCallback):
         self._grad_norm = math.nan
         self._probe_rows = None
         self._probed = False
-        self._times = {"rollout": 0.0, "reward": 0.0, "probe": 0.0}
 
     # ---- wrapped TRL methods --------------------------------------------------------------------
     def _around_generate_and_score_completions(self, original, *args, **kwargs):
-        clock = time.perf_counter()
-        output = original(*args, **kwargs)
-        if self.trainer.model.training:
-            args_ = self.trainer.args
-            self._step_data = trl_step(output, args_.num_generations, args_.loss_type,
-                                       args_.max_completion_length)
-            self._times["rollout"] += time.perf_counter() - clock - self._times["reward"]
+        if not self.trainer.model.training:  # evaluation: not a training step
+            return original(*args, **kwargs)
+        with self.timer.phase("rollout"):
+            output = original(*args, **kwargs)
+        args_ = self.trainer.args
+        self._step_data = trl_step(output, args_.num_generations, args_.loss_type, args_.max_completion_length)
         return output
 
     def _around_calculate_rewards(self, original, *args, **kwargs):
-        clock = time.perf_counter()
-        per_func = original(*args, **kwargs)  # [N, F]
-        if self.trainer.model.training:
-            weights = self.trainer.reward_weights.to(per_func.device)  # [F]
-            rewards = (per_func * weights).nansum(dim=1)  # [N], as TRL logs them
-            self._rewards = rewards.masked_fill(per_func.isnan().all(dim=1), math.nan)
-            self._times["reward"] += time.perf_counter() - clock
+        if not self.trainer.model.training:
+            return original(*args, **kwargs)
+        with self.timer.phase("reward"):
+            per_func = original(*args, **kwargs)  # [N, F]
+        weights = self.trainer.reward_weights.to(per_func.device)  # [F]
+        rewards = (per_func * weights).nansum(dim=1)  # [N], as TRL logs them
+        self._rewards = rewards.masked_fill(per_func.isnan().all(dim=1), math.nan)
         return per_func
 
     def _around_compute_loss(self, original, *args, **kwargs):
-        loss = original(*args, **kwargs)
-        if self.trainer.model.training:
-            self._loss += float(loss.detach())
-            logged = self.trainer._metrics["train"]  # what TRL logs for this micro-batch
-            for ours, theirs in TRL_METRICS.items():
-                if logged.get(theirs):
-                    self._trl_metrics[ours].append(float(logged[theirs][-1]))
+        if not self.trainer.model.training:
+            return original(*args, **kwargs)
+        with self.timer.phase("forward"):
+            loss = original(*args, **kwargs)
+        self._loss += float(loss.detach())
+        logged = self.trainer._metrics["train"]  # what TRL logs for this micro-batch
+        for ours, theirs in TRL_METRICS.items():
+            if logged.get(theirs):
+                self._trl_metrics[ours].append(float(logged[theirs][-1]))
         return loss
 
     def _around_clip_grad_norm(self, original, *args, **kwargs):
         self._probe_before_update()
-        norm = original(*args, **kwargs)
+        with self.timer.phase("optimizer"):
+            norm = original(*args, **kwargs)
         self._grad_norm = float(norm)
         return norm
 
@@ -211,11 +216,13 @@ class SpectraCallback(TrainerCallback):
         results.ensure_files()
         self.probes = ProbeSuite(self.analysis, policy, initial)
         self._forward = TrlLossForward(policy, args.temperature)
+        self.timer = PhaseTimer(next(policy.parameters()).device)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._reset_step()
         self._step = state.global_step
         self._probe_now = self.probes.due(self._step, state.max_steps)
+        self.timer.clear()
         self._clock = time.perf_counter()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -224,6 +231,10 @@ class SpectraCallback(TrainerCallback):
         if math.isnan(self._grad_norm):
             grads = [p.grad for p in self._policy.parameters() if p.grad is not None]
             self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        self.timer.start("optimizer")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.timer.stop("optimizer")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_data is None:
@@ -233,11 +244,11 @@ class SpectraCallback(TrainerCallback):
         if self._probe_rows is not None:
             metrics.update(self._probe_rows.metrics)
         self.results.metrics.append([metrics])
-        times = self._times
+        phases = self.timer.take()
+        timings = {f"time_{name}": phases.get(name, 0.0) for name in TIMED}
+        timings["time_other"] = time_step - sum(timings.values())  # backward included
         self.results.timings.append([{
-            "step": self._step, "time_rollout": times["rollout"], "time_reward": times["reward"],
-            "time_train": time_step - times["rollout"] - times["reward"] - times["probe"],
-            "time_probe": times["probe"], "time_eval": 0.0, "time_step": time_step,
+            "step": self._step, **timings, "time_step": time_step,
             "peak_memory_mb": peak_memory_mb(next(self._policy.parameters()).device),
         }])
         self._record["last_step"] = self._step
@@ -259,13 +270,13 @@ class SpectraCallback(TrainerCallback):
         if not self._probe_now or self._probed or self._step_data is None:
             return
         self._probed = True
-        clock = time.perf_counter()
+        self.timer.start("probes")
         policy = self._policy
         layer_grads = self.probes.capture_layer_grads()
         data = self._step_data
         correct = (self._rewards > self.success_threshold).float()  # NaN reward: not correct
         output = StepOutput(
-            metrics={}, timings={}, batch=data.batch, advantages=data.advantages,
+            metrics={}, batch=data.batch, advantages=data.advantages,
             scored=ScoredBatch(rewards=self._rewards, correct=correct),
             loss_weights=data.loss_weights, layer_grads=layer_grads,
         )
@@ -277,7 +288,7 @@ class SpectraCallback(TrainerCallback):
             policy.train(was_training)
         self.results.ranks.append(self._probe_rows.ranks)
         self.results.spectra.append(self._probe_rows.spectra)
-        self._times["probe"] += time.perf_counter() - clock
+        self.timer.stop("probes")
 
     def _metrics_row(self) -> dict:
         data, rewards = self._step_data, self._rewards

@@ -3,7 +3,7 @@
     python scripts/bench_probes.py [--steps 20] [--group-size 8] [OVERRIDES...]
 
 Each mode runs in its own process (so peak RSS is per mode) on the CPU preset's model and
-schedule (`experiment=cpu_rank_collapse`, probes every `analysis.every` steps), through the
+schedule (`experiment=cpu_rank_collapse`, probes every `probes.every` steps), through the
 training loop `grpo run` uses; times are its `time_step` and `time_probes` (the probes' gradient
 snapshot inside the step included). Reports the median step time without probes, the probe time
 per probed step, the overhead of the default schedule (total probe time / total step time
@@ -25,8 +25,8 @@ def run_mode(probes_on: bool, steps: int, overrides: list[str]) -> dict:
     from grpo_cli.config.compose import compose_config
     from grpo_cli.train.loop import TrainingLoop
 
-    every = [] if probes_on else ["analysis.every=0"]
-    cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", "analysis.eval_every=0",
+    every = [] if probes_on else ["probes.every=0"]
+    cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", "eval.every=0",
                           *overrides, *every])
     loop = TrainingLoop(cfg, build_setup(cfg, log=lambda *args: None))
     step_times, probe_times = [], []

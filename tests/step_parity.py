@@ -8,10 +8,10 @@ from grpo_cli.bench.builder import build_setup
 from grpo_cli.config.compose import compose_config
 
 # The reference: plain training forward, fp32.
-PLAIN = ["algorithm.shared_prompt_forward=false", "model.autocast=none"]
+PLAIN = ["train.shared_prompt_forward=false", "model.autocast=none"]
 
 TINY = [
-    "experiment=smoke", "analysis.every=0", "progress=false", "model.name=bench_tiny",
+    "experiment=smoke", "probes.every=0", "progress=false", "model.name=bench_tiny",
     "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
     "model.intermediate_size=64", "model.warm_start.steps=0", "rollout.prompts_per_step=3",
     "rollout.group_size=4", "rollout.max_new_tokens=10", "task.train_size=50",

@@ -18,9 +18,9 @@ def test_parse_bench_args_splits_flags_from_overrides():
     assert options.shared_prefix
     assert options.overrides == ["rollout.max_new_tokens=64"]
     assert flag_overrides(options) == [
-        "algorithm.shared_prompt_forward=true", "model.autocast=bf16", "rollout.compile_decode=false"
+        "train.shared_prompt_forward=true", "model.autocast=bf16", "rollout.compile_decode=false"
     ]
-    assert "algorithm.shared_prompt_forward=false" in flag_overrides(parse_bench_args([]))
+    assert "train.shared_prompt_forward=false" in flag_overrides(parse_bench_args([]))
     with pytest.raises(ValueError, match="unknown bench option"):
         parse_bench_args(["--fast"])
     with pytest.raises(ValueError, match="unknown bench option"):

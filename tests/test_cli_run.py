@@ -133,9 +133,9 @@ def test_typo_in_config_key_names_the_key(tmp_path, cache_dir):
     assert result.exit_code != 0
     assert "group_sise" in result.output
 
-    config = CliRunner().invoke(app, ["config", "algorithm.lr=fast"])
+    config = CliRunner().invoke(app, ["config", "optim.lr=fast"])
     assert config.exit_code == 2
-    assert "algorithm.lr" in config.output
+    assert "optim.lr" in config.output
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path, cache_dir):
@@ -147,13 +147,13 @@ def test_missing_model_path_is_a_clear_error(tmp_path, cache_dir):
 
 
 def test_joblib_launcher_runs_a_sweep_in_parallel(tmp_path, cache_dir):
-    grpo_run(tmp_path / "warm", cache_dir, "algorithm.steps=1")  # build the cache once
+    grpo_run(tmp_path / "warm", cache_dir, "train.steps=1")  # build the cache once
     result = grpo_run(
         tmp_path, cache_dir, "hydra/launcher=local_parallel", "rollout.group_size=2,4",
-        "algorithm.steps=2", multirun=True,
+        "train.steps=2", multirun=True,
     )
     assert result.exit_code == 0, result.output
-    for name in ("R2-grpo-s0-algorithm.steps=2", "R4-grpo-s0-algorithm.steps=2"):
+    for name in ("R2-grpo-s0-train.steps=2", "R4-grpo-s0-train.steps=2"):
         record = json.loads((run_dir(tmp_path, name) / "run.json").read_text())
         assert record["status"] == "completed", name
 
@@ -162,7 +162,7 @@ def test_run_names_stay_short_and_distinct():
     from grpo_cli.hydra_app import MAX_RUN_NAME, run_name
 
     assert run_name(4, "grpo", 0) == "R4-grpo-s0"
-    assert run_name(4, "rloo", 1, "algorithm.lr=0.1") == "R4-rloo-s1-algorithm.lr=0.1"
+    assert run_name(4, "rloo", 1, "optim.lr=0.1") == "R4-rloo-s1-optim.lr=0.1"
     first = run_name(8, "grpo", 0, "model.path=/" + "a" * 300)
     second = run_name(8, "grpo", 0, "model.path=/" + "a" * 299 + "b")
     assert len(first) <= MAX_RUN_NAME and first != second

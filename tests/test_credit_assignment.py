@@ -121,9 +121,9 @@ def test_process_advantages_follow_step_rewards_within_a_rollout():
 def test_credit_check_separates_outcome_from_token_level_estimators(
     tmp_path, cache_dir, estimator, uniform
 ):
-    result = grpo_run(tmp_path, cache_dir, f"algorithm={estimator}", "algorithm.steps=3")
+    result = grpo_run(tmp_path, cache_dir, f"algorithm={estimator}", "train.steps=3")
     assert result.exit_code == 0, result.output
-    out = run_dir(tmp_path, f"R4-{estimator}-s0-algorithm.steps=3")
+    out = run_dir(tmp_path, f"R4-{estimator}-s0-train.steps=3")
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
     metrics = pd.read_csv(out / "metrics.csv")
     informative = metrics[metrics["zero_variance_frac"] < 1.0]

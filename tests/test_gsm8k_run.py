@@ -63,8 +63,8 @@ def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotr
         "progress=false", "threads=1", "device=cpu", "rollout=hf", "model.dtype=float32",
         f"model.path={tiny_nemotron}", f"task.path={GSM8K}", "task.train_size=16",
         "task.eval_size=4", "rollout.group_size=2", "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=16", "algorithm.steps=2", "algorithm.lr=1e-3",
-        "analysis.every=1", "analysis.eval_every=2", "checkpoint_every=2",
+        "rollout.max_new_tokens=16", "train.steps=2", "optim.lr=1e-3",
+        "probes.every=1", "eval.every=2", "checkpoint_every=2",
         "model.stop_tokens=[]",  # the character tokenizer has no <extra_id_1>
     ])
     assert result.exit_code == 0, result.output
@@ -105,7 +105,7 @@ def test_smollm2_grpo_on_gsm8k(tmp_path):
         "experiment=cpu_smollm2", "task=gsm8k", f"task.path={GSM8K}", "task.train_size=8",
         "task.eval_size=2", f"results_dir={tmp_path}", f"cache_dir={tmp_path / 'cache'}",
         "progress=false", "rollout.group_size=2", "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=32", "algorithm.steps=1", "analysis.every=1",
+        "rollout.max_new_tokens=32", "train.steps=1", "probes.every=1",
     ])
     assert result.exit_code == 0, result.output
     out = next((tmp_path / "cpu_smollm2").iterdir())

@@ -162,7 +162,7 @@ def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_
         app,
         ["run", "experiment=smoke", "experiment.name=lora", f"results_dir={tmp_path}",
          f"cache_dir={tmp_path / 'cache'}", "progress=false", "model=hf", f"model.path={directory}",
-         "model.lora.enabled=true", "algorithm.steps=2", "analysis.every=1", "algorithm.lr=1e-2"],
+         "model.lora.enabled=true", "train.steps=2", "probes.every=1", "optim.lr=1e-2"],
     )
     assert result.exit_code == 0, result.output
     out = next((tmp_path / "lora").iterdir())
@@ -197,8 +197,8 @@ def test_real_model_presets_compose(preset):
     if preset == "paper_gsm8k":
         assert (cfg.model.source, cfg.task.name, cfg.rollout.backend) == ("hf", "gsm8k", "vllm")
         assert cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing
-        assert cfg.analysis.param_regex != ".*" and cfg.analysis.gram_method == "sketch"
-        assert cfg.analysis.gram_row_chunk == 2 and "rollout_group" in cfg.analysis.matrices
+        assert cfg.probes.param_regex != ".*" and cfg.probes.gram_method == "sketch"
+        assert cfg.probes.gram_row_chunk == 2 and "rollout_group" in cfg.probes.matrices
         assert list(cfg.model.stop_tokens) == ["<extra_id_1>"]
     else:
         assert cfg.model.source == "gguf_package" and cfg.rollout.max_new_tokens == 64

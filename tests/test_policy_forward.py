@@ -9,14 +9,14 @@ from step_parity import assert_same_update, relative_gap, setup_for, step_loss_a
 from grpo_cli.train.policy_forward import distinct_prompts, plain_forward, shared_prefix_forward
 from grpo_cli.train.trainer import select_rows
 
-SHARED = "algorithm.shared_prompt_forward=true"
+SHARED = "train.shared_prompt_forward=true"
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
 @pytest.mark.parametrize("micro_batch_size", [64, 3])
 def test_shared_prompt_forward_keeps_loss_and_gradients(tmp_path, loss_agg, micro_batch_size):
     """fp32: the step's loss and every parameter's gradient agree to 1e-5 relative."""
-    overrides = [f"algorithm.loss_agg={loss_agg}", f"algorithm.micro_batch_size={micro_batch_size}"]
+    overrides = [f"algorithm.loss_agg={loss_agg}", f"train.micro_batch_size={micro_batch_size}"]
     reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
     candidate_setup = setup_for(tmp_path, *overrides, SHARED)
     assert candidate_setup.trainer.share_prompts

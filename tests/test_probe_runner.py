@@ -7,7 +7,7 @@ import math
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_cli.config.schema import AnalysisConfig
+from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
 from grpo_cli.rollout.batch import RolloutBatch
@@ -52,7 +52,7 @@ def step_output(batch, rewards):
 def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
-    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w0.pt")
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
     derived = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
     direct = per_rollout_grams(
         model, batch.input_ids, batch.attention_mask,
@@ -71,7 +71,7 @@ def test_per_rollout_advantage_detects_token_level_credit():
 def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # group 1 has zero variance
-    suite = ProbeSuite(AnalysisConfig(matrices=["rollout_group", "score_group", "rollout_batch",
+    suite = ProbeSuite(ProbesConfig(matrices=["rollout_group", "score_group", "rollout_batch",
                                                  "group_batch"]), model, tmp_path / "w0.pt")
     rows = suite.record(0, output, model)
     group_rows = [r for r in rows.ranks if r["matrix"] == "rollout_group"]
@@ -86,14 +86,14 @@ def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
 
 
 def test_row_chunked_probe_matches_one_pass(tmp_path):
-    """analysis.gram_row_chunk = 3 over N = 4 rollouts: same Grams and spectra as one pass."""
+    """probes.gram_row_chunk = 3 over N = 4 rollouts: same Grams and spectra as one pass."""
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
     token_level = output.advantages * torch.linspace(0.5, 1.5, 9, dtype=torch.float64)  # [N, L]
     matrices = ["rollout_group", "score_group", "rollout_batch", "group_batch"]
     grams, spectra = {}, {}
     for row_chunk in (0, 3):
-        cfg = AnalysisConfig(matrices=matrices, gram_method="sketch", sketch_dim=64,
+        cfg = ProbesConfig(matrices=matrices, gram_method="sketch", sketch_dim=64,
                              gram_row_chunk=row_chunk)
         suite = ProbeSuite(cfg, model, tmp_path / "w0.pt")
         # per-token advantages: two coefficient sets (advantage and score) through the chunks
@@ -123,7 +123,7 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
         return per_rollout_grams(*args, check=check, **kwargs)
 
     monkeypatch.setattr(runner_module, "per_rollout_grams", recording)
-    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w0.pt")
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
     first = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
     second = suite._grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
     assert checks == [True, False]
@@ -138,7 +138,7 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner_module, "per_rollout_grams", falling_back)
     checks.clear()
-    suite = ProbeSuite(AnalysisConfig(), model, tmp_path / "w1.pt")
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w1.pt")
     for step in range(2):
         suite._grams(step, batch, output.loss_weights, output.advantages, model)
     assert checks == [True, True]

@@ -192,7 +192,7 @@ def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
     trainer = build_trainer(policy_source, tmp_path, loss_type="cispo")
     with pytest.raises(ValueError, match="loss_type='cispo' is not supported"):
         SpectraCallback(tmp_path / "run").attach(trainer)
-    with pytest.raises(ValueError, match="unknown analysis setting"):
+    with pytest.raises(ValueError, match="unknown probes setting"):
         SpectraCallback(tmp_path / "run", gram_metod="ghost")
     plain = trl.GRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, report_to="none")
     assert unsupported_settings(plain) == []  # TRL's defaults (loss_type dapo, beta 0) are fine

@@ -65,11 +65,11 @@ class StochasticRoundingAdamW(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(params, algorithm_cfg, seed: int) -> torch.optim.Optimizer:
+def build_optimizer(params, optim_cfg, seed: int) -> torch.optim.Optimizer:
     """AdamW for float32 policies; the stochastic-rounding variant when any weight is bf16."""
     params = list(params)
-    kwargs = {"lr": algorithm_cfg.lr, "betas": tuple(algorithm_cfg.betas),
-              "weight_decay": algorithm_cfg.weight_decay}
+    kwargs = {"lr": optim_cfg.lr, "betas": tuple(optim_cfg.betas),
+              "weight_decay": optim_cfg.weight_decay}
     if any(p.dtype == torch.bfloat16 for p in params):
         return StochasticRoundingAdamW(params, seed=seed, **kwargs)
     return torch.optim.AdamW(params, **kwargs)

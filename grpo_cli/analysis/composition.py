@@ -44,7 +44,8 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
         size = run.group_size
         if size is None and "majority" in rows:
             size = int(minority[0] + rows["majority"].iloc[0])
-        rtol = float(run.config.get("analysis.rank_rtol", 1e-6))
+        # runs written before the config rename kept it under analysis.rank_rtol
+        rtol = float(run.config.get("probes.rank_rtol", run.config.get("analysis.rank_rtol", 1e-6)))
         for measure in measures:
             if measure not in rows:
                 continue

@@ -23,12 +23,12 @@ MODEL_SIZES: dict[str, list[str]] = {
     "5m": [
         "model.name=char_llama_5m", "model.hidden_size=256", "model.num_layers=6",
         "model.num_heads=4", "model.intermediate_size=688", "model.warm_start.steps=0",
-        "algorithm.lr=0.0",
+        "optim.lr=0.0",
     ],
     "25m": [
         "model.name=char_llama_25m", "model.hidden_size=512", "model.num_layers=8",
         "model.num_heads=8", "model.intermediate_size=1376", "model.warm_start.steps=0",
-        "algorithm.lr=0.0",
+        "optim.lr=0.0",
     ],
 }
 
@@ -47,7 +47,7 @@ class BenchSetup:
     model: torch.nn.Module
     tokenizer: object
     task: object
-    probes: object | None  # ProbeSuite when analysis.every > 0
+    probes: object | None  # ProbeSuite when probes.every > 0
     device: torch.device
     source_path: str  # HF directory of the starting weights (TRL loads the same one)
 

@@ -5,14 +5,14 @@ is `TrainingLoop.run_step`, and its phase split is the same named timers that fi
 (rollout, reward, old_log_prob, advantage, forward, backward, optimizer, update, sync_weights,
 probes, eval, other; docs/results.md). Nothing is patched or hooked on the grpo-cli side.
 
-Defaults: `experiment=cpu_rank_collapse analysis=off analysis.eval_every=0` (the CPU preset's
+Defaults: `experiment=cpu_rank_collapse probes=off eval.every=0` (the CPU preset's
 model and batch, no probes, no held-out evaluation) plus the user's Hydra overrides. Bench flags
 mixed into the overrides:
 
   --model-size tiny|5m|25m   char Llama size (see grpo_cli/bench/builder.py); 25m is random
   --autocast bf16            = model.autocast=bf16 (bf16 matmuls, fp32 master weights and lm_head,
                              so log-probs come from fp32 logits; grpo_cli/train/autocast.py)
-  --shared-prefix            = algorithm.shared_prompt_forward=true (each distinct prompt computed
+  --shared-prefix            = train.shared_prompt_forward=true (each distinct prompt computed
                              once in the training forward; grpo_cli/train/policy_forward.py);
                              without it the bench sets it false, so flags mean what they say
   --compile-decode           = rollout.compile_decode=true (with rollout.backend=hf_static)
@@ -36,9 +36,9 @@ import torch
 from grpo_cli.bench.table import describe, load_average, print_phase_table, write_rows
 from grpo_cli.train.loop import PHASES, TrainingLoop
 
-# analysis.every=0: the experiment preset sets analysis.every after the analysis group's own value.
+# probes.every=0: the experiment preset sets probes.every after the probes group's own value.
 DEFAULT_OVERRIDES = [
-    "experiment=cpu_rank_collapse", "analysis=off", "analysis.every=0", "analysis.eval_every=0",
+    "experiment=cpu_rank_collapse", "probes=off", "probes.every=0", "eval.every=0",
     "progress=false",
 ]
 
@@ -90,7 +90,7 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
 def flag_overrides(options: BenchOptions) -> list[str]:
     """Bench flags as config settings, explicit both ways: a run without a flag means 'off'."""
     return [
-        f"algorithm.shared_prompt_forward={str(options.shared_prefix).lower()}",
+        f"train.shared_prompt_forward={str(options.shared_prefix).lower()}",
         f"model.autocast={options.autocast or 'none'}",
         f"rollout.compile_decode={str(options.compile_decode).lower()}",
     ]

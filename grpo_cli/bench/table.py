@@ -27,7 +27,7 @@ def describe(setup) -> str:
     return (
         f"model {cfg.model.name} ({params / 1e6:.2f}M params), backend {cfg.rollout.backend}, "
         f"B={cfg.rollout.prompts_per_step} x R={cfg.rollout.group_size}, "
-        f"max_new_tokens={cfg.rollout.max_new_tokens}, micro_batch={cfg.algorithm.micro_batch_size}, "
+        f"max_new_tokens={cfg.rollout.max_new_tokens}, micro_batch={cfg.train.micro_batch_size}, "
         f"device {setup.device}, threads {torch.get_num_threads()}, torch {torch.__version__}, "
         f"{platform.processor() or platform.machine()}"
     )

@@ -81,18 +81,26 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    name: str = "grpo"  # advantage estimator: grpo | dr_grpo | rloo | reinforce | ppo | process
-    std: str = "population"  # grpo: std of the group rewards, population (ddof=0) or sample (ddof=1)
-    std_epsilon: float = 1e-6  # grpo: added to the std; zero-variance groups get advantage 0
+class TrainConfig:
     steps: int = 50  # optimizer steps of GRPO
+    micro_batch_size: int = 64  # sequences per forward/backward micro-batch
+    shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
+
+
+@dataclass
+class OptimConfig:
     lr: float = 1e-3  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     max_grad_norm: float = 1.0  # gradient clipping (<=0 disables)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # advantage estimator: grpo | dr_grpo | rloo | reinforce | ppo | process
+    std: str = "population"  # grpo: std of the group rewards, population (ddof=0) or sample (ddof=1)
+    std_epsilon: float = 1e-6  # grpo: added to the std; zero-variance groups get advantage 0
     num_iterations: int = 1  # optimizer passes over each batch of rollouts (mu)
-    micro_batch_size: int = 64  # sequences per forward/backward micro-batch
-    shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
     epsilon: float = 0.2  # PPO clip, lower side
     epsilon_high: float = 0.2  # PPO clip, upper side (DAPO clip-higher when > epsilon)
     loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | constant (Dr.GRPO)
@@ -112,7 +120,7 @@ class AlgorithmConfig:
 
 
 @dataclass
-class AnalysisConfig:
+class ProbesConfig:
     every: int = 5  # probe every N steps (0 disables probes); step 0 is always probed
     matrices: list[str] = field(
         default_factory=lambda: [
@@ -132,8 +140,12 @@ class AnalysisConfig:
     rank_rtol: float = 1e-6  # numerical rank: sigma_k > rank_rtol * sigma_1
     sparsity_rtol: float = 1e-3  # sparsity: |g| < sparsity_rtol * max|g|
     max_groups_saved: int = 64  # per-group spectra kept per probe step
-    eval_every: int = 10  # held-out evaluation every N steps and at the first and last step (0 = never)
-    eval_greedy: bool = True  # greedy (True) or sampled (False) evaluation decoding
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # held-out evaluation every N steps and at the first and last step (0 = never)
+    greedy: bool = True  # greedy (True) or sampled (False) evaluation decoding
 
 
 @dataclass
@@ -157,7 +169,10 @@ class Config:
     task: TaskConfig = MISSING
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     alarms: AlarmConfig = field(default_factory=AlarmConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     seed: int = 0  # training seed (sampling, init of char models, data order)

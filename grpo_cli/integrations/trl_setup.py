@@ -20,7 +20,7 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
     step = prompts_per_step prompts x group_size completions, no accumulation, one pass, no KL,
     plain `generate` (no vLLM), no autocast, grpo-cli's sampling, optimizer settings and seed;
     nothing logged or saved. Callers add or override keys (bf16, gradient_checkpointing, shuffle_dataset)."""
-    algorithm, rollout = cfg.algorithm, cfg.rollout
+    algorithm, optim, rollout = cfg.algorithm, cfg.optim, cfg.rollout
     return dict(
         output_dir=output_dir,
         max_steps=steps,
@@ -28,13 +28,13 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
         gradient_accumulation_steps=1,
         num_generations=rollout.group_size,
         max_completion_length=rollout.max_new_tokens,
-        learning_rate=algorithm.lr,
+        learning_rate=optim.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        adam_beta1=algorithm.betas[0],
-        adam_beta2=algorithm.betas[1],
-        weight_decay=algorithm.weight_decay,
-        max_grad_norm=algorithm.max_grad_norm,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        weight_decay=optim.weight_decay,
+        max_grad_norm=optim.max_grad_norm,
         epsilon=algorithm.epsilon,
         epsilon_high=algorithm.epsilon_high,
         loss_type=loss_type,

@@ -43,7 +43,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
-from grpo_cli.config.schema import AnalysisConfig
+from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
 from grpo_cli.probes.runner import ProbeSuite
 from grpo_cli.results.writer import RunResults
@@ -82,7 +82,7 @@ class SpectraCallback(TrainerCallback):
 
     every: probe when `global_step % every == 0` (and at the last step); matrices: any of
     rollout_group, rollout_batch, score_group, group_batch, layer, update (default all); other
-    keyword arguments are `analysis.*` settings (grpo_cli/config/schema.py: layer_regex,
+    keyword arguments are `probes.*` settings (grpo_cli/config/schema.py: layer_regex,
     param_regex, gram_method, rank_rtol, ...). experiment / task name the run in config.yaml;
     a rollout counts as correct (accuracy_train, group composition) when its reward exceeds
     `success_threshold`.
@@ -90,16 +90,16 @@ class SpectraCallback(TrainerCallback):
 
     def __init__(self, out_dir, every: int = 10, matrices: list[str] | None = None, *,
                  experiment: str | None = None, task: str = "unknown",
-                 success_threshold: float = 0.5, **analysis):
-        known = {f.name for f in fields(AnalysisConfig)}
-        unknown = sorted(set(analysis) - known)
+                 success_threshold: float = 0.5, **probes):
+        known = {f.name for f in fields(ProbesConfig)}
+        unknown = sorted(set(probes) - known)
         if unknown:
-            raise ValueError(f"SpectraCallback: unknown analysis setting(s) {unknown}; known: {sorted(known)}")
+            raise ValueError(f"SpectraCallback: unknown probes setting(s) {unknown}; known: {sorted(known)}")
         if every < 1:
             raise ValueError(f"SpectraCallback: every={every} must be >= 1")
-        self.analysis = AnalysisConfig(every=every, **analysis)
+        self.probe_settings = ProbesConfig(every=every, **probes)
         if matrices is not None:
-            self.analysis.matrices = list(matrices)
+            self.probe_settings.matrices = list(matrices)
         self.results = RunResults(Path(out_dir))
         self.experiment = experiment or self.results.run_dir.parent.name
         self.task = task
@@ -208,13 +208,13 @@ class SpectraCallback(TrainerCallback):
             "device": str(next(policy.parameters()).device), "seed": args.seed,
             "group_size": args.num_generations, "estimator": "grpo",
             "model": _model_name(policy), "task": self.task, "experiment": self.experiment,
-            "resumed_from": start or None, "gram_params": self.analysis.param_regex,
+            "resumed_from": start or None, "gram_params": self.probe_settings.param_regex,
             "trainer": "trl", "loss_type": args.loss_type,
         }
         results.write_status(self._record)
         results.truncate_from(start)
         results.ensure_files()
-        self.probes = ProbeSuite(self.analysis, policy, initial)
+        self.probes = ProbeSuite(self.probe_settings, policy, initial)
         self._forward = TrlLossForward(policy, args.temperature)
         self.timer = PhaseTimer(next(policy.parameters()).device)
 
@@ -323,7 +323,7 @@ class SpectraCallback(TrainerCallback):
         }
 
     def _config(self, args, state) -> dict:
-        """config.yaml: grpo-cli's keys for what TRL sets (R, B, sampling, loss), plus analysis."""
+        """config.yaml: grpo-cli's keys for what TRL sets (R, B, sampling, loss), plus the probes."""
         rows = args.generation_batch_size or args.per_device_train_batch_size * args.gradient_accumulation_steps
         return {
             "experiment": {"name": self.experiment},
@@ -343,14 +343,13 @@ class SpectraCallback(TrainerCallback):
                 "name": "grpo",
                 "loss_type": args.loss_type,
                 "scale_rewards": args.scale_rewards,
-                "steps": state.max_steps,
-                "lr": args.learning_rate,
                 "epsilon": args.epsilon,
                 "epsilon_high": args.epsilon_high,
-                "max_grad_norm": args.max_grad_norm,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
             },
-            "analysis": _plain(asdict(self.analysis)),
+            "train": {"steps": state.max_steps},
+            "optim": {"lr": args.learning_rate, "max_grad_norm": args.max_grad_norm},
+            "probes": _plain(asdict(self.probe_settings)),
             "success_threshold": self.success_threshold,
         }
 

@@ -26,7 +26,7 @@ gradient from the same backward (sketch and vectors: sum_i Z_i against the proje
 A mismatch means a use of the parameter the hooks missed (e.g. a weight read outside its
 module's forward); that parameter then falls back to `per_sample`.
 
-Row chunks (`row_chunk` = c > 0, `analysis.gram_row_chunk`): the hooked forward/backward runs c
+Row chunks (`row_chunk` = c > 0, `probes.gram_row_chunk`): the hooked forward/backward runs c
 rollouts at a time and the check is made per chunk (`chunked_gram.py`). Peak memory is then one
 chunk's graph plus what is kept across chunks: Z [N, k] per sketched parameter, but every
 chunk's factors, N T (a + b) in the model's precision per parameter, for the exact routes. At 4B scale with a
@@ -249,7 +249,7 @@ def gram_for_method(
     per_param: bool = False,
     row_chunk: int = 0,
 ) -> GramResult:
-    """Dispatch on `analysis.gram_method`.
+    """Dispatch on `probes.gram_method`.
 
     auto: exact, per parameter the cheaper of ghost / materialize; ghost: exact, the ghost
     identity for every matrix parameter; per_sample: one backward per rollout (reference);

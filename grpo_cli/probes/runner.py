@@ -69,7 +69,7 @@ class ProbeSuite:
         unknown = set(analysis_cfg.matrices) - set(KNOWN_MATRICES)
         if unknown:
             raise ValueError(
-                f"analysis.matrices: unknown {sorted(unknown)}; known: {', '.join(KNOWN_MATRICES)}"
+                f"probes.matrices: unknown {sorted(unknown)}; known: {', '.join(KNOWN_MATRICES)}"
             )
         self.cfg = analysis_cfg
         self.matrices = set(analysis_cfg.matrices)

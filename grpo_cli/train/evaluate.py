@@ -9,7 +9,7 @@ def evaluate(backend, tokenizer, task, cfg, seed: int) -> dict:
     """Accuracy on the first `task.eval_size` held-out problems (greedy unless configured)."""
     problems = task.eval
     prompts = [tokenizer(task.prompt(p), add_special_tokens=False)["input_ids"] for p in problems]
-    greedy = cfg.analysis.eval_greedy
+    greedy = cfg.eval.greedy
     settings = SamplingSettings(
         group_size=1,
         max_new_tokens=cfg.rollout.max_new_tokens,

@@ -52,8 +52,8 @@ class TrainingLoop:
         self.model = parts.model
         self.device = parts.device
         self.timer = parts.trainer.timer
-        self.steps = cfg.algorithm.steps
-        self.eval_every = cfg.analysis.eval_every  # 0 = no held-out evaluation
+        self.steps = cfg.train.steps
+        self.eval_every = cfg.eval.every  # 0 = no held-out evaluation
 
     def evaluation_due(self, finished: int) -> bool:
         """After `finished` steps: every `eval_every` steps and after the last (0 = never)."""

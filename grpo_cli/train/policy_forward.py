@@ -1,5 +1,5 @@
 """The policy's training forward: per-token log-probs and entropies, optionally with each
-distinct prompt computed once (`algorithm.shared_prompt_forward`).
+distinct prompt computed once (`train.shared_prompt_forward`).
 
 A causal decoder's later tokens see earlier ones only through each layer's keys and values, so
 the plain forward equals: one forward over the U distinct prompts (U = B when a micro-batch holds

@@ -60,7 +60,7 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
         "task": cfg.task.name,
         "experiment": cfg.experiment.name,
         "resumed_from": None,
-        "gram_params": cfg.analysis.param_regex,
+        "gram_params": cfg.probes.param_regex,
         "argv": sys.argv,
     }
     results.write_status(record)
@@ -103,7 +103,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     results.ensure_files()
     results.write_status(record)
 
-    steps = cfg.algorithm.steps
+    steps = cfg.train.steps
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:
         if start == 0 and loop.eval_every > 0:  # the policy before any step

@@ -17,7 +17,7 @@ class RunComponents:
     loaded: object  # grpo_cli.models.loading.LoadedModel
     backend: object  # a RolloutBackend
     trainer: object  # grpo_cli.train.trainer.GRPOTrainer
-    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when analysis.every == 0
+    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when probes.every == 0
 
     @property
     def model(self) -> torch.nn.Module:
@@ -83,7 +83,7 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
         value_head = ValueHead(model.config.hidden_size).to(device)
     backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
-    probes = ProbeSuite(cfg.analysis, model, initial_layers_path) if cfg.analysis.every > 0 else None
+    probes = ProbeSuite(cfg.probes, model, initial_layers_path) if cfg.probes.every > 0 else None
     return RunComponents(device, task, loaded, backend, trainer, probes)
 
 

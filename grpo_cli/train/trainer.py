@@ -77,11 +77,10 @@ class GRPOTrainer:
         self.reference_model = reference_model
         self.value_head = value_head
         self.timer = timer or PhaseTimer(device)  # the step's phases; the loop adds probes and eval
-        algorithm = cfg.algorithm
         trainable = [p for p in model.parameters() if p.requires_grad]
         if value_head is not None:
             trainable += list(value_head.parameters())
-        self.optimizer = build_optimizer(trainable, algorithm, seed=cfg.seed)
+        self.optimizer = build_optimizer(trainable, cfg.optim, seed=cfg.seed)
         self.settings = SamplingSettings(
             group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -92,7 +91,7 @@ class GRPOTrainer:
             tokenizer(task.prompt(problem), add_special_tokens=False)["input_ids"]
             for problem in task.train
         ]
-        self.share_prompts = cfg.algorithm.shared_prompt_forward
+        self.share_prompts = cfg.train.shared_prompt_forward
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
         if self.autocast_kind != "none":
@@ -175,7 +174,7 @@ class GRPOTrainer:
 
     # ---- update -------------------------------------------------------------------------------
     def micro_batches(self, num_rows: int) -> list[torch.Tensor]:
-        size = max(1, self.cfg.algorithm.micro_batch_size)
+        size = max(1, self.cfg.train.micro_batch_size)
         return [torch.arange(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
 
     def old_logprobs_and_values(self, batch: RolloutBatch):
@@ -285,7 +284,7 @@ class GRPOTrainer:
                     timer.stop("update")
                     raise NonFiniteLossError(
                         f"step {step}: loss is {loss.item()} (pg_loss {pg_loss.item()}); "
-                        "lower algorithm.lr or check the rewards"
+                        "lower optim.lr or check the rewards"
                     )
                 with timer.phase("backward"):
                     loss.backward()
@@ -299,7 +298,8 @@ class GRPOTrainer:
                     layer_grads = capture_layers()
             with timer.phase("optimizer"):  # clipping and the optimizer step
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                max_norm = algorithm.max_grad_norm if algorithm.max_grad_norm > 0 else math.inf
+                max_norm = self.cfg.optim.max_grad_norm
+                max_norm = max_norm if max_norm > 0 else math.inf
                 norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
                 if iteration == 0:
                     grad_norm = norm.item()

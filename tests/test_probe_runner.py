@@ -46,7 +46,8 @@ def step_output(batch, rewards):
     advantages = broadcast_to_tokens(grpo(rewards, GROUP_SIZE), batch.completion_mask)
     weights = batch.completion_mask / batch.completion_mask.sum()
     scored = ScoredBatch(rewards=rewards, correct=rewards)
-    return StepOutput({}, {}, batch, advantages.double(), scored, weights.double())
+    return StepOutput(metrics={}, batch=batch, advantages=advantages.double(), scored=scored,
+                      loss_weights=weights.double())
 
 
 def test_derived_advantage_gram_equals_the_direct_one(tmp_path):

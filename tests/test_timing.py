@@ -48,3 +48,13 @@ def test_timing_row_has_every_column_and_rejects_unknown_phases():
     assert {"rollout", "forward", "backward", "optimizer", "probes", "eval", "other"} <= set(PHASES)
     with pytest.raises(KeyError, match="time_warmup|warmup"):
         timing_row(0, {"warmup": 1.0}, peak_mb=0.0)
+
+
+def test_an_exception_inside_open_phases_propagates_unchanged():
+    timer = PhaseTimer()
+    with pytest.raises(ValueError, match="the real error"):
+        with timer.phase("other"):
+            timer.start("update")
+            timer.start("forward")  # explicit phases left open by the error
+            raise ValueError("the real error")
+    assert set(timer.take()) == {"other", "update", "forward"}  # closed, nothing left open

@@ -50,8 +50,20 @@ class PhaseTimer:
         self.start(name)
         try:
             yield
-        finally:
-            self.stop(name)
+        except BaseException:
+            self._unwind(name)  # close phases an exception left open; the exception goes on
+            raise
+        self.stop(name)
+
+    def _unwind(self, name: str) -> None:
+        """Stop `name` and every phase opened inside it, without checks."""
+        if name not in self._stack:
+            return
+        now = time.perf_counter()  # no device sync after an error (it may be a CUDA one)
+        self.seconds[self._stack[-1]] += now - self._mark
+        while self._stack.pop() != name:
+            pass
+        self._mark = now
 
     def clear(self) -> None:
         """Forget every total and any phase left open (by an exception in an earlier step)."""

@@ -10,7 +10,7 @@ SWEEP_R ?= 2,4,8
 SEEDS ?= 0,1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper settle analyze bench bench-probes clean
+.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper settle analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench: $(STAMP) ## Median GRPO step time with its split (add ARGS=--vs-trl to co
 
 bench-probes: $(STAMP) ## Probe overhead: the same steps with probes on and off
 	$(PY) scripts/bench_probes.py
+
+trl-example: $(STAMP) ## TRL's GRPOTrainer with grpo-cli's SpectraCallback for R = 2, 4, then grpo analyze
+	$(PY) scripts/trl_spectra_example.py --group-sizes 2 4 --out results/trl_example
 
 clean: ## Remove caches, build files and results (keeps results/README.md)
 	rm -rf .cache build dist *.egg-info .pytest_cache outputs multirun

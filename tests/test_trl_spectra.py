@@ -11,6 +11,7 @@ after training at the weights every probe saw.
 
 from __future__ import annotations
 
+import copy
 import math
 from types import SimpleNamespace
 
@@ -57,7 +58,7 @@ def build_trainer(policy_source, tmp_path, *, group_size=4, steps=2, lr=0.0, **o
     from trl import GRPOConfig, GRPOTrainer
 
     cfg, task, source = policy_source
-    cfg = cfg.copy()
+    cfg = copy.deepcopy(cfg)
     cfg.rollout.group_size = group_size
     model, tokenizer = load_trl_policy(source, "cpu", dtype=torch.float64)
     kwargs = grpo_config_kwargs(cfg, steps=steps, output_dir=str(tmp_path / "trl"), device_type="cpu")
@@ -116,11 +117,15 @@ def assert_same_spectrum(recorded: torch.Tensor, reference: torch.Tensor, label:
     assert gap <= 1e-6 * scale, f"{label}: max |sigma gap| {gap:.3e} vs sigma_1 {scale:.3e}"
 
 
-@pytest.mark.parametrize("loss_type", [  # TRL's default and the bench's; the others ~7 s each
-    "dapo", "grpo", pytest.param("dr_grpo", marks=pytest.mark.slow), pytest.param("bnpo", marks=pytest.mark.slow),
+@pytest.mark.parametrize(("loss_type", "checkpointing"), [
+    ("dapo", True),  # TRL's defaults (gradient checkpointing on)
+    ("grpo", False),  # the bench's
+    pytest.param("dr_grpo", False, marks=pytest.mark.slow),  # ~7 s each
+    pytest.param("bnpo", False, marks=pytest.mark.slow),
 ])
-def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path, loss_type):
-    trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, max_grad_norm=1e9)
+def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path, loss_type, checkpointing):
+    trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, max_grad_norm=1e9,
+                            gradient_checkpointing=checkpointing)
     run_dir = tmp_path / "run"
     SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group", "group_batch"]).attach(trainer)
     batches = capture_batches(trainer)
@@ -194,6 +199,11 @@ def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
         SpectraCallback(tmp_path / "run").attach(trainer)
     with pytest.raises(ValueError, match="unknown probes setting"):
         SpectraCallback(tmp_path / "run", gram_metod="ghost")
+    with pytest.raises(ValueError, match="unknown matrices"):
+        SpectraCallback(tmp_path / "run", matrices=["rollout_grup"])
+    trainer.add_callback(SpectraCallback(tmp_path / "run"))  # passed in, never attached
+    with pytest.raises(RuntimeError, match=r"attach\(trainer\)"):
+        trainer.train()
     plain = trl.GRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, report_to="none")
     assert unsupported_settings(plain) == []  # TRL's defaults (loss_type dapo, beta 0) are fine
     risky = SimpleNamespace(loss_type="bnpo", beta=0.04, num_iterations=2, gradient_accumulation_steps=2,

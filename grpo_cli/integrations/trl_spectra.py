@@ -45,7 +45,7 @@ from transformers import TrainerCallback
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
-from grpo_cli.probes.runner import ProbeSuite
+from grpo_cli.probes.runner import KNOWN_MATRICES, ProbeSuite
 from grpo_cli.results.writer import RunResults
 from grpo_cli.train.alarms import expected_zero_variance_fraction
 from grpo_cli.train.credit import ScoredBatch, credit_uniform_fraction, zero_variance_groups
@@ -54,7 +54,6 @@ from grpo_cli.train.run import utc_now, versions
 from grpo_cli.train.timing import PhaseTimer
 from grpo_cli.train.trainer import StepOutput
 
-WRAPPED = ("_generate_and_score_completions", "_calculate_rewards", "compute_loss", "_clip_grad_norm")
 TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # ours -> TRL's key
 # timings.csv phases a TRL step is cut into (the loop's others, e.g. backward, stay blank:
 # TRL's backward is counted in time_other)
@@ -100,8 +99,12 @@ class SpectraCallback(TrainerCallback):
         self.probe_settings = ProbesConfig(every=every, **probes)
         if matrices is not None:
             self.probe_settings.matrices = list(matrices)
-        self.results = RunResults(Path(out_dir))
-        self.experiment = experiment or self.results.run_dir.parent.name
+        wrong = sorted(set(self.probe_settings.matrices) - set(KNOWN_MATRICES))
+        if wrong:
+            raise ValueError(f"SpectraCallback: unknown matrices {wrong}; known: {', '.join(KNOWN_MATRICES)}")
+        self.run_dir = Path(out_dir)
+        self.results: RunResults | None = None  # created when training begins
+        self.experiment = experiment or self.run_dir.parent.name
         self.task = task
         self.success_threshold = success_threshold
         self.trainer = None
@@ -113,23 +116,23 @@ class SpectraCallback(TrainerCallback):
     # ---- installation ---------------------------------------------------------------------------
     def attach(self, trainer) -> SpectraCallback:
         """Check that the probes reproduce this trainer's loss, wrap its methods, add the callback."""
+        if self.trainer is not None:
+            raise RuntimeError("SpectraCallback is already attached to a trainer; make one per run")
         problems = unsupported_settings(trainer.args, trainer)
         if problems:
             raise ValueError("SpectraCallback cannot record this GRPOTrainer run:\n- " + "\n- ".join(problems))
         self.trainer = trainer
-        for name in WRAPPED:
+        wrappers = {  # TRL method -> what records around it
+            "_generate_and_score_completions": self._around_generation,
+            "_calculate_rewards": self._around_rewards,
+            "compute_loss": self._around_compute_loss,
+            "_clip_grad_norm": self._around_clip_grad_norm,
+        }
+        for name, around in wrappers.items():
             self._originals[name] = trainer.__dict__.get(name)  # None: the class's method
-            setattr(trainer, name, self._wrapper(name, getattr(trainer, name)))
+            setattr(trainer, name, _wrapped(around, getattr(trainer, name)))
         trainer.add_callback(self)
         return self
-
-    def _wrapper(self, name: str, original):
-        record = getattr(self, f"_around{name}" if name.startswith("_") else f"_around_{name}")
-
-        def wrapped(*args, **kwargs):
-            return record(original, *args, **kwargs)
-
-        return wrapped
 
     def _require_trainer(self):
         if self.trainer is None:
@@ -152,7 +155,7 @@ class SpectraCallback(TrainerCallback):
         self._probed = False
 
     # ---- wrapped TRL methods --------------------------------------------------------------------
-    def _around_generate_and_score_completions(self, original, *args, **kwargs):
+    def _around_generation(self, original, *args, **kwargs):
         if not self.trainer.model.training:  # evaluation: not a training step
             return original(*args, **kwargs)
         with self.timer.phase("rollout"):
@@ -161,7 +164,7 @@ class SpectraCallback(TrainerCallback):
         self._step_data = trl_step(output, args_.num_generations, args_.loss_type, args_.max_completion_length)
         return output
 
-    def _around_calculate_rewards(self, original, *args, **kwargs):
+    def _around_rewards(self, original, *args, **kwargs):
         if not self.trainer.model.training:
             return original(*args, **kwargs)
         with self.timer.phase("reward"):
@@ -193,7 +196,8 @@ class SpectraCallback(TrainerCallback):
     # ---- callback events ------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._require_trainer()
-        results, start = self.results, state.global_step
+        self.results = results = RunResults(self.run_dir)
+        start = state.global_step
         initial = results.run_dir / "checkpoints" / "initial_layers.pt"
         if start == 0:
             initial.unlink(missing_ok=True)  # W_0 of this run, not of an earlier one in out_dir
@@ -352,6 +356,15 @@ class SpectraCallback(TrainerCallback):
             "probes": _plain(asdict(self.probe_settings)),
             "success_threshold": self.success_threshold,
         }
+
+
+def _wrapped(around, original):
+    """original(*args, **kwargs), called by `around(original, ...)`, which records around it."""
+
+    def call(*args, **kwargs):
+        return around(original, *args, **kwargs)
+
+    return call
 
 
 def _model_name(policy: nn.Module) -> str:

@@ -3,7 +3,9 @@
 `write_run` writes one run directory; `write_sweep` writes R x seed runs side by side. Every rank
 measure of a whole-matrix or aggregate row equals `rank(group_size, seed, step)` (layer rows are
 offset by LAYER_OFFSETS, which average to 0), so summaries can be checked by hand. Per-group
-rollout_group rows get the closed-form prediction plus `composition_offset`.
+rollout_group rows get the closed-form prediction plus `composition_offset`, and the prediction
+over distinct completions `duplicates_gap` below the prediction; as the probe does, estimators
+outside grpo/dr_grpo/rloo get no prediction.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def _rank_rows(
     groups: int,
     median_offset: float,
     composition_offset: float,
+    duplicates_gap: float = 0.0,
+    predicted: bool = True,
 ) -> list[dict]:
     rows = []
     for matrix in matrices:
@@ -120,7 +124,9 @@ def _rank_rows(
                     "mean_abs_cosine": 0.5,
                 }
                 row |= {m: pred[m] + composition_offset for m in MEASURES}
-                row |= {f"pred_{m}": pred[m] for m in MEASURES}
+                if predicted:
+                    row |= {f"pred_{m}": pred[m] for m in MEASURES}
+                    row |= {f"pred_distinct_{m}": pred[m] - duplicates_gap for m in MEASURES}
                 rows.append(row)
             for stat, offset in (("mean", 0.0), ("median", median_offset)):
                 rows.append(
@@ -216,6 +222,7 @@ def write_run(
     groups: int = 3,
     median_offset: float = 0.0,
     composition_offset: float = 0.0,
+    duplicates_gap: float = 0.0,
     alarms: Iterable[tuple[int, str, float, str]] = (),
     error: str | None = None,
     skip: Iterable[str] = (),
@@ -265,7 +272,8 @@ def write_run(
     metrics["reward_std"] = 0.3
     metrics["accuracy_train"] = metrics["reward_mean"]
     p = metrics["reward_mean"].clip(0, 1)
-    metrics["expected_zero_variance_frac"] = p**group_size + (1 - p) ** group_size
+    metrics["expected_zero_variance_frac_batch"] = p**group_size + (1 - p) ** group_size
+    metrics["expected_zero_variance_frac"] = metrics["expected_zero_variance_frac_batch"] + 0.02
     metrics["zero_variance_frac"] = metrics["expected_zero_variance_frac"] + 0.05
     metrics["loss"], metrics["pg_loss"] = 0.1, 0.1
     metrics["kl"] = [0.001 * s for s in step_range]
@@ -306,6 +314,8 @@ def write_run(
                 groups,
                 median_offset,
                 composition_offset,
+                duplicates_gap,
+                estimator in ("grpo", "dr_grpo", "rloo"),
             )
         ]
     )

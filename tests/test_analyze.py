@@ -125,6 +125,20 @@ def test_composition_departure_and_closed_form(flat):
     assert row["n_groups"] == 2 * 4 * 3  # seeds x probe steps x groups
 
 
+def test_composition_gap_splits_into_duplicates_and_the_rest(tmp_path):
+    write_sweep(tmp_path / "grpo", seeds=(0,), matrices=("rollout_group",),
+                composition_offset=-0.5, duplicates_gap=0.3)
+    comp = analyze([tmp_path / "grpo"], figures=False).composition
+    assert np.allclose(comp["gap_duplicates"], 0.3)  # predicted - predicted over distinct
+    assert np.allclose(comp["gap_rest"], 0.2)  # predicted over distinct - measured
+    text = (tmp_path / "grpo" / "analysis" / "summary.md").read_text()
+    assert "duplicates take away 0.30" in text
+    # reinforce's groups need not be zero-sum: no prediction, nothing recomputed
+    write_sweep(tmp_path / "reinforce", seeds=(0,), estimators=("reinforce",),
+                matrices=("rollout_group",))
+    assert analyze([tmp_path / "reinforce"], figures=False).composition.empty
+
+
 def test_accuracy_summary(flat):
     _, result = flat
     acc = result.accuracy.set_index("group_size")

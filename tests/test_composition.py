@@ -3,9 +3,13 @@ import math
 import pytest
 import torch
 
+from grpo_cli.algorithm.advantages import dr_grpo, grpo, reinforce, rloo
 from grpo_cli.probes.composition import (
+    composition_applies,
     composition_spectrum,
     count_distinct_rows,
+    distinct_rows,
+    distinct_spectrum,
     group_composition,
     predicted_rank_measures,
 )
@@ -108,3 +112,44 @@ def test_duplicated_rows_have_numerical_rank_equal_to_distinct_rows():
     distinct = count_distinct_rows(tokens)
     assert distinct == 4
     assert numerical_rank(torch.linalg.svdvals(matrix)) == distinct
+
+
+@pytest.mark.parametrize("estimator", [grpo, dr_grpo, rloo])
+def test_composition_applies_to_group_zero_sum_estimators(estimator):
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1])  # two groups of 4
+    advantages = estimator(rewards, 4).reshape(2, 4)
+    for group in range(2):
+        assert composition_applies(advantages[group], rewards.reshape(2, 4)[group])
+
+
+def test_composition_does_not_apply_elsewhere():
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1])
+    batch_baseline = reinforce(rewards, 4).reshape(2, 4)  # batch mean 0.5: groups not zero-sum
+    assert not composition_applies(batch_baseline[0], rewards[:4])
+    # an overlong penalty makes the rewards that set the advantages non-binary
+    penalised = torch.tensor([1.0, -0.3, 0, 0])
+    correct = torch.tensor([1.0, 0, 0, 0])
+    assert not composition_applies(penalised - penalised.mean(), correct)
+    assert not composition_applies(-(correct - correct.mean()), correct)  # sign flipped
+    assert not composition_applies(torch.full((4,), -0.5), torch.zeros(4))  # all wrong, a != 0
+    assert composition_applies(torch.zeros(4), torch.zeros(4))  # zero group, zero matrix
+    assert not composition_applies(torch.tensor([0.5, -0.5]), torch.tensor([0.7, 0.2]))
+
+
+def test_distinct_spectrum_is_the_svd_of_duplicated_orthonormal_rows():
+    completion_of_row = torch.tensor([0, 0, 1, 2, 2, 2, 3, 1])  # [8] completions 0..3
+    tokens = torch.randint(1, 50, (4, 6), generator=torch.Generator().manual_seed(4))
+    inverse = distinct_rows(tokens[completion_of_row])  # [8]
+    assert torch.equal(inverse.unique(return_counts=True)[1].sort().values,
+                       torch.tensor([1, 2, 2, 3]))
+    rewards = (completion_of_row == 2).double()  # completion 2 (3 copies) is the correct one
+    advantages = rewards - rewards.mean()  # [8]
+    scores = orthonormal_rows(4, 20)[completion_of_row]  # [8, 20], orthonormal per completion
+    measured = torch.linalg.svdvals(advantages[:, None] * scores)[:4]  # rank 4
+    predicted = distinct_spectrum(advantages, inverse)
+    assert torch.allclose(predicted, measured, atol=1e-12)
+    # with R distinct completions it is the composition spectrum (up to the common scale)
+    m, big_m = 3, 5
+    rewards = torch.tensor([1.0] * m + [0.0] * big_m)
+    spectrum = distinct_spectrum(rewards - rewards.mean(), torch.arange(8))
+    assert torch.allclose(spectrum / spectrum[-1] * m, composition_spectrum(m, big_m))

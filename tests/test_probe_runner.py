@@ -143,3 +143,23 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
     for step in range(2):
         suite._grams(step, batch, output.loss_weights, output.advantages, model)
     assert checks == [True, True]
+
+
+def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
+    """grpo: pred_* and pred_distinct_* written; a batch-mean baseline (reinforce): left empty."""
+    from grpo_cli.algorithm.advantages import broadcast_to_tokens, reinforce
+
+    model, batch = tiny_model(), padded_batch()
+    suite = ProbeSuite(AnalysisConfig(matrices=["rollout_group"]), model, tmp_path / "w0.pt")
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rows = suite.record(0, step_output(batch, rewards), model).ranks
+    g0 = next(r for r in rows if r["group"] == "g0")
+    assert g0["pred_erank_entropy"] == 2.0  # m = M = 1: 2 sqrt(mM)
+    assert g0["distinct"] == 2 and g0["pred_distinct_numerical_rank"] == 2.0
+    output = step_output(batch, rewards)
+    output.advantages = broadcast_to_tokens(reinforce(rewards, GROUP_SIZE), batch.completion_mask)
+    rows = suite.record(0, output, model).ranks
+    per_group = [r for r in rows if r["group"].startswith("g")]
+    assert [r["group"] for r in per_group] == ["g0", "g1"]  # both groups have advantages != 0
+    assert all("pred_erank_entropy" not in r and "pred_distinct_erank_entropy" not in r
+               for r in per_group)

@@ -71,7 +71,9 @@ class ClaimRules:
                 "Per variant, R and measure (grad_sparsity, grad_hoyer on probe steps), a "
                 "Mann-Kendall trend test over steps, pooled over seeds: S = sum over seeds of "
                 "sum_{i<j} sign(x_j - x_i), Var = sum n(n-1)(2n+5)/18 (no tie correction, "
-                f"which is conservative), z = (S - sign S) / sqrt(Var). Holds iff z > "
+                f"which is conservative), z = (S - sign S) / sqrt(Var); steps with a zero "
+                "gradient (grad_norm 0: every group had equal rewards) are left out, being fully "
+                "sparse by definition. Holds iff z > "
                 f"{self.trend_z:g} (growth at the one-sided 2.5% level), fails otherwise; "
                 "undetermined when even a strictly increasing series could not reach that z "
                 "(too few probe steps). Judged on grpo, dr_grpo and rloo variants."
@@ -230,8 +232,12 @@ def mann_kendall(series: list[np.ndarray]) -> dict:
 
 def sparsity_claim(runs: list[Run], rules: ClaimRules) -> Claim:
     variants = _zero_sum_variants(runs)
-    table = metric_table(runs, list(SPARSITY_METRICS))
+    table = metric_table(runs, [*SPARSITY_METRICS, "grad_norm"])
     table = table[table["variant"].isin(variants)]
+    # a zero gradient (every group had equal rewards) is fully sparse by definition: left out
+    zero = table.loc[(table["metric"] == "grad_norm") & (table["value"] == 0), ["run_id", "step"]]
+    keep = ~table.set_index(["run_id", "step"]).index.isin(pd.MultiIndex.from_frame(zero))
+    table = table[keep & table["metric"].isin(SPARSITY_METRICS)]
     rows = []
     for (variant, metric, size), part in table.groupby(["variant", "metric", "group_size"]):
         series = [

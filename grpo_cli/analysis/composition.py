@@ -1,7 +1,15 @@
 """Per-group `rollout_group` ranks against the closed-form group-composition prediction.
 
-ranks.csv per-group rows (`group == "g<b>"`) carry `minority` (m) and `pred_<measure>`; where a
-prediction is missing it is recomputed here from m and R (see `measures.composition_sigma`).
+ranks.csv per-group rows (`group == "g<b>"`) carry `minority` (m), `distinct` (distinct
+completions), `pred_<measure>` (R orthonormal rows weighted by the composition) and
+`pred_distinct_<measure>` (the same over distinct completions, with their multiplicities). The
+probe leaves both empty where the closed form's assumptions fail (grpo_cli/probes/composition.py);
+only results written before the columns existed get `pred_<measure>` recomputed here from m and R
+(see `measures.composition_sigma`), and only for grpo, dr_grpo and rloo.
+
+The gap between prediction and measurement splits in two: predicted - predicted over distinct
+completions is what duplicate completions (entropy collapse) take away; predicted over distinct -
+measured is what the distinct completions' non-orthogonal score vectors take away.
 """
 
 from __future__ import annotations
@@ -9,12 +17,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.measures import predicted_measure
 from grpo_cli.analysis.summary import sort_rows
 from grpo_cli.analysis.tables import run_meta
 
 MATRIX = "rollout_group"
+
+
+def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
+    """A numeric column as floats, NaN where empty or absent."""
+    if name not in rows:
+        return np.full(len(rows), np.nan)
+    return pd.to_numeric(rows[name], errors="coerce").to_numpy(float, copy=True)
 
 
 def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
@@ -30,6 +46,8 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
         "measure",
         "measured",
         "predicted",
+        "predicted_distinct",
+        "distinct",
     ]
     parts = []
     for run in runs:
@@ -46,18 +64,15 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             size = int(minority[0] + rows["majority"].iloc[0])
         # runs written before the config rename kept it under analysis.rank_rtol
         rtol = float(run.config.get("probes.rank_rtol", run.config.get("analysis.rank_rtol", 1e-6)))
+        zero_sum = run.config.get("algorithm.name") in GROUP_ZERO_SUM_ESTIMATORS
+
         for measure in measures:
             if measure not in rows:
                 continue
-            measured = pd.to_numeric(rows[measure], errors="coerce").to_numpy(float)
-            pred_col = f"pred_{measure}"
-            pred = (
-                pd.to_numeric(rows[pred_col], errors="coerce").to_numpy(float, copy=True)
-                if pred_col in rows
-                else np.full(len(rows), np.nan)
-            )
-            missing = np.isnan(pred)
-            pred[missing] = [predicted_measure(measure, m, size, rtol) for m in minority[missing]]
+            measured = _column(rows, measure)
+            pred = _column(rows, f"pred_{measure}")
+            if f"pred_{measure}" not in rows and zero_sum:  # results older than the column
+                pred = np.array([predicted_measure(measure, m, size, rtol) for m in minority])
             meta = run_meta(run)
             parts.append(
                 pd.DataFrame(
@@ -72,6 +87,8 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
                         "measure": measure,
                         "measured": measured,
                         "predicted": pred,
+                        "predicted_distinct": _column(rows, f"pred_distinct_{measure}"),
+                        "distinct": _column(rows, "distinct"),
                     }
                 )
             )
@@ -81,7 +98,8 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
 
 
 def departure(table: pd.DataFrame) -> pd.DataFrame:
-    """Mean |measured - predicted| per variant x R x measure, over every per-group row."""
+    """Per variant x R x measure, over per-group rows that have a prediction: mean |measured -
+    predicted|, the means, and the gap split into duplicates and the rest (module docstring)."""
     columns = [
         "variant",
         "measure",
@@ -89,8 +107,13 @@ def departure(table: pd.DataFrame) -> pd.DataFrame:
         "mean_abs_departure",
         "mean_measured",
         "mean_predicted",
+        "mean_predicted_distinct",
+        "gap_duplicates",
+        "gap_rest",
+        "mean_distinct",
         "n_groups",
     ]
+    table = table.dropna(subset=["predicted"]) if not table.empty else table
     if table.empty:
         return pd.DataFrame(columns=columns)
     table = table.assign(abs_dev=(table["measured"] - table["predicted"]).abs())
@@ -100,9 +123,13 @@ def departure(table: pd.DataFrame) -> pd.DataFrame:
             "mean_abs_departure": grouped["abs_dev"].mean(),
             "mean_measured": grouped["measured"].mean(),
             "mean_predicted": grouped["predicted"].mean(),
+            "mean_predicted_distinct": grouped["predicted_distinct"].mean(),
+            "mean_distinct": grouped["distinct"].mean(),
             "n_groups": grouped["abs_dev"].count(),
         }
     )
+    out["gap_duplicates"] = out["mean_predicted"] - out["mean_predicted_distinct"]
+    out["gap_rest"] = out["mean_predicted_distinct"] - out["mean_measured"]
     return sort_rows(out.reset_index()[columns])
 
 

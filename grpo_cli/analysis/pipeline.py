@@ -47,8 +47,9 @@ FIGURES = {
     "rank_vs_R": "Effective rank (mean over the last part of training) against R; dashed line at 2, "
     "grey band = tolerance; hollow markers = matched-progress means.",
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
-    "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected "
-    "p^R + (1-p)^R) and KL, with alarms.",
+    "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "
+    "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
+    "p^R + (1-p)^R at the batch success rate, a lower bound) and KL, with alarms.",
     "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
     "closed-form prediction for m = 1..R/2.",
 }
@@ -57,6 +58,7 @@ DYNAMICS_COLUMNS = [
     "entropy",
     "zero_variance_frac",
     "expected_zero_variance_frac",
+    "expected_zero_variance_frac_batch",
     "kl",
 ]
 

@@ -24,6 +24,11 @@ from grpo_cli.analysis.tables import (
     run_meta,
 )
 
+# drawn over zero_variance_frac: the per-prompt expectation and the batch-rate lower bound
+EXPECTED_ZERO_VARIANCE = {
+    "expected_zero_variance_frac": "--",
+    "expected_zero_variance_frac_batch": ":",
+}
 NO_DATA_HINTS = {"kl": "\n(e.g. no reference model: algorithm.kl_coef = 0)"}
 DYNAMICS = {
     "grad_sparsity": "gradient sparsity (fraction)",
@@ -103,18 +108,20 @@ def dynamics_figure(
         for (size, variant), curve in panel.groupby(["group_size", "variant"]):
             band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
         if metric == "zero_variance_frac":
-            expected = data[data["metric"] == "expected_zero_variance_frac"]
-            for (size, _), curve in expected.groupby(["group_size", "variant"]):
-                ax.plot(curve["x"], curve["mean"], color=r_color(size), ls="--", lw=1.0, alpha=0.8)
+            for expected_metric, ls in EXPECTED_ZERO_VARIANCE.items():
+                expected = data[data["metric"] == expected_metric]
+                for (size, _), curve in expected.groupby(["group_size", "variant"]):
+                    ax.plot(
+                        curve["x"], curve["mean"], color=r_color(size), ls=ls, lw=1.0, alpha=0.8
+                    )
         draw_alarms(ax, alarms)
         ax.set_title(metric, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique(), alarms=not alarms.empty)
-    handles.append(
-        Line2D(
-            [], [], color="0.3", ls="--", lw=1.0, label="expected zero-variance frac, p^R + (1-p)^R"
-        )
-    )
+    handles += [
+        Line2D([], [], color="0.3", ls="--", lw=1.0, label="expected, mean of p_b^R + (1-p_b)^R"),
+        Line2D([], [], color="0.3", ls=":", lw=1.0, label="lower bound, batch p^R + (1-p)^R"),
+    ]
     return grid.finish(f"{title}: training dynamics (mean over seeds, band: min-max)", handles)

@@ -82,13 +82,19 @@ def summary_frame(result) -> pd.DataFrame:
                 layer="",
                 stat="per group",
                 detail=[
-                    f"mean |measured - pred_{m}|; measured {a:.3f}, predicted {b:.3f}"
-                    for m, a, b in zip(
-                        comp["measure"], comp["mean_measured"], comp["mean_predicted"], strict=True
-                    )
+                    f"mean |measured - pred_{r.measure}|; measured {r.mean_measured:.3f}, "
+                    f"predicted {r.mean_predicted:.3f}, predicted over distinct completions "
+                    f"{r.mean_predicted_distinct:.3f} (mean distinct {r.mean_distinct:.2f})"
+                    for r in comp.itertuples(index=False)
                 ],
             )
-            .drop(columns=["mean_measured", "mean_predicted"])
+            .drop(
+                columns=[
+                    c
+                    for c in comp.columns
+                    if c.startswith(("mean_", "gap_")) and c != "mean_abs_departure"
+                ]
+            )
         )
     acc = result.accuracy
     if not acc.empty:
@@ -190,6 +196,19 @@ def run_table(runs) -> pd.DataFrame:
     )
 
 
+def composition_sentences(comp: pd.DataFrame, measure: str = "erank_entropy") -> list[str]:
+    """Per variant x R, the composition gap in words for one measure."""
+    rows = comp[(comp["measure"] == measure) & comp["mean_predicted_distinct"].notna()]
+    return [
+        f"{r.variant + ', ' if r.variant else ''}R={r.group_size}, {measure}: the composition "
+        f"predicts {r.mean_predicted:.2f}; over the distinct completions ({r.mean_distinct:.2f} "
+        f"of {r.group_size} per group on average) {r.mean_predicted_distinct:.2f}, so "
+        f"duplicates take away {r.gap_duplicates:.2f}; measured {r.mean_measured:.2f}, so "
+        f"correlated score vectors take away {r.gap_rest:.2f} more."
+        for r in rows.itertuples(index=False)
+    ]
+
+
 def claim_blocks(result) -> list[Block]:
     """The opening section: the paper's four claims, one verdict each, rule and numbers."""
     if not result.claims:
@@ -268,10 +287,17 @@ def blocks(result) -> list[Block]:
         ("h2", "rollout_group vs the composition prediction"),
         (
             "p",
-            "Mean |measured - pred_<measure>| over every informative per-group row "
-            "(group g<b>), per R; the prediction uses singular values M (m times) and m (M times).",
+            "Over every informative per-group row (group g<b>) whose advantages fit the closed "
+            "form (c (r_i - mean r), binary r: grpo, dr_grpo, rloo), per R: the prediction from "
+            "the composition (R orthonormal rows, singular values M (m times) and m (M times)), "
+            "the prediction over distinct completions (sqrt(n_u) |a_u| per distinct completion "
+            "u with n_u copies), and the measurement. gap_duplicates = predicted - predicted "
+            "over distinct: what duplicate completions (low entropy) take away; gap_rest = "
+            "predicted over distinct - measured: what the distinct completions' correlated "
+            "score vectors take away.",
         ),
         ("table", result.composition.round(3)),
+        ("list", composition_sentences(result.composition)),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:

@@ -19,6 +19,16 @@ From it (sum sigma = 2mM, sum sigma^2 = mMR, sum sigma^4 = mM(M^3 + m^3)):
     numerical_rank      = R (m if m/M <= rtol)
 
 A zero-variance group (m = 0) has a zero matrix: every measure 0.
+
+The model holds only for advantages of the form c (r_i - mean r), c > 0, with binary r
+(`composition_applies`): grpo, dr_grpo and rloo without an overlong penalty. Not for reinforce
+(its baseline is the batch mean, so a group's advantages need not sum to zero), nor for ppo or
+process (per-token credit), nor when an overlong penalty makes the rewards non-binary.
+
+Duplicate completions have identical score vectors, so orthonormality can hold at best between
+distinct completions. With u = 1..U distinct completions, n_u copies each and advantage a_u, the
+matrix's rows are n_u copies of a_u s_u; for orthonormal s_u its singular values are
+sqrt(n_u) |a_u| (`distinct_spectrum`): the prediction recomputed over distinct completions.
 """
 
 from __future__ import annotations
@@ -82,6 +92,56 @@ def group_composition(rewards: torch.Tensor) -> tuple[int, int]:  # rewards [R]
         return 0, size
     above = int((values > values.mean()).sum())
     return min(above, size - above), max(above, size - above)
+
+
+def composition_applies(
+    advantages: torch.Tensor,  # [R] one advantage per rollout
+    correct: torch.Tensor,  # [R] 1.0 where the answer is right, else 0.0
+    rtol: float = 1e-4,
+) -> bool:
+    """Whether a group's advantages are c (correct_i - mean correct) with c > 0 (module docstring).
+
+    `rtol` is relative to max |advantage| (advantages are float32).
+    """
+    a = advantages.detach().reshape(-1).double()  # [R]
+    r = correct.detach().reshape(-1).double()  # [R]
+    if not bool(((r == 0) | (r == 1)).all()):
+        return False
+    centered = r - r.mean()  # [R]
+    scale = float(a.abs().max()) if a.numel() else 0.0
+    if float(centered.abs().max()) == 0.0:  # all rewards equal: the model says a zero matrix
+        return scale == 0.0
+    c = float(a @ centered / (centered @ centered))
+    return c > 0 and float((a - c * centered).abs().max()) <= rtol * scale
+
+
+def distinct_rows(
+    tokens: torch.Tensor,  # [R, L] completion token ids
+    mask: torch.Tensor | None = None,  # [R, L] 1 on tokens that count
+) -> torch.Tensor:  # [R] int64: index of each row's distinct completion (0..U-1)
+    """Which rows are the same completion, comparing only the tokens under `mask`."""
+    if tokens.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long)
+    keys = tokens
+    if mask is not None:
+        counted = mask > 0  # [R, L]
+        keys = torch.cat([torch.where(counted, tokens, 0), counted.long()], dim=1)  # [R, 2L]
+    return torch.unique(keys, dim=0, return_inverse=True)[1]
+
+
+def distinct_spectrum(
+    advantages: torch.Tensor,  # [R] one advantage per rollout
+    inverse: torch.Tensor,  # [R] distinct-completion index of each row (distinct_rows)
+) -> torch.Tensor:  # [U] float64, descending
+    """sqrt(n_u) |a_u| per distinct completion u: the spectrum if distinct scores were orthonormal.
+
+    >>> distinct_spectrum(torch.tensor([3.0, -1, -1, -1]), torch.tensor([0, 1, 1, 2])).tolist()
+    [3.0, 1.4142135623730951, 1.0]
+    """
+    inverse = inverse.to(advantages.device)
+    count = torch.bincount(inverse).double()  # [U]
+    value = torch.zeros_like(count).scatter_(0, inverse, advantages.detach().double().abs())
+    return (count.sqrt() * value).sort(descending=True).values
 
 
 def count_distinct_rows(

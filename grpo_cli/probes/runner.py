@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from grpo_cli.probes.composition import (
-    count_distinct_rows,
+    composition_applies,
+    distinct_rows,
+    distinct_spectrum,
     group_composition,
     predicted_rank_measures,
 )
@@ -176,6 +178,8 @@ class ProbeSuite:
         correct = output.scored.correct.reshape(-1, size)  # [B, R]
         completion = batch.input_ids.reshape(-1, size, batch.input_ids.shape[-1])  # [B, R, L]
         completion_mask = batch.completion_mask.reshape(-1, size, batch.completion_mask.shape[-1])
+        per_rollout = per_rollout_advantage(output.advantages, batch.completion_mask)  # [N] | None
+        rollout_advantages = None if per_rollout is None else per_rollout.reshape(-1, size)  # [B, R]
         group_rows, zero_groups = [], 0
         for index, block in enumerate(blocks):
             if matrix == "rollout_group" and not bool(advantages[index].abs().gt(0).any()):
@@ -183,17 +187,31 @@ class ProbeSuite:
                 continue
             sigma = singular_values_from_gram(block)
             minority, majority = group_composition(correct[index])
+            inverse = distinct_rows(completion[index], completion_mask[index])  # [R]
             extras = {
                 "minority": minority,
                 "majority": majority,
-                "distinct": count_distinct_rows(completion[index], completion_mask[index]),
+                "distinct": int(inverse.max()) + 1 if inverse.numel() else 0,
                 "mean_abs_cosine": mean_abs_cosine(
                     score_blocks[index] if score_blocks is not None else block
                 ),
             }
-            if matrix == "rollout_group":
-                predicted = predicted_rank_measures(minority, majority, self.cfg.rank_rtol)
+            # closed forms only where their assumptions hold (grpo_cli/probes/composition.py)
+            if (
+                matrix == "rollout_group"
+                and rollout_advantages is not None
+                and composition_applies(rollout_advantages[index], correct[index])
+            ):
+                rtol = self.cfg.rank_rtol
+                predicted = predicted_rank_measures(minority, majority, rtol)
                 extras.update({f"pred_{name}": value for name, value in predicted.items()})
+                over_distinct = distinct_spectrum(rollout_advantages[index], inverse)  # [U]
+                extras.update(
+                    {
+                        f"pred_distinct_{name}": value
+                        for name, value in all_rank_measures(over_distinct, rtol).items()
+                    }
+                )
             keep_spectrum = index < self.cfg.max_groups_saved
             group_rows.append(
                 self._add(rows, step, matrix, f"g{index}", sigma, spectrum=keep_spectrum, **extras)

@@ -26,6 +26,7 @@ METRIC_COLUMNS = (
     "accuracy_train",
     "zero_variance_frac",
     "expected_zero_variance_frac",
+    "expected_zero_variance_frac_batch",
     "loss",
     "pg_loss",
     "kl",
@@ -67,6 +68,7 @@ RANK_COLUMNS = (
     + RANK_MEASURES
     + ("minority", "majority", "distinct", "mean_abs_cosine")
     + tuple(f"pred_{name}" for name in RANK_MEASURES)
+    + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")

@@ -1,4 +1,5 @@
-"""Resumable checkpoints: policy, optimizer, value head, alarm counters and the next step."""
+"""Resumable checkpoints: policy, optimizer, value head, alarm counters, per-problem success
+counts and the next step."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor) -> None:
         "optimizer": trainer.optimizer.state_dict(),
         "value_head": trainer.value_head.state_dict() if trainer.value_head is not None else None,
         "alarms": monitor.state_dict(),
+        "problem_success": trainer.problem_success.state_dict(),
     }
     temporary = path.with_suffix(".tmp")
     torch.save(state, temporary)
@@ -28,5 +30,7 @@ def load_checkpoint(path: Path, trainer, monitor) -> int:
     if trainer.value_head is not None and state["value_head"] is not None:
         trainer.value_head.load_state_dict(state["value_head"])
     monitor.load_state_dict(state["alarms"])
+    if "problem_success" in state:  # absent in checkpoints written before it existed
+        trainer.problem_success.load_state_dict(state["problem_success"])
     trainer.backend.sync_weights(trainer.model)
     return int(state["next_step"])

@@ -20,7 +20,10 @@ from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, val
 from grpo_cli.algorithm.optim import build_optimizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
-from grpo_cli.train.alarms import expected_zero_variance_fraction
+from grpo_cli.train.alarms import (
+    expected_zero_variance_fraction,
+    mean_expected_zero_variance_fraction,
+)
 from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
 from grpo_cli.train.credit import (
     ScoredBatch,
@@ -31,6 +34,7 @@ from grpo_cli.train.credit import (
     zero_variance_groups,
 )
 from grpo_cli.train.policy_forward import forward_policy
+from grpo_cli.train.problem_success import ProblemSuccess
 from grpo_cli.train.timing import PhaseTimer
 
 
@@ -91,6 +95,7 @@ class GRPOTrainer:
             tokenizer(task.prompt(problem), add_special_tokens=False)["input_ids"]
             for problem in task.train
         ]
+        self.problem_success = ProblemSuccess()  # per-problem success so far (checkpointed)
         self.share_prompts = cfg.train.shared_prompt_forward
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
@@ -312,6 +317,11 @@ class GRPOTrainer:
         with timer.phase("sync_weights"):
             self.backend.sync_weights(self.model)
 
+        batch_rate = scored.correct.mean().item()
+        prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
+        self.problem_success.update(
+            batch.problem_indices, scored.correct.reshape(-1, batch.group_size).tolist()
+        )
         lengths = batch.completion_lengths()
         in_completion = mask > 0
         logprob_diff = (batch.sampler_logprobs - policy_logprobs).abs()[in_completion]
@@ -321,9 +331,12 @@ class GRPOTrainer:
             "reward_std": scored.rewards.std(correction=0).item(),
             "accuracy_train": scored.correct.mean().item(),
             "zero_variance_frac": zero_variance_groups(scored.rewards, batch.group_size).float().mean().item(),
-            "expected_zero_variance_frac": expected_zero_variance_fraction(
-                scored.correct.mean().item(), batch.group_size
+            "expected_zero_variance_frac": mean_expected_zero_variance_fraction(
+                prompt_rates, batch.group_size
             ),
+            "expected_zero_variance_frac_batch": expected_zero_variance_fraction(
+                batch_rate, batch.group_size
+            ),  # a lower bound when difficulty varies (grpo_cli/train/problem_success.py)
             "loss": totals["loss"],
             "pg_loss": totals["pg_loss"],
             "kl": totals["kl"] if ref_logprobs is not None else math.nan,

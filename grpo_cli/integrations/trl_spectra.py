@@ -307,7 +307,8 @@ class SpectraCallback(TrainerCallback):
             "reward_std": float(finite.std(correction=0)),
             "accuracy_train": accuracy,
             "zero_variance_frac": float(zero_variance_groups(finite, size).float().mean()),
-            "expected_zero_variance_frac": expected_zero_variance_fraction(accuracy, size),
+            # the batch-rate lower bound; the per-prompt expectation needs problem ids TRL hides
+            "expected_zero_variance_frac_batch": expected_zero_variance_fraction(accuracy, size),
             "loss": self._loss,
             "pg_loss": self._loss,  # unsupported_settings admits no other loss term
             "kl": math.nan,

@@ -150,7 +150,7 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     from grpo_cli.algorithm.advantages import broadcast_to_tokens, reinforce
 
     model, batch = tiny_model(), padded_batch()
-    suite = ProbeSuite(AnalysisConfig(matrices=["rollout_group"]), model, tmp_path / "w0.pt")
+    suite = ProbeSuite(ProbesConfig(matrices=["rollout_group"]), model, tmp_path / "w0.pt")
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     rows = suite.record(0, step_output(batch, rewards), model).ranks
     g0 = next(r for r in rows if r["group"] == "g0")

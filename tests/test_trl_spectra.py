@@ -224,3 +224,23 @@ def test_loss_weights_match_trls_aggregations():
     with pytest.raises(ValueError, match="sapo"):
         loss_weights("sapo", mask, 3)
     assert math.isclose(float(loss_weights("dapo", mask, 3).sum()), 1.0)
+
+
+@pytest.mark.slow
+def test_resumed_trl_run_rewrites_its_logs_from_the_checkpoint(policy_source, tmp_path):
+    run_dir = tmp_path / "run"
+    settings = dict(steps=4, lr=1e-3, loss_type="dapo", save_strategy="steps", save_steps=2)
+    first = build_trainer(policy_source, tmp_path, **settings)
+    SpectraCallback(run_dir, every=1).attach(first)
+    first.train()
+    uninterrupted = pd.read_csv(run_dir / "metrics.csv")
+
+    again = build_trainer(policy_source, tmp_path, **settings)
+    SpectraCallback(run_dir, every=1).attach(again)
+    again.train(resume_from_checkpoint=str(tmp_path / "trl" / "checkpoint-2"))
+    run = load_run(run_dir)
+    assert run.status == "completed" and run.info["resumed_from"] == 2
+    assert list(run.metrics.step) == [0, 1, 2, 3]  # steps 2, 3 cut back and written once more
+    pd.testing.assert_series_equal(run.metrics.reward_mean, uninterrupted.reward_mean)
+    assert sorted(set(run.ranks.step)) == [0, 1, 2, 3]
+    assert run.ranks.groupby(["step", "matrix", "layer", "group"]).size().max() == 1  # no duplicates

@@ -180,7 +180,10 @@ class GRPOTrainer:
     # ---- update -------------------------------------------------------------------------------
     def micro_batches(self, num_rows: int) -> list[torch.Tensor]:
         size = max(1, self.cfg.train.micro_batch_size)
-        return [torch.arange(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+        return [  # on the batch's device: indexing with them copies nothing to the device
+            torch.arange(start, min(start + size, num_rows), device=self.device)
+            for start in range(0, num_rows, size)
+        ]
 
     def old_logprobs_and_values(self, batch: RolloutBatch):
         """Log-probs of the policy that sampled (and, for ppo, values) before any update."""
@@ -239,9 +242,13 @@ class GRPOTrainer:
             ref_logprobs = self.reference_logprobs(batch)
 
         # ---- update: forward, backward, optimizer per micro-batch and iteration ----
+        # No host sync per micro-batch: the logged terms stay tensors until one read per pass.
         timer.start("update")
         constant = algorithm.loss_constant or self.settings.max_new_tokens
-        batch_tokens = float(mask.sum().item())
+        micro = self.micro_batches(batch.num_rollouts)
+        token_counts = torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro]).tolist()
+        batch_tokens = float(token_counts[0])
+        shares = [count / max(batch_tokens, 1.0) for count in token_counts[1:]]  # micro-batch token shares
         weights = aggregation_weights(
             mask, algorithm.loss_agg, constant, batch_tokens=batch_tokens,
             batch_sequences=batch.num_rollouts,
@@ -251,9 +258,11 @@ class GRPOTrainer:
         grad_norm = 0.0
         self.model.train()
         policy_logprobs = torch.zeros_like(mask)  # [N, L] first-pass log-probs, for the guard
+        zero = mask.new_zeros(())
         for iteration in range(algorithm.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for rows in self.micro_batches(batch.num_rollouts):
+            logged = []  # per micro-batch: [loss, pg_loss, clip_frac, entropy sum, kl sum, value loss]
+            for rows, share in zip(micro, shares, strict=True):
                 part = select_rows(batch, rows)
                 part_mask = part.completion_mask
                 timer.start("forward")  # the policy's forward and the loss terms
@@ -263,7 +272,7 @@ class GRPOTrainer:
                         share_prompts=self.share_prompts,
                     )
                 if iteration == 0:
-                    policy_logprobs[rows.to(mask.device)] = logprobs.detach()
+                    policy_logprobs[rows] = logprobs.detach()
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 pg_loss, stats = policy_loss(
                     logprobs, old, advantages[rows] * tis[rows], part_mask,
@@ -272,32 +281,40 @@ class GRPOTrainer:
                     importance_sampling_level=algorithm.importance_sampling_level,
                     batch_tokens=batch_tokens, batch_sequences=batch.num_rollouts,
                 )
-                loss = pg_loss
-                share = part_mask.sum().item() / max(batch_tokens, 1.0)
+                loss, kl_sum, v_loss = pg_loss, zero, zero
                 if ref_logprobs is not None:
                     kl_tokens = kl_k3(logprobs, ref_logprobs[rows], part_mask)  # [n, L]
                     kl_term = (weights[rows] * kl_tokens).sum()
                     loss = loss + algorithm.kl_coef * kl_term
-                    totals["kl"] += (kl_tokens * part_mask).sum().item() / max(batch_tokens, 1.0)
+                    kl_sum = (kl_tokens * part_mask).sum()
                 if self.value_head is not None:
                     part_values = self.value_head(hidden)
                     v_loss = value_loss(part_values, returns[rows], part_mask)
                     loss = loss + algorithm.value_coef * v_loss * share
-                    totals["value_loss"] += v_loss.item() * share
                 timer.stop("forward")
-                if not torch.isfinite(loss):
-                    timer.stop("update")
-                    raise NonFiniteLossError(
-                        f"step {step}: loss is {loss.item()} (pg_loss {pg_loss.item()}); "
-                        "lower optim.lr or check the rewards"
-                    )
                 with timer.phase("backward"):
                     loss.backward()
-                if iteration == 0:
-                    totals["loss"] += loss.item()
-                    totals["pg_loss"] += pg_loss.item()
-                    totals["clip"] += stats["clip_frac"].item() * share
-                    totals["entropy"] += (entropy.detach() * part_mask).sum().item() / max(batch_tokens, 1.0)
+                logged.append(torch.stack([
+                    loss.detach(), pg_loss.detach(), stats["clip_frac"],
+                    (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
+                ]).double())  # exact: .item() would give the same doubles
+            # one read per pass: a non-finite loss stops the run here, before any update
+            values = torch.stack(logged).tolist()  # [micro-batches, 6]
+            bad = next((row for row in values if not math.isfinite(row[0])), None)
+            if bad is not None:
+                timer.stop("update")
+                raise NonFiniteLossError(
+                    f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); "
+                    "lower optim.lr or check the rewards"
+                )
+            if iteration == 0:  # summed in micro-batch order, as the per-micro-batch reads did
+                for (loss_v, pg_v, clip_v, entropy_v, kl_v, value_v), share in zip(values, shares, strict=True):
+                    totals["loss"] += loss_v
+                    totals["pg_loss"] += pg_v
+                    totals["clip"] += clip_v * share
+                    totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
+                    totals["kl"] += kl_v / max(batch_tokens, 1.0)
+                    totals["value_loss"] += value_v * share
             if iteration == 0 and capture_layers is not None:
                 with timer.phase("probes"):  # the probes' copy of the batch gradients
                     layer_grads = capture_layers()
@@ -305,14 +322,14 @@ class GRPOTrainer:
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
                 max_norm = self.cfg.optim.max_grad_norm
                 max_norm = max_norm if max_norm > 0 else math.inf
-                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
                 if iteration == 0:
-                    grad_norm = norm.item()
-                if math.isfinite(grad_norm):
+                    grad_norm = norm
+                if math.isfinite(norm):
                     self.optimizer.step()
-            if not math.isfinite(grad_norm):
+            if not math.isfinite(norm):
                 timer.stop("update")
-                raise NonFiniteLossError(f"step {step}: gradient norm is {grad_norm}")
+                raise NonFiniteLossError(f"step {step}: gradient norm is {norm}")
         timer.stop("update")
         with timer.phase("sync_weights"):
             self.backend.sync_weights(self.model)

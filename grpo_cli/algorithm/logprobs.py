@@ -1,10 +1,47 @@
-"""Per-token log-probs and entropies of a causal LM from one forward pass."""
+"""Per-token log-probs and entropies of a causal LM from one forward pass.
+
+At paper scale the logits dominate the training forward's memory: a micro-batch of 2 rollouts of
+~760 tokens over Nemotron's 256,000-token vocabulary is [2, 760, 256000], 1.5 GB in float32 for
+each of the logits, their log-softmax terms and, in backward, their gradient. `logprobs_from_hidden`
+takes the final hidden states instead and runs lm_head + log-softmax + gather + entropy over chunks
+of positions, each chunk under `torch.utils.checkpoint`, so at most one chunk's [N, c, V] logits
+exist at a time, in forward and in backward (where the chunk's logits are recomputed). Values are
+those of `token_logprobs_and_entropy` (the same float32 operations per position); the lm_head
+gradient is summed over chunks, so it agrees to float32 rounding.
+"""
 
 from __future__ import annotations
 
 import inspect
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+# Causal LMs whose forward is exactly `logits = lm_head(decoder(...).last_hidden_state)` in
+# transformers 5.x (checked in their modeling files): no soft-capping or logit scaling, so
+# log-probs can be taken from the decoder's hidden states chunk by chunk. Others (Gemma 2, Cohere,
+# Granite, ...) take the full-logits path.
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "nemotron", "qwen2", "qwen3", "phi3", "olmo2", "smollm3", "gemma"}
+)
+
+
+def log_softmax_terms(
+    logits: torch.Tensor,  # [N, T, V] logits[:, t] is the distribution of targets[:, t]
+    targets: torch.Tensor,  # [N, T]
+) -> tuple[torch.Tensor, torch.Tensor]:  # (logprobs [N, T], entropy [N, T]) in float32
+    """log p(targets) under softmax(logits) and the entropy of that distribution, in float32.
+
+    The entropy carries no gradient (it is recorded, never optimised), so no [N, T, V] tensors are
+    kept for its backward.
+    """
+    scores = logits.float()  # [N, T, V]
+    log_norm = torch.logsumexp(scores, dim=-1)  # [N, T]
+    picked = scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [N, T]
+    with torch.no_grad():
+        log_p = scores - log_norm.unsqueeze(-1)  # [N, T, V]
+        entropy = -(log_p.exp() * log_p).sum(-1)  # [N, T]
+    return picked, entropy
 
 
 def token_logprobs_and_entropy(
@@ -14,18 +51,61 @@ def token_logprobs_and_entropy(
     """Return (logprobs [N, L], entropy [N, L]) aligned with input_ids; column 0 is zero.
 
     logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that
-    predictive distribution. Computed in float32 whatever the logits dtype. The entropy carries no
-    gradient (it is recorded, never optimised).
+    predictive distribution. Computed in float32 whatever the logits dtype.
     """
-    shifted = logits[:, :-1].float()  # [N, L-1, V]
-    log_norm = torch.logsumexp(shifted, dim=-1)  # [N, L-1]
-    targets = input_ids[:, 1:].unsqueeze(-1)  # [N, L-1, 1]
-    picked = shifted.gather(-1, targets).squeeze(-1) - log_norm  # [N, L-1]
-    with torch.no_grad():  # entropy is a metric: no graph, so no [N, L, V] tensors kept for backward
-        log_p = shifted - log_norm.unsqueeze(-1)  # [N, L-1, V]
-        entropy = -(log_p.exp() * log_p).sum(-1)  # [N, L-1]
+    picked, entropy = log_softmax_terms(logits[:, :-1], input_ids[:, 1:])  # [N, L-1] each
     pad = picked.new_zeros(picked.shape[0], 1)
     return torch.cat([pad, picked], dim=1), torch.cat([pad, entropy], dim=1)
+
+
+def logits_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The output projection when the model's logits are exactly `head(decoder(...)
+    .last_hidden_state)` (see PLAIN_HEAD_MODEL_TYPES), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+        return None
+    return model.get_output_embeddings()
+
+
+def positions_per_chunk(rows: int, vocab: int, chunk_mb: float) -> int:
+    """Positions whose float32 logits [rows, c, vocab] fit in `chunk_mb` MiB (at least 1);
+    chunk_mb <= 0 means no limit."""
+    if chunk_mb <= 0:
+        return 2**62
+    return max(1, int(chunk_mb * 2**20) // (4 * max(1, rows) * max(1, vocab)))
+
+
+def _chunk_terms(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor):
+    return log_softmax_terms(head(hidden), targets)
+
+
+def logprobs_from_hidden(
+    head: torch.nn.Module,  # hidden [..., H] -> logits [..., V], e.g. lm_head
+    hidden: torch.Tensor,  # [N, T, H] final hidden states; column t predicts targets[:, t]
+    targets: torch.Tensor,  # [N, T]
+    chunk_mb: float,  # float32 logits per chunk, MiB (<= 0: one pass)
+) -> tuple[torch.Tensor, torch.Tensor]:  # (logprobs [N, T], entropy [N, T]) float32
+    """`log_softmax_terms(head(hidden), targets)` in chunks of positions (module docstring)."""
+    rows, width = targets.shape
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+    chunk = positions_per_chunk(rows, vocab, chunk_mb)
+    if chunk >= width:
+        return _chunk_terms(head, hidden, targets)
+    needs_graph = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    picked, entropy = [], []
+    for start in range(0, width, chunk):
+        part = (head, hidden[:, start : start + chunk], targets[:, start : start + chunk])
+        if needs_graph:  # keep only the chunk's inputs; its logits are recomputed in backward
+            terms = checkpoint(_chunk_terms, *part, use_reentrant=False)
+        else:
+            terms = _chunk_terms(*part)
+        picked.append(terms[0])
+        entropy.append(terms[1])
+    return torch.cat(picked, dim=1), torch.cat(entropy, dim=1)
 
 
 def token_logprobs(

@@ -85,6 +85,7 @@ class TrainConfig:
     steps: int = 50  # optimizer steps of GRPO
     micro_batch_size: int = 64  # sequences per forward/backward micro-batch
     shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
+    logits_chunk_mb: float = 1024.0  # float32 logits held at once by the log-prob pass (MiB); longer batches run lm_head + log-softmax in chunks of positions (0 = one pass)
 
 
 @dataclass

@@ -11,6 +11,10 @@ test_policy_forward.py checks loss and gradients to 1e-5 relative). Outputs matc
 forward on completion columns and on column P (the first completion token, predicted from the
 prompt's last logits); prompt columns are 0, and nothing reads them (the completion mask is 0
 there).
+
+Both paths stop at the decoder's final hidden states when the model allows it (`logits_head`)
+and take log-probs from them in chunks of positions (`train.logits_chunk_mb`,
+grpo_cli/algorithm/logprobs.py), so the [N, L, V] logits never exist at once.
 """
 
 from __future__ import annotations
@@ -18,7 +22,12 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from grpo_cli.algorithm.logprobs import accepts_logits_to_keep, token_logprobs_and_entropy
+from grpo_cli.algorithm.logprobs import (
+    accepts_logits_to_keep,
+    log_softmax_terms,
+    logits_head,
+    logprobs_from_hidden,
+)
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -72,7 +81,34 @@ def can_share(model, batch: RolloutBatch, want_hidden: bool) -> bool:
     )
 
 
-def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+def final_columns(model, keep: int, output_hidden_states: bool = False, **inputs):
+    """(scores [N, keep, *], output, head) of the last `keep` columns: the decoder's final hidden
+    states [N, keep, H] and the head that maps them to logits when `logits_head(model)` exists,
+    else the model's logits [N, keep, V] and head None."""
+    head = logits_head(model)
+    if head is not None:
+        output = model.get_decoder()(**inputs, output_hidden_states=output_hidden_states)
+        return output.last_hidden_state[:, -keep:], output, head
+    if accepts_logits_to_keep(model):
+        inputs["logits_to_keep"] = keep
+    output = model(**inputs, output_hidden_states=output_hidden_states)
+    return output.logits[:, -keep:], output, None
+
+
+def predicted_logprobs(
+    scores: torch.Tensor,  # [N, T, H] hidden states (head given) or [N, T, V] logits (head None)
+    head: torch.nn.Module | None,
+    targets: torch.Tensor,  # [N, T] scores[:, t] predicts targets[:, t]
+    chunk_mb: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (logprobs [N, T], entropy [N, T])
+    if head is None:
+        return log_softmax_terms(scores, targets)
+    return logprobs_from_hidden(head, scores, targets, chunk_mb)
+
+
+def shared_prefix_forward(
+    model, batch: RolloutBatch, chunk_mb: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(logprobs [n, L], entropy [n, L]) like `forward_policy`, or None when no prompt is shared
     (or the model keeps no KV cache); the caller then runs the plain forward."""
     if not can_share(model, batch, want_hidden=False):
@@ -83,60 +119,60 @@ def shared_prefix_forward(model, batch: RolloutBatch) -> tuple[torch.Tensor, tor
     prompt_length = batch.prompt_length
     positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
     cache = DynamicCache(config=model.config)
-    prompt_out = model(
+    common = {"past_key_values": cache, "use_cache": True}
+    prompt_scores, _, head = final_columns(
+        model, 1,
         input_ids=batch.input_ids[first, :prompt_length],
         attention_mask=batch.attention_mask[first, :prompt_length],
-        position_ids=positions[first, :prompt_length],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+        position_ids=positions[first, :prompt_length], **common,
+    )  # [U, 1, H or V]
     for layer in cache.layers:  # [U, H, P, D] -> [n, H, P, D], differentiable
         layer.keys, layer.values = expand_rows(layer.keys, inverse), expand_rows(layer.values, inverse)
-    completion_out = model(
+    completion_length = batch.input_ids.shape[1] - prompt_length
+    completion_scores, _, _ = final_columns(
+        model, completion_length,
         input_ids=batch.input_ids[:, prompt_length:],
         attention_mask=batch.attention_mask,
-        position_ids=positions[:, prompt_length:],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    last_prompt_logits = expand_rows(prompt_out.logits, inverse)  # [n, 1, V]
-    logits = torch.cat([last_prompt_logits, completion_out.logits], dim=1)  # [n, C+1, V]
-    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, prompt_length - 1 :])
-    pad = (prompt_length - 1, 0)
+        position_ids=positions[:, prompt_length:], **common,
+    )  # [n, C, H or V]
+    scores = torch.cat([expand_rows(prompt_scores, inverse), completion_scores[:, :-1]], dim=1)
+    logprobs, entropy = predicted_logprobs(scores, head, batch.input_ids[:, prompt_length:], chunk_mb)
+    pad = (prompt_length, 0)
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)  # [n, L]
 
 
-def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False):
+def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,
+                  chunk_mb: float = 0.0):
     """One forward over every column: log-probs and entropies [N, L] (and final hidden states).
 
-    Logits are computed from the last prompt column on (`logits_to_keep`), as in the shared
-    path: prompt columns of the outputs are 0 (the completion mask is 0 there), and the
-    [N, L, V] float32 log-softmax terms shrink by the prompt's share of the columns.
+    Log-probs are computed from the last prompt column on, as in the shared path: prompt columns
+    of the outputs are 0 (the completion mask is 0 there), and the [N, L, V] float32 log-softmax
+    terms shrink by the prompt's share of the columns.
     """
     width, prompt_length = batch.input_ids.shape[1], batch.prompt_length
     first = prompt_length if 0 < prompt_length < width else 1  # first column with a log-prob
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-              "position_ids": position_ids, "output_hidden_states": want_hidden}
-    if first > 1 and accepts_logits_to_keep(model):
-        inputs["logits_to_keep"] = width - first + 1
-    output = model(**inputs)
-    logits = output.logits[:, -(width - first + 1) :]  # [N, L - first + 1, V]
-    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids[:, first - 1 :])
-    pad = (first - 1, 0)
+    scores, output, head = final_columns(
+        model, width - first + 1, output_hidden_states=want_hidden,
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+    )  # [N, L - first + 1, H or V]
+    logprobs, entropy = predicted_logprobs(
+        scores[:, :-1], head, batch.input_ids[:, first:], chunk_mb
+    )  # [N, L - first]
+    pad = (first, 0)
     hidden = output.hidden_states[-1] if want_hidden else None
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad), hidden
 
 
-def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False):
+def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False,
+                   chunk_mb: float = 0.0):
     """(logprobs [N, L], entropy [N, L], hidden [N, L, H] or None) for a batch of rollouts.
 
     `share_prompts` runs each distinct prompt once where that is exact (`can_share`); the value
     head (`want_hidden`) and activation checkpointing always take the plain forward.
     """
     if share_prompts and not want_hidden:
-        shared = shared_prefix_forward(model, batch)
+        shared = shared_prefix_forward(model, batch, chunk_mb)
         if shared is not None:
             return (*shared, None)
-    return plain_forward(model, batch, want_hidden)
+    return plain_forward(model, batch, want_hidden, chunk_mb)

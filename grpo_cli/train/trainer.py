@@ -97,6 +97,7 @@ class GRPOTrainer:
         ]
         self.problem_success = ProblemSuccess()  # per-problem success so far (checkpointed)
         self.share_prompts = cfg.train.shared_prompt_forward
+        self.chunk_mb = cfg.train.logits_chunk_mb
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
         if self.autocast_kind != "none":
@@ -194,7 +195,7 @@ class GRPOTrainer:
                 with self.autocast():
                     logprobs, _, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
-                        share_prompts=self.share_prompts,
+                        share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
                     )
                 parts_lp.append(logprobs)
                 if self.value_head is not None:
@@ -208,7 +209,7 @@ class GRPOTrainer:
         with torch.no_grad():
             return torch.cat(
                 [forward_policy(self.reference_model, select_rows(batch, rows),
-                                share_prompts=self.share_prompts)[0]
+                                share_prompts=self.share_prompts, chunk_mb=self.chunk_mb)[0]
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
 
@@ -269,7 +270,7 @@ class GRPOTrainer:
                 with self.autocast():
                     logprobs, entropy, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
-                        share_prompts=self.share_prompts,
+                        share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
                     )
                 if iteration == 0:
                     policy_logprobs[rows] = logprobs.detach()

@@ -1,0 +1,128 @@
+"""Log-probs and entropies in chunks of positions: the same values and gradients as one pass,
+and no [N, L, V] tensor at any point of forward or backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from step_parity import assert_same_update, setup_for, step_loss_and_grads
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from grpo_cli.algorithm.logprobs import (
+    log_softmax_terms,
+    logits_head,
+    logprobs_from_hidden,
+    positions_per_chunk,
+    token_logprobs_and_entropy,
+)
+from grpo_cli.train.policy_forward import plain_forward, shared_prefix_forward
+
+
+def chunk_mb_for(positions: int, rows: int, vocab: int) -> float:
+    """The chunk_mb that gives `positions` positions per chunk."""
+    return positions * rows * vocab * 4 / 2**20
+
+
+class LargestVocabTensor(TorchDispatchMode):
+    """Records the most elements of any op output whose last dimension is the vocabulary."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.largest = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[-1] == self.vocab:
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def head_and_inputs(rows=2, width=23, hidden_size=8, vocab=50, seed=0):
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    hidden = torch.randn(rows, width, hidden_size, requires_grad=True)  # [N, T, H]
+    targets = torch.randint(0, vocab, (rows, width))  # [N, T]
+    return head, hidden, targets
+
+
+def test_positions_per_chunk():
+    assert positions_per_chunk(2, 256_000, 256) == 131  # 2 x 131 x 256000 x 4 B <= 256 MiB
+    assert positions_per_chunk(2, 256_000, 0) > 10**9  # 0: one pass
+    assert positions_per_chunk(64, 256_000, 1) == 1  # never below one position
+
+
+@pytest.mark.parametrize("positions", [1, 4, 7, 22])
+def test_chunked_values_and_gradients_match_one_pass(positions):
+    head, hidden, targets = head_and_inputs()
+    logprobs, entropy = log_softmax_terms(head(hidden), targets)  # [N, T] one pass
+    (logprobs * torch.linspace(-1, 1, targets.numel()).view_as(logprobs)).sum().backward()
+    grad_hidden, grad_head = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+
+    chunk_mb = chunk_mb_for(positions, *targets.shape[:1], head.out_features)
+    chunked, chunked_entropy = logprobs_from_hidden(head, hidden, targets, chunk_mb)
+    (chunked * torch.linspace(-1, 1, targets.numel()).view_as(chunked)).sum().backward()
+    torch.testing.assert_close(chunked, logprobs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(chunked_entropy, entropy, rtol=1e-6, atol=1e-6)
+    assert not chunked_entropy.requires_grad  # a metric, never optimised
+    torch.testing.assert_close(hidden.grad, grad_hidden, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.weight.grad, grad_head, rtol=1e-5, atol=1e-6)
+
+
+def test_one_chunk_is_todays_path_bit_for_bit():
+    head, hidden, targets = head_and_inputs()
+    logits = head(hidden)  # [N, T, V]
+    ids = torch.cat([targets[:, :1], targets], dim=1)  # column t of logits predicts ids[:, t+1]
+    padded_logits = torch.cat([logits, logits[:, :1]], dim=1)
+    reference = token_logprobs_and_entropy(padded_logits, ids)
+    logprobs, entropy = logprobs_from_hidden(head, hidden, targets, chunk_mb=0)
+    assert torch.equal(logprobs, reference[0][:, 1:]) and torch.equal(entropy, reference[1][:, 1:])
+
+
+def test_no_full_length_vocab_tensor_in_forward_or_backward():
+    """One pass makes [N, T, V] tensors; chunks of c positions never exceed [N, c, V]."""
+    head, hidden, targets = head_and_inputs(width=40, vocab=97)
+    rows, width = targets.shape
+    with LargestVocabTensor(head.out_features) as full:
+        log_softmax_terms(head(hidden), targets)[0].sum().backward()
+    assert full.largest == rows * width * head.out_features
+
+    positions = 5
+    chunk_mb = chunk_mb_for(positions, rows, head.out_features)
+    with LargestVocabTensor(head.out_features) as chunked:
+        logprobs_from_hidden(head, hidden, targets, chunk_mb)[0].sum().backward()
+    assert 0 < chunked.largest <= rows * positions * head.out_features
+
+
+@pytest.fixture
+def tiny_setup(tmp_path):
+    return setup_for(tmp_path)
+
+
+def test_policy_forward_chunked_matches_one_pass(tiny_setup):
+    model = tiny_setup.model
+    assert logits_head(model) is model.get_output_embeddings()  # llama: hidden-state route
+    batch = tiny_setup.trainer.rollout(0, draw=0)
+    vocab = model.config.vocab_size
+    chunk_mb = chunk_mb_for(3, batch.num_rollouts, vocab)
+    for forward in (plain_forward, shared_prefix_forward):
+        one_pass = forward(model, batch)
+        chunked = forward(model, batch, chunk_mb=chunk_mb)
+        torch.testing.assert_close(chunked[0], one_pass[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(chunked[1], one_pass[1], rtol=1e-6, atol=1e-6)
+    with LargestVocabTensor(vocab) as largest:
+        plain_forward(model, batch, chunk_mb=chunk_mb)[0].sum().backward()
+    assert 0 < largest.largest <= batch.num_rollouts * 3 * vocab
+    assert batch.input_ids.shape[1] - batch.prompt_length > 3  # really more than one chunk
+
+
+@pytest.mark.parametrize("shared", ["true", "false"])
+def test_training_step_in_chunks_keeps_the_update(tmp_path, shared):
+    """A whole GRPO step with the log-prob pass in 2-position chunks: same loss and gradients."""
+    overrides = [f"train.shared_prompt_forward={shared}", "train.micro_batch_size=5"]
+    reference_setup = setup_for(tmp_path, *overrides, "train.logits_chunk_mb=0")
+    reference = step_loss_and_grads(reference_setup)
+    two_positions = chunk_mb_for(2, 5, reference_setup.model.config.vocab_size)
+    candidate = setup_for(tmp_path, *overrides, f"train.logits_chunk_mb={two_positions}")
+    assert_same_update(reference, step_loss_and_grads(candidate))

@@ -45,3 +45,29 @@ def test_bf16_weights_move_at_rl_learning_rates():
         mean_step[name] = ((start.float() - param.float()) * grad.float().sign()).mean().item()
     assert abs(mean_step["ours"] - 1e-6) < 1e-7  # unbiased
     assert mean_step["torch"] < 0.5e-6  # most of the update rounded away
+
+
+def test_update_in_slices_is_the_whole_update():
+    """Slicing the elementwise update changes nothing in float32; in bf16 it stays unbiased."""
+    torch.manual_seed(0)
+    start = torch.randn(3, 1000)
+    grads = [torch.randn(3, 1000) for _ in range(3)]
+    finals = []
+    for slice_elements in (2**24, 7):
+        param = torch.nn.Parameter(start.clone())
+        optimizer = StochasticRoundingAdamW([param], lr=1e-2, weight_decay=0.1,
+                                            slice_elements=slice_elements)
+        for grad in grads:
+            param.grad = grad.clone()
+            optimizer.step()
+        finals.append((param.detach().clone(), optimizer.state[param]["exp_avg_sq"].clone()))
+    assert torch.equal(finals[0][0], finals[1][0]) and torch.equal(finals[0][1], finals[1][1])
+
+    bf16 = (torch.randn(100_000) * 0.02).to(torch.bfloat16)
+    grad = torch.randn(100_000).to(torch.bfloat16)
+    param = torch.nn.Parameter(bf16.clone())
+    optimizer = StochasticRoundingAdamW([param], lr=1e-6, slice_elements=999)
+    param.grad = grad.clone()
+    optimizer.step()
+    mean_step = ((bf16.float() - param.float()) * grad.float().sign()).mean().item()
+    assert abs(mean_step - 1e-6) < 1e-7

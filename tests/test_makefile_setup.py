@@ -1,0 +1,94 @@
+"""What `make setup` would install, read from `make -n` (a dry run: nothing is installed).
+
+With `nvidia-smi` on PATH (a stub here) the set-up takes vLLM first, letting it pick its CUDA
+torch, then installs grpo-cli with that torch held fixed; without it, the CPU wheel of torch
+first, exactly as before. The stub stands in for the GPU machine, where this cannot be checked
+in CI.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAKE = shutil.which("make")
+pytestmark = pytest.mark.skipif(MAKE is None, reason="GNU make is not installed")
+
+
+def dry_run(tmp_path: Path, gpu: bool, target: str = "setup") -> list[str]:
+    bin_dir = tmp_path / ("gpu-bin" if gpu else "cpu-bin")  # PATH holds nothing else
+    bin_dir.mkdir()
+    if gpu:
+        stub = bin_dir / "nvidia-smi"
+        stub.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3 (stub)'\n")
+        stub.chmod(0o755)
+    venv = tmp_path / "venv"  # does not exist, so the set-up is due
+    result = subprocess.run(
+        [MAKE, "-n", "-C", str(ROOT), target, f"VENV={venv}"],
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, capture_output=True, text=True,
+        check=True,
+    )
+    return [line for line in result.stdout.splitlines() if "pip install" in line]
+
+
+def makefile_variable(name: str) -> str:
+    match = re.search(rf"^{name} \?= (\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert match, name
+    return match.group(1)
+
+
+def test_gpu_setup_installs_vllm_then_the_project_on_vllms_torch(tmp_path):
+    installs = dry_run(tmp_path, gpu=True)
+    vllm = makefile_variable("VLLM_GPU")
+    assert vllm.startswith("vllm==")  # pinned: one consistent torch + vllm pair
+    first = next(i for i, line in enumerate(installs) if f'"{vllm}"' in line)
+    project = next(i for i, line in enumerate(installs) if '-e ".[dev]"' in line)
+    assert first < project  # vllm (and the torch it pins) before anything else
+    assert "-c " in installs[project] and "torch-constraint.txt" in installs[project]
+    assert not any("torch==" in line for line in installs)  # no second torch asked for
+
+
+def test_cpu_setup_is_unchanged_torch_cpu_wheel_first(tmp_path):
+    installs = dry_run(tmp_path, gpu=False)
+    torch_cpu = makefile_variable("TORCH_CPU")
+    assert torch_cpu == "torch==2.13.0"
+    assert f'"{torch_cpu}"' in installs[1]  # after pip itself, before the project
+    assert '-e ".[dev]"' in installs[2] and "-c " not in installs[2]
+    assert not any("vllm" in line for line in installs)
+
+
+def test_the_constraint_line_pins_the_installed_torch(tmp_path):
+    """Run the set-up's own constraint line (from the dry run) with this interpreter."""
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    (stub_dir / "nvidia-smi").write_text("#!/bin/sh\n")
+    (stub_dir / "nvidia-smi").chmod(0o755)
+    venv = tmp_path / "venv"
+    lines = subprocess.run(
+        [MAKE, "-n", "-C", str(ROOT), "setup", f"VENV={venv}", f"PY={sys.executable}"],
+        env={"PATH": str(stub_dir), "HOME": str(tmp_path)}, capture_output=True, text=True,
+        check=True,
+    ).stdout.splitlines()
+    line = next(line for line in lines if "torch-constraint.txt" in line and ">" in line)
+    venv.mkdir()
+    subprocess.run(["/bin/sh", "-c", line], check=True)
+    import torch
+    from packaging.requirements import Requirement
+
+    pin = (venv / "torch-constraint.txt").read_text().strip()
+    assert pin == f"torch=={torch.__version__}"
+    assert str(Requirement(pin).specifier) == f"=={torch.__version__}"
+
+
+def test_rehearse_paper_target_runs_the_rehearsal_preset(tmp_path):
+    result = subprocess.run([MAKE, "-n", "-C", str(ROOT), "rehearse-paper", f"VENV={tmp_path}/v",
+                             "ARGS=rollout.backend=hf"],
+                            env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
+                            capture_output=True, text=True, check=True).stdout
+    assert "run experiment=paper_rehearsal rollout.backend=hf" in result

@@ -54,6 +54,8 @@ def run_name(group_size: int, estimator: str, seed: int, other_overrides: str = 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("grpo_run_name"):
         OmegaConf.register_new_resolver("grpo_run_name", run_name)
+    if not OmegaConf.has_resolver("grpo_conf"):  # ${grpo_conf:model/x.json}: a file shipped in conf/
+        OmegaConf.register_new_resolver("grpo_conf", lambda relative: str(conf_dir() / relative))
 
 
 class SweepSummary(Callback):

@@ -72,6 +72,15 @@ class Run:
         return str(self.config.get("experiment.name") or self.path.parent.name)
 
     @property
+    def rehearsal(self) -> bool:
+        """Random weights or coin-flip rewards (`experiment=paper_rehearsal`): not evidence."""
+        return bool(
+            self.info.get("rehearsal")
+            or self.config.get("model.weights") == "random"
+            or self.config.get("task.reward") == "random"
+        )
+
+    @property
     def last_step(self) -> int | None:
         steps = [t["step"].max() for t in (self.metrics, self.ranks) if len(t)]
         if self.info.get("last_step") is not None:

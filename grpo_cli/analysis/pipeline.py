@@ -90,6 +90,13 @@ class AnalysisResult:
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
 
 
+REHEARSAL_NOTE = (
+    "REHEARSAL, NOT SCIENCE: {runs} used random weights and/or coin-flip rewards "
+    "(model.weights=random, task.reward=random). They test that the code runs at this size and "
+    "how much memory and time it takes; their ranks and verdicts say nothing about GRPO."
+)
+
+
 def _select(runs: list[Run], include_incomplete: bool, notes: list[str]) -> tuple[list[Run], bool]:
     usable = [r for r in runs if r.status != "failed"]
     if not include_incomplete and usable and not any(r.status == "completed" for r in usable):
@@ -134,6 +141,9 @@ def analyze(
     runs = load_runs(paths)
     notes: list[str] = []
     analysed, include_incomplete = _select(runs, include_incomplete, notes)
+    rehearsals = [r.name for r in runs if r.rehearsal]
+    if rehearsals:
+        notes.insert(0, REHEARSAL_NOTE.format(runs=", ".join(rehearsals)))
     grouping = group_runs(runs, basis=analysed)
     measures = measures_present(analysed, measure)
     rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
@@ -175,7 +185,7 @@ def analyze(
         matched=matched,
         composition=comp.departure(comp_table),
         accuracy=accuracy_summary(analysed),
-        title=", ".join(experiments),
+        title=("REHEARSAL (not science): " if rehearsals else "") + ", ".join(experiments),
         align=align,
         matched_progress=matched_progress,
         progress_bins=progress_bins,

@@ -36,6 +36,8 @@ class ModelConfig:
     source: str = "char_llama"  # char_llama (built locally) | hf (id or local path) | gguf_package
     path: str | None = None  # HF hub id or local directory (source=hf); GGUF file (source=gguf_package)
     package: str | None = None  # Python package that ships the GGUF file (source=gguf_package)
+    weights: str = "pretrained"  # pretrained | random: the architecture of config_json with random weights (rehearsals; nothing downloaded)
+    config_json: str | None = None  # weights=random: HF config.json (file or directory) to build from; None = model.path's
     hidden_size: int = 64  # char_llama: model width
     num_layers: int = 2  # char_llama: transformer blocks
     num_heads: int = 4  # char_llama: attention heads
@@ -65,6 +67,7 @@ class TaskConfig:
     prompt_template: str = "{question}\n"  # how a question becomes a prompt
     use_chat_template: bool = False  # wrap the prompt with the tokenizer's chat template if it has one
     use_math_verify: bool = False  # fall back to math-verify when numeric comparison fails
+    reward: str = "task"  # task (the task's checker) | random (rehearsals only: a seeded coin per rollout, every group mixed; not science)
 
 
 @dataclass

@@ -16,13 +16,20 @@ from grpo_cli.models.loading import (
 )
 
 SOURCES = ("char_llama", "hf", "gguf_package")
+WEIGHTS = ("pretrained", "random")
 
 
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
     """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory."""
     model_cfg = cfg.model
     dtype = resolve_dtype(model_cfg.dtype, device)
-    if model_cfg.source == "char_llama":
+    if model_cfg.weights not in WEIGHTS:
+        raise ModelLoadError(f"model.weights={model_cfg.weights!r} is not one of {', '.join(WEIGHTS)}")
+    if model_cfg.weights == "random":
+        from grpo_cli.models.random_init import build_random
+
+        loaded = build_random(model_cfg, cfg.cache_dir, device, dtype, log=log)
+    elif model_cfg.source == "char_llama":
         from grpo_cli.models.warm_start import warm_started_char_llama
 
         path = warm_started_char_llama(model_cfg, task, cfg.task, cfg.cache_dir, log=log)

@@ -60,6 +60,10 @@ TIMING_COLUMNS = (
     "time_other",
     "time_step",
     "peak_memory_mb",
+    "peak_rollout_mb",
+    "peak_train_mb",
+    "peak_optimizer_mb",
+    "peak_probes_mb",
 )
 EVAL_COLUMNS = ("step", "accuracy", "n", "greedy")
 EVENT_COLUMNS = ("step", "alarm", "value", "message")

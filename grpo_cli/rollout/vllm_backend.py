@@ -105,8 +105,9 @@ class VllmBackend:
 
     @classmethod
     def from_config(cls, rollout_config, model_path: str, *, dtype: str, seed: int,
-                    stop_ids: list[int] | None = None) -> VllmBackend:
-        """Build from `RolloutConfig` (its vllm_* fields)."""
+                    stop_ids: list[int] | None = None, **engine_kwargs) -> VllmBackend:
+        """Build from `RolloutConfig` (its vllm_* fields); e.g. load_format="dummy" for a
+        directory without weights (model.weights=random)."""
         return cls(
             model_path,
             dtype=dtype,
@@ -114,6 +115,7 @@ class VllmBackend:
             stop_ids=stop_ids,
             gpu_memory_utilization=rollout_config.vllm_gpu_memory_utilization,
             enforce_eager=rollout_config.vllm_enforce_eager,
+            **engine_kwargs,
         )
 
     def generate(

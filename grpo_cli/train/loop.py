@@ -9,11 +9,13 @@ What to write where (results, checkpoints, alarms) stays with the caller.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from grpo_cli.results.writer import TIMING_COLUMNS
 from grpo_cli.train.evaluate import evaluate
-from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
+from grpo_cli.train.memory import PHASES as MEMORY_PHASES
+from grpo_cli.train.memory import PhaseMemory
 from grpo_cli.train.trainer import StepOutput, step_seed
 
 # The loop's phases in timings.csv order (rollout, reward, ..., other); time_step is their sum.
@@ -31,14 +33,17 @@ class LoopStep:
     timings: dict  # one timings.csv row
 
 
-def timing_row(step: int, seconds: dict[str, float], peak_mb: float) -> dict:
-    """Phase totals as a timings.csv row: `time_<phase>` per phase, `time_step` their sum."""
+def timing_row(step: int, seconds: dict[str, float], peak_mb: float,
+               phase_peaks: dict[str, float] | None = None) -> dict:
+    """Phase totals as a timings.csv row: `time_<phase>` per phase, `time_step` their sum,
+    `peak_memory_mb` and the per-phase `peak_<phase>_mb` (PhaseMemory.phase_peaks)."""
     unknown = set(seconds) - set(PHASES)
     if unknown:
         raise KeyError(f"phases without a timings.csv column: {sorted(unknown)}")
     row = {"step": step, **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES}}
     row["time_step"] = sum(seconds.values())
     row["peak_memory_mb"] = peak_mb
+    row.update(phase_peaks or {f"peak_{name}_mb": math.nan for name in MEMORY_PHASES})
     return row
 
 
@@ -52,6 +57,8 @@ class TrainingLoop:
         self.model = parts.model
         self.device = parts.device
         self.timer = parts.trainer.timer
+        # Peak CUDA memory per phase, fed by the timer (a timer built without one: step peak only)
+        self.memory = self.timer.memory or PhaseMemory(self.device)
         self.steps = cfg.train.steps
         self.eval_every = cfg.eval.every  # 0 = no held-out evaluation
 
@@ -70,7 +77,7 @@ class TrainingLoop:
     def run_step(self, step: int) -> LoopStep:
         timer = self.timer
         timer.clear()
-        reset_step_peak(self.device)
+        self.memory.start_step()
         probe_now = self.probes is not None and self.probes.due(step, self.steps)
         probe_rows, eval_row = None, None
         with timer.phase("other"):
@@ -88,5 +95,5 @@ class TrainingLoop:
             if self.evaluation_due(finished):
                 with timer.phase("eval"):
                     eval_row = self.evaluate(finished, seed=step_seed(self.cfg.seed, finished, salt=7))
-        timings = timing_row(step, timer.take(), peak_memory_mb(self.device))
+        timings = timing_row(step, timer.take(), self.memory.step_peak_mb(), self.memory.phase_peaks())
         return LoopStep(output, probe_rows, eval_row, timings)

@@ -61,6 +61,10 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
         "experiment": cfg.experiment.name,
         "resumed_from": None,
         "gram_params": cfg.probes.param_regex,
+        # Random weights or coin-flip rewards: a rehearsal of memory and time, never evidence
+        "rehearsal": cfg.model.weights == "random" or cfg.task.reward == "random",
+        "weights": cfg.model.weights,
+        "reward": cfg.task.reward,
         "argv": sys.argv,
     }
     results.write_status(record)
@@ -75,6 +79,10 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
         gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects
         record["ended_at"] = utc_now()
         results.write_status(record)
+    if record["rehearsal"]:  # memory and time next to docs/gpu_memory_plan.md
+        from grpo_cli.results.rehearsal import write_rehearsal_report
+
+        log(write_rehearsal_report(run_dir, record, OmegaConf.to_container(cfg, resolve=True)))
     return record["status"]
 
 

@@ -54,8 +54,14 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
         from grpo_cli.rollout.vllm_backend import VllmBackend
 
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return VllmBackend.from_config(cfg.rollout, source_path, dtype=dtype, seed=cfg.seed,
-                                       stop_ids=stop_ids)
+        random_weights = cfg.model.weights == "random"  # source_path holds no weights
+        backend = VllmBackend.from_config(
+            cfg.rollout, source_path, dtype=dtype, seed=cfg.seed, stop_ids=stop_ids,
+            **({"load_format": "dummy"} if random_weights else {}),
+        )
+        if random_weights:  # the engine's dummy weights -> the policy's, before the first rollout
+            backend.sync_weights(model)
+        return backend
     raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, hf_static, vllm")
 
 

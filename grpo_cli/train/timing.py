@@ -15,12 +15,15 @@ from contextlib import contextmanager
 
 import torch
 
+from grpo_cli.train.memory import PhaseMemory
+
 
 class PhaseTimer:
     """Exclusive wall time per phase name, summed until `take()`."""
 
-    def __init__(self, device: torch.device | None = None):
+    def __init__(self, device: torch.device | None = None, memory: PhaseMemory | None = None):
         self.synchronize = device is not None and device.type == "cuda"
+        self.memory = memory  # also the peak CUDA memory of each phase (grpo_cli/train/memory.py)
         self.seconds: dict[str, float] = defaultdict(float)
         self._stack: list[str] = []
         self._mark = 0.0
@@ -37,6 +40,8 @@ class PhaseTimer:
             self.seconds[self._stack[-1]] += now - self._mark
         self._stack.append(name)
         self._mark = now
+        if self.memory is not None:
+            self.memory.begin(name)
 
     def stop(self, name: str) -> None:
         if not self._stack or self._stack[-1] != name:
@@ -44,6 +49,8 @@ class PhaseTimer:
         now = self._now()
         self.seconds[self._stack.pop()] += now - self._mark
         self._mark = now
+        if self.memory is not None:
+            self.memory.end(name)
 
     @contextmanager
     def phase(self, name: str):

@@ -20,6 +20,7 @@ from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, val
 from grpo_cli.algorithm.optim import build_optimizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
+from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
 from grpo_cli.train.alarms import (
     expected_zero_variance_fraction,
     mean_expected_zero_variance_fraction,
@@ -33,6 +34,7 @@ from grpo_cli.train.credit import (
     token_advantages,
     zero_variance_groups,
 )
+from grpo_cli.train.memory import PhaseMemory
 from grpo_cli.train.policy_forward import forward_policy
 from grpo_cli.train.problem_success import ProblemSuccess
 from grpo_cli.train.timing import PhaseTimer
@@ -80,7 +82,8 @@ class GRPOTrainer:
         self.device = device
         self.reference_model = reference_model
         self.value_head = value_head
-        self.timer = timer or PhaseTimer(device)  # the step's phases; the loop adds probes and eval
+        # The step's phases (the loop adds probes and eval), with each phase's peak CUDA memory
+        self.timer = timer or PhaseTimer(device, memory=PhaseMemory(device))
         trainable = [p for p in model.parameters() if p.requires_grad]
         if value_head is not None:
             trainable += list(value_head.parameters())
@@ -100,6 +103,8 @@ class GRPOTrainer:
         self.chunk_mb = cfg.train.logits_chunk_mb
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
+        if cfg.task.reward not in REWARDS:
+            raise ValueError(f"task.reward={cfg.task.reward!r} is not one of {', '.join(REWARDS)}")
         if self.autocast_kind != "none":
             keep_lm_head_fp32(model)  # log-probs from fp32 logits
 
@@ -132,10 +137,13 @@ class GRPOTrainer:
         problems = [
             self.task.train[index] for index in batch.problem_indices for _ in range(batch.group_size)
         ]
-        correct = torch.tensor(
-            [self.task.reward(text, problem) for text, problem in zip(batch.completions, problems, strict=True)],
-            device=self.device,
-        )
+        if self.cfg.task.reward == "random":  # rehearsals only (grpo_cli/tasks/rehearsal.py)
+            values = random_rewards(self.cfg.seed, list(batch.problem_indices), batch.completions,
+                                    batch.group_size)
+        else:
+            values = [self.task.reward(text, problem)
+                      for text, problem in zip(batch.completions, problems, strict=True)]
+        correct = torch.tensor(values, device=self.device)
         rewards = correct + overlong_penalty(
             batch.completion_lengths(), self.settings.max_new_tokens,
             algorithm.overlong_buffer, algorithm.overlong_penalty,

@@ -1,7 +1,8 @@
 """Peak memory per step: CUDA's allocator peak since the step began, or the process's peak RSS.
 
 On CUDA `reset_step_peak` is called at the start of every step, so `peak_memory_mb` is that
-step's peak (torch allocations only: vLLM's pool and the CUDA context are not in it). On CPU the
+step's peak (torch allocations only: the CUDA context, and whatever vLLM allocates outside torch's
+caching allocator, are not in it). On CPU the
 kernel keeps only a whole-process high-water mark, so the value is the run's peak so far.
 `PhaseMemory` splits a CUDA step's peak by phase (rollout, train, optimizer, probes).
 """

@@ -189,7 +189,9 @@ def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_
     assert len(update_b) == 2 * 8 and update_b["numerical_rank"].ge(1).all()
 
 
-@pytest.mark.parametrize("preset", ["cpu_smollm2", "paper_gsm8k"])
+@pytest.mark.parametrize(
+    "preset", ["cpu_smollm2", "paper_gsm8k", "gpu_smollm2", "cpu_smollm2_learn"]
+)
 def test_real_model_presets_compose(preset):
     cfg = compose_config([f"experiment={preset}"])
     assert cfg.experiment.name == preset
@@ -200,5 +202,11 @@ def test_real_model_presets_compose(preset):
         assert cfg.probes.param_regex != ".*" and cfg.probes.gram_method == "sketch"
         assert cfg.probes.gram_row_chunk == 2 and "rollout_group" in cfg.probes.matrices
         assert list(cfg.model.stop_tokens) == ["<extra_id_1>"]
-    else:
+    elif preset == "cpu_smollm2":
         assert cfg.model.source == "gguf_package" and cfg.rollout.max_new_tokens == 64
+    else:  # the learning presets: short answers asked for, one-step problems, no warm start
+        assert cfg.model.source == "gguf_package" and cfg.model.warm_start.steps == 0
+        assert "ends with the number" in cfg.task.prompt_template
+        assert (cfg.task.min_steps, cfg.task.max_steps, cfg.task.warm_start_size) == (1, 1, 0)
+        assert cfg.device == ("cuda" if preset == "gpu_smollm2" else "cpu")
+        assert cfg.probes.param_regex == (".*" if preset == "gpu_smollm2" else "layers\\.29\\.")

@@ -1,4 +1,7 @@
-"""Run `grpo run` in-process on the smoke preset (shared by the CLI tests)."""
+"""Run `grpo run` in-process on the smoke preset (shared by the CLI tests).
+
+Runs are pinned to `device=cpu`: the fast suite checks CPU behaviour (fp32 weights, bitwise
+resume) even where CUDA is visible; tests/test_gpu.py runs the GPU tier."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from grpo_cli.cli import app
 
 def grpo_run(results, cache, *overrides, multirun=False):
     args = ["run"] + (["-m"] if multirun else [])
-    args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false"]
+    args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false",
+             "device=cpu"]
     return CliRunner().invoke(app, args + list(overrides), catch_exceptions=True)
 
 

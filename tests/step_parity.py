@@ -10,8 +10,9 @@ from grpo_cli.config.compose import compose_config
 # The reference: plain training forward, fp32.
 PLAIN = ["train.shared_prompt_forward=false", "model.autocast=none"]
 
+# device=cpu: parity to 1e-5 is a CPU fp32 claim (with device=auto a CUDA machine loads bf16).
 TINY = [
-    "experiment=smoke", "probes.every=0", "progress=false", "model.name=bench_tiny",
+    "experiment=smoke", "device=cpu", "probes.every=0", "progress=false", "model.name=bench_tiny",
     "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
     "model.intermediate_size=64", "model.warm_start.steps=0", "rollout.prompts_per_step=3",
     "rollout.group_size=4", "rollout.max_new_tokens=10", "task.train_size=50",

@@ -51,7 +51,7 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
     from transformers import AutoModelForCausalLM
 
     before = AutoModelForCausalLM.from_pretrained(warm).state_dict()
-    after = torch.load(out / "checkpoints/latest.pt", weights_only=False)["model"]
+    after = torch.load(out / "checkpoints/latest.pt", weights_only=False, map_location="cpu")["model"]
     unchanged = [name for name, tensor in before.items() if torch.equal(tensor, after[name])]
     assert unchanged == []
 

@@ -160,7 +160,7 @@ def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_
     )
     result = CliRunner().invoke(
         app,
-        ["run", "experiment=smoke", "experiment.name=lora", f"results_dir={tmp_path}",
+        ["run", "experiment=smoke", "experiment.name=lora", f"results_dir={tmp_path}", "device=cpu",
          f"cache_dir={tmp_path / 'cache'}", "progress=false", "model=hf", f"model.path={directory}",
          "model.lora.enabled=true", "train.steps=2", "probes.every=1", "optim.lr=1e-2"],
     )

@@ -95,7 +95,10 @@ class LlamaDecodeStep:
             self.qkv = [_fused(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
                         for layer in model.model.layers]
             self.gate_up = [_fused(layer.mlp, ("gate_proj", "up_proj")) for layer in model.model.layers]
-        half = torch.ones(self.head_dim // 2, device=model.device)
+        # +-1 is exact in any dtype; in the hidden states' dtype it keeps RoPE's q and k there
+        # (a float32 sign would promote bf16 q/k to float32 and break the bf16 prompt-key matmul).
+        hidden_dtype = model.model.embed_tokens.weight.dtype
+        half = torch.ones(self.head_dim // 2, device=model.device, dtype=hidden_dtype)
         self.rotation_sign = torch.cat([-half, half])  # [D]
         self.rope_table = self._rope_table(model, max_positions)
 

@@ -22,15 +22,19 @@ def policy_autocast(device: torch.device, kind: str):
 
 
 def keep_lm_head_fp32(model: torch.nn.Module) -> None:
-    """Under autocast, run the output projection in fp32 so log-probs come from fp32 logits."""
+    """Under autocast, run the output projection outside it, in the head's dtype (fp32 for the
+    fp32 master weights autocast is meant for), so log-probs come from unrounded logits."""
     head = model.get_output_embeddings()
     if head is None or getattr(head, "_fp32_under_autocast", False):
         return
     original = head.forward
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
+        # fp32 weights: fp32 logits. bf16 weights (model.dtype=bfloat16): bf16 logits, as
+        # without autocast (input, output and weight in one dtype, as the probes' hooks expect);
+        # log-probs are taken in float32 from the logits either way.
         with torch.autocast(hidden.device.type, enabled=False):
-            return original(hidden.float())
+            return original(hidden.to(head.weight.dtype))
 
     head.forward = forward
     head._fp32_under_autocast = True

@@ -24,8 +24,9 @@ from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.measures import MEASURES
 
 PER_GROUP_MATRICES = ("rollout_group", "score_group")
-LAYER_MATRICES = ("layer", "update")
-MATRIX_ORDER = ("rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update")
+LAYER_MATRICES = ("layer", "update", "grad_sum")
+MATRIX_ORDER = ("rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update",
+                "grad_sum")
 LAYER_MEAN = "mean over layers"
 REWARD_WINDOW = 5  # steps in the rolling mean of the training reward used as progress
 ALIGNS = ("step", "reward", "accuracy")

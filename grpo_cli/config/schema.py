@@ -46,6 +46,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     stop_tokens: list[str] = field(default_factory=list)  # extra tokens that end a completion (besides EOS)
     autocast: str = "none"  # none | bf16: policy forwards under torch.autocast (fp32 weights and lm_head)
+    master_weights: str = "fp32"  # bf16 weights: fp32 (fp32 master + AdamW state for all) | probed (for analysis.layer_regex's weights) | none (stochastic rounding)
     gradient_checkpointing: bool = False  # trade compute for activation memory
     lora: LoraConfig = field(default_factory=LoraConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -134,9 +135,10 @@ class ProbesConfig:
             "group_batch",
             "layer",
             "update",
+            "grad_sum",
         ]
     )  # which candidate gradient matrices to record
-    layer_regex: str = r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|lm_head|lora_[AB])"  # 2-D weights for layer/update spectra
+    layer_regex: str = r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|lm_head|lora_[AB])"  # 2-D weights for layer/update/grad_sum spectra
     param_regex: str = ".*"  # parameters that span P for the per-rollout matrices
     gram_method: str = "auto"  # auto | ghost | per_sample | sketch
     sketch_dim: int = 4096  # sketch: random-projection width

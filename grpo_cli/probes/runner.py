@@ -5,7 +5,10 @@ Gram matrices in float64 (grpo_cli/probes/gram.py), never from an SVD of a P-wid
 of the advantage-weighted matrix is the gradient of rollout i's loss contribution at the current
 weights, -sum_t w_it A_it grad log pi(y_it), with w the loss's aggregation weights (at ratio 1,
 the PPO-clip gradient); the score control drops A. Layer matrices are the captured batch
-gradients and accumulated updates of selected 2-D weights, decomposed with float64 svdvals.
+gradients (`layer`), accumulated updates W_t - W_0 (`update`, read from the optimizer's fp32
+master weights where it keeps them) and accumulated raw gradients sum_t G_t (`grad_sum`, float32,
+before clipping; what `update` would be without Adam's per-coordinate normalisation) of selected
+2-D weights, decomposed with float64 svdvals.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.probes.composition import (
     composition_applies,
     distinct_rows,
@@ -33,7 +37,7 @@ from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer
 from grpo_cli.train.credit import advantage_range
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
-KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update")
+KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
 
 @dataclass
@@ -50,7 +54,7 @@ def mean_abs_cosine(gram: torch.Tensor) -> float:  # gram [R, R]
     if int(keep.sum()) < 2:
         return float("nan")
     sub = gram[keep][:, keep] / torch.outer(norms[keep], norms[keep])
-    off = ~torch.eye(sub.shape[0], dtype=torch.bool)
+    off = ~torch.eye(sub.shape[0], dtype=torch.bool, device=sub.device)
     return float(sub[off].abs().mean())
 
 
@@ -67,7 +71,7 @@ def per_rollout_advantage(
 class ProbeSuite:
     """Which matrices to probe, when, and the reference weights W_0 for the update matrices."""
 
-    def __init__(self, analysis_cfg, model: torch.nn.Module, initial_path: Path):
+    def __init__(self, analysis_cfg, model: torch.nn.Module, initial_path: Path, optimizer=None):
         unknown = set(analysis_cfg.matrices) - set(KNOWN_MATRICES)
         if unknown:
             raise ValueError(
@@ -83,7 +87,9 @@ class ProbeSuite:
             if p.requires_grad and p.ndim == 2 and pattern.search(name)
         }
         self.gram_params = select_params(model, analysis_cfg.param_regex)
+        self.optimizer = optimizer  # where fp32 master weights live (None: the parameters)
         self.initial = self._initial_layers(initial_path)
+        self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
         self._captured: dict[str, torch.Tensor] = {}
         self._sparsity: dict[str, float] = {}
 
@@ -95,6 +101,29 @@ class ProbeSuite:
         initial = {name: p.detach().to("cpu", copy=True) for name, p in self.layer_params.items()}
         torch.save(initial, path)
         return initial
+
+    def rounded_update_layers(self) -> list[str]:
+        """Weights whose `update` would include bf16 rounding (no fp32 master for them)."""
+        if "update" not in self.matrices:
+            return []
+        return [name for name, p in self.layer_params.items()
+                if p.dtype != torch.float32 and not keeps_master(self.optimizer, p)]
+
+    def accumulate_gradients(self) -> None:
+        """Called after every backward pass (trainer.gradient_observers): grad_sum += G_t."""
+        for name, p in self.layer_params.items():
+            if p.grad is None:
+                continue
+            if name not in self.grad_sum:
+                self.grad_sum[name] = torch.zeros_like(p, dtype=torch.float32)
+            self.grad_sum[name].add_(p.grad)
+
+    def state_dict(self) -> dict:
+        return {"grad_sum": {name: t.cpu() for name, t in self.grad_sum.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.grad_sum = {name: t.to(self.layer_params[name].device, torch.float32)
+                         for name, t in state.get("grad_sum", {}).items()}
 
     def due(self, step: int, total_steps: int) -> bool:
         every = self.cfg.every
@@ -123,8 +152,12 @@ class ProbeSuite:
                 self._layer_row(step, "layer", name, grad, rows)
         if "update" in self.matrices:
             for name, param in self.layer_params.items():
-                delta = param.detach().to("cpu", torch.float64) - self.initial[name].double()
+                current = master_weight(self.optimizer, param).detach()
+                delta = current.to("cpu", torch.float64) - self.initial[name].double()
                 self._layer_row(step, "update", name, delta, rows)
+        if "grad_sum" in self.matrices:
+            for name, total in self.grad_sum.items():
+                self._layer_row(step, "grad_sum", name, total, rows)
         return rows
 
     # ---- per-rollout matrices ------------------------------------------------------------------

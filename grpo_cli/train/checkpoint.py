@@ -1,5 +1,6 @@
-"""Resumable checkpoints: policy, optimizer, value head, alarm counters, per-problem success
-counts and the next step."""
+"""Resumable checkpoints: policy, optimizer (fp32 masters and rounding generators included),
+value head, alarm counters, per-problem success counts, the probes' running sums and the next
+step."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import torch
 
 
-def save_checkpoint(path: Path, next_step: int, trainer, monitor) -> None:
+def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -> None:
     state = {
+        "probes": probes.state_dict() if probes is not None else None,
         "next_step": next_step,
         "model": trainer.model.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
@@ -22,7 +24,7 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor) -> None:
     temporary.replace(path)
 
 
-def load_checkpoint(path: Path, trainer, monitor) -> int:
+def load_checkpoint(path: Path, trainer, monitor, probes=None) -> int:
     """Restore a run's state in place; return the step to continue from."""
     state = torch.load(path, map_location=trainer.device, weights_only=False)
     trainer.model.load_state_dict(state["model"])
@@ -32,5 +34,7 @@ def load_checkpoint(path: Path, trainer, monitor) -> int:
     monitor.load_state_dict(state["alarms"])
     if "problem_success" in state:  # absent in checkpoints written before it existed
         trainer.problem_success.load_state_dict(state["problem_success"])
+    if probes is not None and state.get("probes") is not None:
+        probes.load_state_dict(state["probes"])
     trainer.backend.sync_weights(trainer.model)
     return int(state["next_step"])

@@ -94,7 +94,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
-    device, trainer = parts.device, parts.trainer
+    device, trainer, probes = parts.device, parts.trainer, parts.probes
     loop = TrainingLoop(cfg, parts)
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
@@ -103,7 +103,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
 
     start = 0
     if cfg.resume and results.checkpoint_path.exists():
-        start = load_checkpoint(results.checkpoint_path, trainer, monitor)
+        start = load_checkpoint(results.checkpoint_path, trainer, monitor, probes)
         record["resumed_from"] = start
         log(f"resuming {results.run_dir} at step {start}")
     freeze_long_lived_objects()
@@ -137,7 +137,7 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
             progress.advance(output.metrics["reward_mean"], accuracy)
             finished = step + 1
             if finished % cfg.checkpoint_every == 0 or finished == steps or events:
-                save_checkpoint(results.checkpoint_path, finished, trainer, monitor)
+                save_checkpoint(results.checkpoint_path, finished, trainer, monitor, probes)
             results.write_status(record)
             if events and cfg.alarms.stop_on_alarm:
                 record["stopped_by"] = events[0].alarm

@@ -89,7 +89,16 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
         value_head = ValueHead(model.config.hidden_size).to(device)
     backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
-    probes = ProbeSuite(cfg.probes, model, initial_layers_path) if cfg.probes.every > 0 else None
+    probes = None
+    if cfg.probes.every > 0:
+        probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer)
+        if "grad_sum" in probes.matrices:
+            trainer.gradient_observers.append(probes.accumulate_gradients)
+        rounded = probes.rounded_update_layers()
+        if rounded:
+            log(f"WARNING: `update` spectra of {len(rounded)} bf16 weights without fp32 master "
+                f"weights (model.master_weights={cfg.model.master_weights}): W_t - W_0 includes "
+                "stochastic-rounding noise; model.master_weights=fp32 or probed removes it")
     return RunComponents(device, task, loaded, backend, trainer, probes)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
-from grpo_cli.algorithm.optim import build_optimizer
+from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
 from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
@@ -84,10 +84,14 @@ class GRPOTrainer:
         self.value_head = value_head
         # The step's phases (the loop adds probes and eval), with each phase's peak CUDA memory
         self.timer = timer or PhaseTimer(device, memory=PhaseMemory(device))
-        trainable = [p for p in model.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        trainable = [p for _, p in named]
         if value_head is not None:
             trainable += list(value_head.parameters())
-        self.optimizer = build_optimizer(trainable, cfg.optim, seed=cfg.seed)
+        master = master_params(named, cfg.model.master_weights, cfg.probes.layer_regex)
+        self.optimizer = build_optimizer(trainable, cfg.optim, seed=cfg.seed, master=master)
+        # called after each pass's backward, before clipping (the probes' grad_sum reads G_t)
+        self.gradient_observers: list[Callable[[], None]] = []
         self.settings = SamplingSettings(
             group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -327,6 +331,10 @@ class GRPOTrainer:
             if iteration == 0 and capture_layers is not None:
                 with timer.phase("probes"):  # the probes' copy of the batch gradients
                     layer_grads = capture_layers()
+            if self.gradient_observers:
+                with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
+                    for observe in self.gradient_observers:
+                        observe()
             with timer.phase("optimizer"):  # clipping and the optimizer step
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
                 max_norm = self.cfg.optim.max_grad_norm

@@ -163,3 +163,40 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     assert [r["group"] for r in per_group] == ["g0", "g1"]  # both groups have advantages != 0
     assert all("pred_erank_entropy" not in r and "pred_distinct_erank_entropy" not in r
                for r in per_group)
+
+
+def test_update_reads_fp32_masters_and_grad_sum_sums_raw_gradients(tmp_path):
+    """bf16 weights with fp32 masters: `update` is master - W_0 (no rounding); `grad_sum` is the
+    sum of the gradients handed to every step (closed form: the sum of the ones set here)."""
+    from grpo_cli.algorithm.optim import MixedPrecisionAdamW
+
+    model = tiny_model().to(torch.bfloat16)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    weight = model.get_parameter(name)
+    optimizer = MixedPrecisionAdamW(model.parameters(), lr=1e-6, master_params=[weight])
+    suite = ProbeSuite(ProbesConfig(matrices=["update", "grad_sum"]), model, tmp_path / "w0.pt",
+                       optimizer=optimizer)
+    assert name not in suite.rounded_update_layers()
+    assert "model.layers.0.self_attn.k_proj.weight" in suite.rounded_update_layers()
+    torch.manual_seed(2)
+    grad = torch.randn(16, 16).to(torch.bfloat16)
+    grads = [grad, grad, grad]  # the same each step: Adam moves each weight by lr per step
+    for grad in grads:
+        for p in model.parameters():
+            p.grad = grad.clone() if p is weight else torch.zeros_like(p)
+        suite.accumulate_gradients()
+        optimizer.step()
+    expected = sum(g.float() for g in grads)
+    assert suite.grad_sum[name].dtype == torch.float32
+    torch.testing.assert_close(suite.grad_sum[name], expected)
+    master = optimizer.master_weight(weight)
+    assert master.dtype == torch.float32
+    delta = master.double() - suite.initial[name].double()
+    assert 2.9e-6 < delta.abs().min() and delta.abs().max() < 3.1e-6  # 3 Adam steps of lr
+    rows = suite.record(5, None, model)
+    by_matrix = {(row["matrix"], row["layer"]): row for row in rows.ranks}
+    assert by_matrix[("grad_sum", name)]["n_rows"] == 16
+    assert by_matrix[("update", name)]["n_rows"] == 16
+    restored = ProbeSuite(ProbesConfig(matrices=["grad_sum"]), model, tmp_path / "w1.pt")
+    restored.load_state_dict(suite.state_dict())
+    assert torch.equal(restored.grad_sum[name], suite.grad_sum[name])

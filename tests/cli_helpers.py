@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 from grpo_cli.cli import app
 
 
-def grpo_run(results, cache, *overrides, multirun=False):
+def grpo_run(results, cache, *overrides, multirun=False, device="cpu"):
     args = ["run"] + (["-m"] if multirun else [])
     args += ["experiment=smoke", f"results_dir={results}", f"cache_dir={cache}", "progress=false",
-             "device=cpu"]
+             f"device={device}"]
     return CliRunner().invoke(app, args + list(overrides), catch_exceptions=True)
 
 

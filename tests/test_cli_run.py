@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import torch
 from cli_helpers import grpo_run, run_dir
 from typer.testing import CliRunner
@@ -57,15 +58,28 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
 
 
 def test_same_seed_gives_identical_metrics(tmp_path, cache_dir):
+    """The second run also takes deterministic=true: on CPU it must change nothing (and no op
+    of the run may lack a deterministic kernel, which would raise)."""
     assert grpo_run(tmp_path / "a", cache_dir).exit_code == 0
-    assert grpo_run(tmp_path / "b", cache_dir).exit_code == 0
+    try:
+        result = grpo_run(tmp_path / "b", cache_dir, "deterministic=true")
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)  # a process-wide switch: off for later tests
+    assert result.exit_code == 0, result.output
     first = (run_dir(tmp_path / "a") / "metrics.csv").read_text()
     assert first == (run_dir(tmp_path / "b") / "metrics.csv").read_text()
     assert first.count("\n") == 5
 
 
-def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monkeypatch):
-    assert grpo_run(tmp_path / "full", cache_dir).exit_code == 0
+@pytest.mark.parametrize(
+    "overrides", [[], ["model.dtype=bfloat16", "model.master_weights=probed"]], ids=["fp32", "bf16"]
+)
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monkeypatch, overrides):
+    """bf16 with probed masters: fp32 masters for the probed weights, stochastic rounding for
+    the rest; both (masters, rounding generators) and grad_sum must survive the checkpoint."""
+    name = "-".join(["R4-grpo-s0", ",".join(overrides)]) if overrides else "R4-grpo-s0"
+    assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
 
     from grpo_cli.train import trainer
 
@@ -77,18 +91,18 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monke
         return original(self, step, capture_layers)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
-    crashed = grpo_run(tmp_path / "resumed", cache_dir)
+    crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides)
     assert crashed.exit_code != 0
-    out = run_dir(tmp_path / "resumed")
+    out = run_dir(tmp_path / "resumed", name)
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "failed" and "simulated crash" in record["error"]
     assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
-    assert grpo_run(tmp_path / "resumed", cache_dir).exit_code == 0
+    assert grpo_run(tmp_path / "resumed", cache_dir, *overrides).exit_code == 0
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed" and record["resumed_from"] == 2
-    full = run_dir(tmp_path / "full")
+    full = run_dir(tmp_path / "full", name)
     for name in ("metrics.csv", "eval.csv", "ranks.csv"):
         assert (out / name).read_text() == (full / name).read_text(), name
 

@@ -46,7 +46,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     stop_tokens: list[str] = field(default_factory=list)  # extra tokens that end a completion (besides EOS)
     autocast: str = "none"  # none | bf16: policy forwards under torch.autocast (fp32 weights and lm_head)
-    master_weights: str = "fp32"  # bf16 weights: fp32 (fp32 master + AdamW state for all) | probed (for analysis.layer_regex's weights) | none (stochastic rounding)
+    master_weights: str = "fp32"  # bf16 weights: fp32 (fp32 master + AdamW state for all) | probed (for probes.layer_regex's weights) | none (stochastic rounding)
     gradient_checkpointing: bool = False  # trade compute for activation memory
     lora: LoraConfig = field(default_factory=LoraConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -183,6 +183,7 @@ class Config:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     seed: int = 0  # training seed (sampling, init of char models, data order)
     device: str = "auto"  # auto | cpu | cuda
+    deterministic: bool = False  # deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG): repeatable CUDA runs, slower
     threads: int = 0  # torch intra-op threads per process (0 = leave torch's default)
     results_dir: str = "results"  # root of all results
     cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers

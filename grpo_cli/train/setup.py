@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,15 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
     raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not one of hf, hf_static, vllm")
 
 
+def use_deterministic_kernels() -> None:
+    """Deterministic kernels for `deterministic=true`. On CUDA, cuBLAS reads its workspace
+    setting when it first starts, so this runs before anything touches the GPU; ops without a
+    deterministic kernel then raise instead of running nondeterministically."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.backends.cudnn.benchmark = False
+
+
 def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents:
     """Task, policy (with reference and value head when needed), sampler, trainer and probes."""
     from grpo_cli.algorithm.value_head import ValueHead
@@ -75,6 +85,8 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    if cfg.deterministic:
+        use_deterministic_kernels()
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task)

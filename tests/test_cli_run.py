@@ -36,6 +36,8 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
     assert record["versions"]["torch"] == torch.__version__
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["step"].tolist() == [0, 1, 2, 3]
+    first = metrics.iloc[0]  # no problem seen before step 0: per-prompt = batch-rate value
+    assert first["expected_zero_variance_frac"] == first["expected_zero_variance_frac_batch"]
     assert pd.read_csv(out / "eval.csv")["step"].tolist() == [0, 2, 4]
     ranks = pd.read_csv(out / "ranks.csv")
     assert {"rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update"} <= set(
@@ -47,6 +49,9 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
 
     measured = ranks[~ranks["group"].isin(["mean", "median"])]
     assert not measured[list(RANK_MEASURES)].isna().any().any()  # zero matrices read 0, not NaN
+    groups = ranks[(ranks["matrix"] == "rollout_group") & ranks["group"].str.startswith("g")]
+    assert len(groups) and groups["pred_erank_entropy"].notna().all()  # grpo: zero-sum groups
+    assert (groups["pred_distinct_numerical_rank"] == groups["distinct"]).all()
 
     warm = next((cache_dir / "warm_start").glob("*/model.safetensors")).parent
     from transformers import AutoModelForCausalLM

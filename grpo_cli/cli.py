@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from grpo_cli.config.errors import debug
+
 app = typer.Typer(
     help="Test the rank-collapse claim about GRPO: train, probe gradient spectra, analyse.",
     no_args_is_help=True,
@@ -22,22 +24,61 @@ app = typer.Typer(
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
+RUN_USAGE = """Usage: grpo run [-m] [OVERRIDE ...]
+
+Train one run (or, with -m, a sweep) from Hydra overrides; results go to
+results/<experiment>/<run>/ and the last line printed names the directory.
+
+Examples:
+  grpo run experiment=smoke                                  # < 1 min, every results file
+  grpo run experiment=cpu_rank_collapse rollout.group_size=8 seed=1
+  grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8 seed=0,1
+  grpo run -m experiment=smoke rollout.group_size=2,4 hydra/launcher=local_parallel
+  grpo run -m experiment=paper_gsm8k rollout.group_size=2,4,8 hydra/launcher=slurm
+
+Config groups (conf/):
+{groups}
+
+Every key and value is checked before any model is built: `grpo config OVERRIDES` prints the
+composed config, or the one-line error naming the bad key.
+
+Re-running a command resumes each run from its last checkpoint; completed runs are skipped;
+resume=false starts over. A directory held by a live run is refused. SIGTERM or Ctrl-C leaves
+run.json `interrupted` (resumable). GRPO_DEBUG=1 shows tracebacks for refused settings.
+
+Hydra's own flags: grpo run --hydra-help (--cfg job, --info, -m, --multirun, ...).
+"""
+
+
+def config_groups() -> str:
+    from grpo_cli.hydra_app import conf_dir
+
+    groups = sorted(p for p in conf_dir().iterdir() if p.is_dir() and p.name != "hydra")
+    return "\n".join(
+        f"  {group.name}=" + "|".join(sorted(f.stem for f in group.glob("*.yaml"))) for group in groups
+    )
+
+
 @app.command(context_settings=HYDRA_ARGS)
 def run(ctx: typer.Context) -> None:
-    """Train one run, or a sweep with -m, from Hydra overrides.
+    """Train one run, or a sweep with -m, from Hydra overrides (`grpo run --help` for examples).
 
-    Examples: `grpo run experiment=smoke`;
-    `grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8 seed=0,1`;
-    `grpo run -m hydra/launcher=local_parallel ...` (joblib). Arguments go to Hydra unchanged,
-    so `grpo run --help` prints Hydra's help and config groups. Re-running a command resumes its
-    run directories from their checkpoints.
+    Arguments go to Hydra unchanged (sweeps, launcher plugins, --cfg job); re-running a command
+    resumes its run directories from their checkpoints.
     """
+    if {"--help", "-h"} & set(ctx.args):
+        typer.echo(RUN_USAGE.format(groups=config_groups()))
+        return
     from grpo_cli.hydra_app import SweepSummary, main
 
     sys.argv = ["grpo run", *ctx.args]
-    SweepSummary.failed = []
-    main()
-    if SweepSummary.failed:
+    SweepSummary.failed, SweepSummary.refused = [], []
+    try:
+        main()
+    except KeyboardInterrupt as interrupt:  # SIGINT or SIGTERM: run.json says interrupted
+        signal_name = getattr(interrupt, "signal_name", "SIGINT")
+        raise typer.Exit(code=143 if signal_name == "SIGTERM" else 130) from None
+    if SweepSummary.failed or SweepSummary.refused:
         raise typer.Exit(code=1)
 
 
@@ -48,13 +89,18 @@ def config(
 ) -> None:
     """Print the composed config for the given overrides (e.g. `grpo config experiment=smoke`)."""
     from grpo_cli.config.compose import compose_config, to_yaml
+    from grpo_cli.config.validate import validate_config
 
     try:
         cfg = compose_config(list(ctx.args))
-    except Exception as error:  # compose errors name the bad key; show just that
+        validate_config(cfg)
+    except Exception as error:  # compose and value errors name the bad key; show just that
+        if debug():
+            raise
         detail = f" ({error.__cause__})" if error.__cause__ else ""
-        typer.secho(f"config error: {error}{detail}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from error
+        for line in f"{error}{detail}".splitlines():
+            typer.secho(f"config error: {line}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
     typer.echo(to_yaml(cfg, resolve=resolve))
 
 
@@ -70,16 +116,27 @@ def analyze(
 ) -> None:
     """Turn results into plots, summary.csv/summary.md and a self-contained report.html."""
     from grpo_cli.analysis import analyze as run_analysis
+    from grpo_cli.analysis.pipeline import NoUsableRuns
 
-    result = run_analysis(
-        list(paths),
-        out=out,
-        measure=measure,
-        align=align,
-        tolerance=tolerance,
-        trend_threshold=trend,
-        last_fraction=last_fraction,
-    )
+    try:
+        result = run_analysis(
+            list(paths),
+            out=out,
+            measure=measure,
+            align=align,
+            tolerance=tolerance,
+            trend_threshold=trend,
+            last_fraction=last_fraction,
+        )
+    except NoUsableRuns as error:
+        typer.secho(f"nothing analysed: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1) from None
+    for run in result.runs:
+        for problem in run.contradictions:
+            typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)
+        for problem in run.problems:
+            if "torn" in problem:
+                typer.secho(f"warning: {run.name}: {problem}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.out_dir}")
 
 

@@ -8,12 +8,14 @@ re-running the same command resumes the same directories.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import json
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from grpo_cli.config.errors import ConfigError, debug
 from grpo_cli.config.schema import register_configs
+from grpo_cli.results.lock import RunLockedError, check_free
 
 log = logging.getLogger("grpo")
 
@@ -58,36 +62,121 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("grpo_conf", lambda relative: str(conf_dir() / relative))
 
 
+REFUSALS = (ConfigError, RunLockedError)  # answered with one line and no traceback
+REFUSED_LOG = ".refused.jsonl"  # sweep members refused, for the sweep's summary
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def refusal_line(error: Exception) -> str:
+    kind = "config error" if isinstance(error, ConfigError) else "refused"
+    return "\n".join(f"{kind}: {line}" for line in str(error).splitlines())
+
+
+def job_config(config: DictConfig) -> DictConfig:
+    """The task's config (Hydra's node removed), as the task function receives it."""
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return task_cfg
+
+
+def check_writable(directory: Path) -> None:
+    """ConfigError naming `results_dir` unless files can be created in `directory`."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"results_dir: cannot write to {directory} ({error.strerror or error}); "
+            "choose another results_dir"
+        ) from None
+
+
 class SweepSummary(Callback):
-    """After a sweep, list each member's status (failed members do not stop the others)."""
+    """Refuse a bad single run before Hydra creates anything; after a sweep, list each member's
+    status (failed or refused members do not stop the others)."""
 
     failed: list[str] = []
+    refused: list[str] = []  # sweep members refused by a value check or another run's lock
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from grpo_cli.config.validate import validate_config
+
+        try:
+            validate_config(job_config(config))
+            HydraConfig.instance().set_config(config)
+            run_dir = Path(str(config.hydra.run.dir))
+            check_free(run_dir)
+            check_writable(run_dir)
+        except REFUSALS as error:
+            _refuse_now(error)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.started = utc_now()
+        try:
+            HydraConfig.instance().set_config(config)
+            check_writable(Path(str(config.hydra.sweep.dir)))
+        except REFUSALS as error:
+            _refuse_now(error)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        started = getattr(self, "started", "")
         rows = []
         for path in sorted(sweep_dir.glob("*/run.json")):
             record = json.loads(path.read_text())
-            if (record.get("ended_at") or "") >= getattr(self, "started", ""):
+            if (record.get("ended_at") or "") >= started:
                 rows.append((path.parent.name, record.get("status"), record.get("error")))
-        SweepSummary.failed = [name for name, status, _ in rows if status != "completed"]
+        refusals = sweep_dir / REFUSED_LOG  # written by members, maybe in other processes
+        if refusals.exists():
+            for line in refusals.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["at"] >= started:
+                    rows.append((entry["run"], "refused", entry["error"]))
+            refusals.unlink()
+        SweepSummary.failed = [n for n, status, _ in rows if status not in ("completed", "refused")]
+        SweepSummary.refused = [name for name, status, _ in rows if status == "refused"]
+        unfinished = [name for name, status, _ in rows if status != "completed"]
         for name, status, error in rows:
             log.info("%-40s %s%s", name, status, f"  ({error})" if error else "")
-        if SweepSummary.failed:
-            log.error("%d of %d runs failed: %s", len(SweepSummary.failed), len(rows), ", ".join(SweepSummary.failed))
+        if unfinished:
+            log.error("%d of %d runs did not complete: %s", len(unfinished), len(rows), ", ".join(unfinished))
+        log.info("results: %s", sweep_dir)
+
+
+def _refuse_now(error: Exception) -> None:
+    """Before Hydra has set up logging or created anything: one line on stderr, exit 2."""
+    if debug():
+        raise error
+    print(refusal_line(error), file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def train_job(cfg: DictConfig) -> str:
     """Hydra task function: one configuration -> one run directory."""
+    from grpo_cli.config.validate import validate_config
     from grpo_cli.train.run import run_experiment
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
+        validate_config(cfg)
         return run_experiment(cfg, run_dir, log=log.info)
+    except REFUSALS as error:
+        if debug():
+            raise
+        log.error("%s", refusal_line(error))
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # the sweep goes on; its summary lists this run
+            entry = {"run": run_dir.name, "error": str(error).replace("\n", "; "), "at": utc_now()}
+            with open(Path(hydra_cfg.sweep.dir) / REFUSED_LOG, "a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+            return "refused"
+        raise SystemExit(2) from None
     except Exception as error:
         log.error("run %s failed: %s: %s", run_dir, type(error).__name__, error)
         if hydra_cfg.mode == RunMode.MULTIRUN:

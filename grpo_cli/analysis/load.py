@@ -3,11 +3,15 @@
 A run directory is recognised by `run.json` (or, when that was never written, `config.yaml` or
 `metrics.csv`); a sweep directory is any directory whose sub-directories are runs. Every file is
 optional: a missing or half-written file becomes an empty table and a line in `Run.problems`, so
-a sweep that is still running, or a run that crashed early, can always be analysed.
+a sweep that is still running, or a run that crashed early, can always be analysed. A torn last
+line (a number cut short by a kill) is dropped with a problem line, never read as data. Files that
+contradict each other or themselves (a step twice, a step missing, probe steps without spectra)
+are listed in `Run.contradictions`; `grpo analyze` leaves such runs out and says why.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +55,7 @@ class Run:
     events: pd.DataFrame  # events.csv (training-health alarms)
     spectra_path: Path | None  # spectra.parquet, read lazily (it can be large)
     problems: list[str] = field(default_factory=list)  # missing or unreadable files
+    contradictions: list[str] = field(default_factory=list)  # repeated or missing steps
     variant: str = ""  # label of the non-R, non-seed config keys (set by grouping)
 
     @property
@@ -125,8 +130,11 @@ def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:
         problems.append(f"{path.name} missing")
         return empty
     try:
-        # a run still writing may leave a torn last line: skip it rather than fail
-        table = pd.read_csv(path, on_bad_lines="skip", dtype={"layer": str, "group": str})
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):  # a run killed mid-write: the last line is torn
+            data = data[: data.rfind(b"\n") + 1]
+            problems.append(f"{path.name}: torn last line dropped")
+        table = pd.read_csv(io.BytesIO(data), on_bad_lines="skip", dtype={"layer": str, "group": str})
     except pd.errors.EmptyDataError:
         return empty
     except (OSError, ValueError, pd.errors.ParserError) as err:
@@ -179,7 +187,7 @@ def load_run(path: Path) -> Run:
     spectra = path / "spectra.parquet"
     if not spectra.is_file():
         problems.append("spectra.parquet missing")
-    return Run(
+    run = Run(
         path=path,
         status=status,
         error=info.get("error") if status == "failed" else None,
@@ -192,6 +200,38 @@ def load_run(path: Path) -> Run:
         spectra_path=spectra if spectra.is_file() else None,
         problems=problems,
     )
+    run.contradictions = find_contradictions(run)
+    return run
+
+
+def _repeated(steps: pd.Series) -> list[int]:
+    return sorted({int(s) for s in steps[steps.duplicated()]})
+
+
+def find_contradictions(run: Run) -> list[str]:
+    """Ways a run's files contradict themselves: what two writers into one directory leave."""
+    found = []
+    steps = run.metrics["step"] if "step" in run.metrics else pd.Series(dtype=int)
+    if len(steps):
+        if repeated := _repeated(steps):
+            found.append(f"metrics.csv repeats steps {repeated}")
+        elif not steps.is_monotonic_increasing:
+            found.append("metrics.csv steps are out of order")
+        missing = sorted(set(range(int(steps.max()) + 1)) - {int(s) for s in steps})
+        if missing:
+            found.append(f"metrics.csv misses steps {missing}")
+    if len(run.evals) and (repeated := _repeated(run.evals["step"])):
+        found.append(f"eval.csv repeats steps {repeated}")
+    if len(run.ranks):
+        keys = [c for c in ("step", "matrix", "layer", "group") if c in run.ranks]
+        repeated = run.ranks[run.ranks.duplicated(keys)]
+        if len(repeated):
+            found.append(f"ranks.csv repeats rows of steps {sorted(set(repeated['step'].tolist()))}")
+        if run.spectra_path is not None:
+            probed = set(run.ranks["step"].tolist()) - set(spectra_steps(run))
+            if probed:
+                found.append(f"spectra.parquet lacks probe steps {sorted(probed)} of ranks.csv")
+    return found
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

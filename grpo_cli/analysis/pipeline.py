@@ -97,8 +97,17 @@ REHEARSAL_NOTE = (
 )
 
 
+class NoUsableRuns(ValueError):
+    """Nothing to analyse: every run failed, contradicts itself, or has no known group size."""
+
+
 def _select(runs: list[Run], include_incomplete: bool, notes: list[str]) -> tuple[list[Run], bool]:
-    usable = [r for r in runs if r.status != "failed"]
+    contradicted = [r.name for r in runs if r.contradictions]
+    if contradicted:
+        notes.append(
+            f"left out (files contradict themselves, see Data problems): {', '.join(contradicted)}"
+        )
+    usable = [r for r in runs if r.status != "failed" and not r.contradictions]
     if not include_incomplete and usable and not any(r.status == "completed" for r in usable):
         include_incomplete = True
         notes.append(
@@ -144,6 +153,13 @@ def analyze(
     rehearsals = [r.name for r in runs if r.rehearsal]
     if rehearsals:
         notes.insert(0, REHEARSAL_NOTE.format(runs=", ".join(rehearsals)))
+    if not analysed:
+        states = ", ".join(
+            f"{r.name} {r.status}" + (f" ({r.error})" if r.error else "")
+            + (" (files contradict themselves)" if r.contradictions else "")
+            for r in runs
+        )
+        raise NoUsableRuns(f"no run to analyse among {len(runs)}: {states}")
     grouping = group_runs(runs, basis=analysed)
     measures = measures_present(analysed, measure)
     rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)

@@ -234,6 +234,20 @@ def claim_blocks(result) -> list[Block]:
     return out
 
 
+def data_problem_blocks(runs) -> list[Block]:
+    """A "Data problems" section: runs whose files contradict themselves (left out of all)."""
+    lines = [f"{run.name}: {problem}" for run in runs for problem in run.contradictions]
+    if not lines:
+        return []
+    return [
+        ("h2", "Data problems"),
+        ("p", "These runs' files contradict themselves (two writers, or files edited by hand); "
+              "they are left out of every average, verdict and figure. Re-run them into a fresh "
+              "results_dir."),
+        ("list", lines),
+    ]
+
+
 def blocks(result) -> list[Block]:
     """The content of summary.md and report.html."""
     counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
@@ -261,6 +275,7 @@ def blocks(result) -> list[Block]:
         ),
         *[("p", f"Note: {note}") for note in result.notes],
         ("table", run_table(result.runs)),
+        *data_problem_blocks(result.runs),
         ("h2", "Verdict rule"),
         ("quote", result.rule.text(result.last_fraction)),
         (

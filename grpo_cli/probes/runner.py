@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from grpo_cli.algorithm.optim import keeps_master, master_weight
+from grpo_cli.config.errors import ConfigError
 from grpo_cli.probes.composition import (
     composition_applies,
     distinct_rows,
@@ -68,6 +69,23 @@ def per_rollout_advantage(
     return torch.where(has_tokens, high, 0.0)
 
 
+def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, analysis_cfg,
+                     model: torch.nn.Module) -> None:
+    """A regex that selects no parameter would record rank 0 for every probe: refuse it."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    example = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    if matrices & set(PER_ROLLOUT_MATRICES) and not gram_params:
+        raise ConfigError(
+            f"analysis.param_regex={analysis_cfg.param_regex!r} matches no trainable parameter "
+            f"(names look like: {example})"
+        )
+    if matrices & {"layer", "update"} and not layer_params:
+        raise ConfigError(
+            f"analysis.layer_regex={analysis_cfg.layer_regex!r} matches no trainable 2-D weight "
+            f"(names look like: {example})"
+        )
+
+
 class ProbeSuite:
     """Which matrices to probe, when, and the reference weights W_0 for the update matrices."""
 
@@ -87,6 +105,7 @@ class ProbeSuite:
             if p.requires_grad and p.ndim == 2 and pattern.search(name)
         }
         self.gram_params = select_params(model, analysis_cfg.param_regex)
+        _check_selection(self.matrices, self.layer_params, self.gram_params, analysis_cfg, model)
         self.optimizer = optimizer  # where fp32 master weights live (None: the parameters)
         self.initial = self._initial_layers(initial_path)
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device

@@ -9,6 +9,7 @@ and none is missing.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -99,7 +100,7 @@ class CsvLog:
             return
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         with open(self.path, "a", newline="") as handle:
-            writer = csv.writer(handle)
+            writer = csv.writer(handle, lineterminator="\n")
             if new_file:
                 writer.writerow(self.columns)
             for row in rows:
@@ -111,13 +112,26 @@ class CsvLog:
             os.fsync(handle.fileno())
 
     def truncate_from(self, step: int) -> None:
-        """Drop every row with step >= `step` (used when resuming from a checkpoint)."""
+        """Drop every row with step >= `step` (used when resuming from a checkpoint).
+
+        A torn last line (a run killed mid-write) is dropped too; the file is rewritten with LF
+        line endings, like every row appended.
+        """
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
-        frame = pd.read_csv(self.path, dtype=str, keep_default_na=False)
-        kept = frame[frame["step"].astype(int) < step]
+        with open(self.path, newline="") as handle:
+            text = handle.read()
+        text = text[: text.rfind("\n") + 1]  # keep complete lines only
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+        header, body = (rows[0], rows[1:]) if rows else (list(self.columns), [])
+        column = header.index("step")
+        kept = [
+            row for row in body
+            if len(row) == len(header) and row[column].isdigit() and int(row[column]) < step
+        ]
         temporary = self.path.with_suffix(".tmp")
-        kept.to_csv(temporary, index=False)
+        with open(temporary, "w", newline="") as handle:
+            csv.writer(handle, lineterminator="\n").writerows([header, *kept])
         temporary.replace(self.path)
 
 
@@ -174,14 +188,15 @@ class RunResults:
         """Forget everything after a checkpoint taken once `step` optimizer steps were done."""
         for log in (self.metrics, self.timings, self.events, self.ranks, self.spectra):
             log.truncate_from(step)  # rows keyed by the 0-based index of the step
-        self.evals.truncate_from(step + 1)  # eval rows are keyed by steps completed
+        # eval rows are keyed by steps completed; the step-0 evaluation is redone on a fresh start
+        self.evals.truncate_from(step + 1 if step > 0 else 0)
 
     def ensure_files(self) -> None:
         """Create every contract file (header only) so a run that stops early is still readable."""
         for log in (self.metrics, self.timings, self.evals, self.events, self.ranks):
             if not log.path.exists():
                 with open(log.path, "w", newline="") as handle:
-                    csv.writer(handle).writerow(log.columns)
+                    csv.writer(handle, lineterminator="\n").writerow(log.columns)
         if not self.spectra.path.exists():
             pd.DataFrame(columns=list(SPECTRA_COLUMNS)).to_parquet(self.spectra.path, index=False)
 

@@ -1,6 +1,11 @@
 """Resumable checkpoints: policy, optimizer (fp32 masters and rounding generators included),
 value head, alarm counters, per-problem success counts, the probes' running sums and the next
-step."""
+step.
+
+The last two are kept (`latest.pt`, `previous.pt`): a checkpoint that cannot be read (a disk
+filled up, a copy cut short) is named in the log, set aside as `latest.pt.corrupt`, and the run
+resumes from the previous one.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,15 @@ from pathlib import Path
 
 import torch
 
+PREVIOUS = "previous.pt"
+
+
+class CheckpointError(RuntimeError):
+    """No readable checkpoint to resume from, though one exists."""
+
 
 def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -> None:
+    """Write `path` atomically; the checkpoint it replaces becomes `previous.pt` beside it."""
     state = {
         "probes": probes.state_dict() if probes is not None else None,
         "next_step": next_step,
@@ -21,6 +33,8 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -
     }
     temporary = path.with_suffix(".tmp")
     torch.save(state, temporary)
+    if path.exists():
+        path.replace(path.with_name(PREVIOUS))
     temporary.replace(path)
 
 
@@ -38,3 +52,31 @@ def load_checkpoint(path: Path, trainer, monitor, probes=None) -> int:
         probes.load_state_dict(state["probes"])
     trainer.backend.sync_weights(trainer.model)
     return int(state["next_step"])
+
+
+def resume_checkpoint(path: Path, trainer, monitor, probes=None, log=print) -> int | None:
+    """Load `path`, or `previous.pt` beside it when `path` is unreadable; None if neither exists.
+
+    When the fallback is used, the unreadable `path` is renamed `<name>.corrupt` (so the next save
+    does not rotate it into `previous.pt`); if no checkpoint can be read, CheckpointError names
+    every file tried and leaves them in place.
+    """
+    tried = []
+    for candidate in (path, path.with_name(PREVIOUS)):
+        if not candidate.exists():
+            continue
+        try:
+            next_step = load_checkpoint(candidate, trainer, monitor, probes)
+        except Exception as error:  # torch raises many types for a damaged file
+            tried.append(f"{candidate}: {type(error).__name__}: {error}".splitlines()[0])
+            log(f"checkpoint unreadable, trying an earlier one: {tried[-1]}")
+            continue
+        if candidate != path and path.exists():
+            path.replace(path.with_name(path.name + ".corrupt"))
+        return next_step
+    if tried:
+        raise CheckpointError(
+            "no readable checkpoint (" + "; ".join(tried)
+            + "); start over with resume=false, which discards this run's results"
+        )
+    return None

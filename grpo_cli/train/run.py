@@ -1,7 +1,9 @@
 """One run, start to finish: set up, resume, loop, record, and always leave an honest status.
 
-`run.json` says `running` while the loop goes, `completed` at the end and `failed` (with the
-error) on any exception, including a NaN loss or Ctrl-C; every row written before stays readable.
+`run.json` says `running` while the loop goes, `completed` at the end, `interrupted` (with the
+signal and the last step) on SIGTERM or SIGINT, and `failed` (with the error) on any exception,
+including a NaN loss; every row written before stays readable. The run holds its directory
+(grpo_cli/results/lock.py) from its first write to its last, so two runs never share one.
 """
 
 from __future__ import annotations
@@ -9,13 +11,17 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import platform
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 import grpo_cli
+from grpo_cli.results.lock import RunLock
 from grpo_cli.results.writer import RunResults
 
 
@@ -34,15 +40,48 @@ def versions() -> dict:
     }
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM (what SLURM and most schedulers send) ends a run like Ctrl-C: resumable."""
+
+    signal_name = "SIGTERM"
+
+
+@contextmanager
+def sigterm_interrupts():
+    """Turn SIGTERM into RunInterrupted for the duration (main thread only, where signals land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise RunInterrupted("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_experiment(cfg, run_dir: Path, log=print) -> str:
-    """Train one configuration into `run_dir`; return its final status."""
+    """Train one configuration into `run_dir`; return its final status.
+
+    Raises RunLockedError, before touching anything, if another live run holds `run_dir`.
+    """
+    with RunLock(run_dir), sigterm_interrupts():
+        return _run_held(cfg, Path(run_dir), log)
+
+
+def _run_held(cfg, run_dir: Path, log) -> str:
     results = RunResults(run_dir)
     previous = results.read_status()
     if previous and previous.get("status") == "completed" and cfg.resume:
         log(f"{run_dir}: already completed; skipping (set resume=false to start over)")
         return "completed"
-    if not cfg.resume and results.checkpoint_path.exists():
-        results.checkpoint_path.unlink()
+    if not cfg.resume:
+        for stale in results.checkpoint_path.parent.glob("*.pt*"):
+            if stale.name != "initial_layers.pt":
+                stale.unlink()
     (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     record = {
         "status": "running",
@@ -71,6 +110,13 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
     try:
         _train(cfg, results, record, log)
         record["status"] = "completed"
+        log(f"results: {run_dir}")
+    except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM: resumable, not a failure
+        record["status"] = "interrupted"
+        record["stopped_by"] = getattr(error, "signal_name", "SIGINT")
+        log(f"interrupted by {record['stopped_by']} after step {record['last_step']}; "
+            f"re-run the same command to resume ({run_dir})")
+        raise
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised
         record["status"] = "failed"
         record["error"] = f"{type(error).__name__}: {error}"
@@ -87,12 +133,19 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 
 
 def _train(cfg, results: RunResults, record: dict, log) -> None:
+    from transformers.utils import logging as hf_logging
+
     from grpo_cli.train.alarms import AlarmMonitor
-    from grpo_cli.train.checkpoint import load_checkpoint, save_checkpoint
+    from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint
     from grpo_cli.train.loop import TrainingLoop
     from grpo_cli.train.progress import StepProgress
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects
 
+    # transformers' own tqdm bars (loading and saving weights) follow `progress` too
+    if cfg.progress:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
     device, trainer, probes = parts.device, parts.trainer, parts.probes
     loop = TrainingLoop(cfg, parts)
@@ -102,9 +155,11 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     monitor = AlarmMonitor.from_config(cfg.alarms)
 
     start = 0
-    if cfg.resume and results.checkpoint_path.exists():
-        start = load_checkpoint(results.checkpoint_path, trainer, monitor, probes)
-        record["resumed_from"] = start
+    resumed = None
+    if cfg.resume:
+        resumed = resume_checkpoint(results.checkpoint_path, trainer, monitor, probes, log=log)
+    if resumed is not None:
+        start = record["resumed_from"] = resumed
         log(f"resuming {results.run_dir} at step {start}")
     freeze_long_lived_objects()
     results.truncate_from(start)

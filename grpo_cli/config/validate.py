@@ -1,0 +1,204 @@
+"""Value checks over a composed config, run before any model is built (`grpo run`, `grpo config`).
+
+The schema (schema.py) checks that every key exists and has the right type; this module checks
+that every value is usable: ranges, known names, compilable regexes, and settings that would run
+to `completed` while training nothing (R = 1 with a group baseline, temperature 0). Each problem is
+one line that names the key and what is allowed. Checks that need the model (a regex that matches
+no parameter) live where the model is first available (grpo_cli/probes/runner.py) and raise the
+same `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_cli.config.errors import ConfigError
+
+ROLLOUT_BACKENDS = ("hf", "hf_static", "vllm")
+MODEL_SOURCES = ("char_llama", "hf", "gguf_package")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+GRPO_STD = ("population", "sample")
+PROCESS_BASELINES = ("step_group", "return_to_go")
+# estimators whose baseline is not the group's own rewards: one rollout per prompt still trains
+NO_GROUP_BASELINE = ("reinforce", "ppo")
+
+
+def _known_names() -> dict[str, tuple[str, ...]]:
+    """Allowed names, read from the modules that own them (imported here, not at import time)."""
+    from grpo_cli.algorithm.advantages import ESTIMATORS
+    from grpo_cli.algorithm.loss import AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS
+    from grpo_cli.probes.gram import METHODS
+    from grpo_cli.probes.runner import KNOWN_MATRICES
+    from grpo_cli.tasks import TASKS
+    from grpo_cli.train.autocast import AUTOCAST_KINDS
+    from grpo_cli.train.credit import TOKEN_LEVEL_ESTIMATORS
+
+    return {
+        "algorithm.name": tuple(sorted(ESTIMATORS)) + tuple(TOKEN_LEVEL_ESTIMATORS),
+        "algorithm.loss_agg": tuple(AGGREGATIONS),
+        "algorithm.importance_sampling_level": tuple(IMPORTANCE_SAMPLING_LEVELS),
+        "analysis.gram_method": tuple(METHODS),
+        "analysis.matrices": tuple(KNOWN_MATRICES),
+        "task.name": tuple(TASKS),
+        "model.autocast": tuple(AUTOCAST_KINDS),
+    }
+
+
+def stray_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Keys that the typed schema does not define (Hydra's `+group.key=value` adds them)."""
+    schema = OmegaConf.get_type(cfg)
+    known = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    stray = []
+    for key in cfg.keys():
+        if key == "hydra":
+            continue
+        if known is not None and key not in known:
+            stray.append(f"{prefix}{key}")
+            continue
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            stray.extend(stray_keys(child, f"{prefix}{key}."))
+    return stray
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """Every unusable value in `cfg`, one line each (empty when the config is usable)."""
+    problems: list[str] = [
+        f"{key}: not a setting of grpo's schema (remove the '+' override; `grpo config` lists every key)"
+        for key in stray_keys(cfg)
+    ]
+    names = _known_names()
+
+    def value(key: str):
+        return OmegaConf.select(cfg, key, throw_on_missing=False)
+
+    def need(key: str, ok: Callable[[object], bool], allowed: str) -> None:
+        current = value(key)
+        try:
+            good = current is not None and ok(current)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            problems.append(f"{key}={current!r}: must be {allowed}")
+
+    def choice(key: str, allowed: tuple[str, ...]) -> None:
+        need(key, lambda v: v in allowed, "one of " + ", ".join(allowed))
+
+    def regex(key: str) -> None:
+        try:
+            re.compile(value(key))
+        except (re.error, TypeError) as error:
+            problems.append(f"{key}={value(key)!r}: not a valid regular expression ({error})")
+
+    def at_least(key: str, low: float) -> None:
+        need(key, lambda v: v >= low, f">= {low}")
+
+    def positive(key: str) -> None:
+        need(key, lambda v: v > 0 and math.isfinite(v), "> 0")
+
+    def unit(key: str, low_open: bool = False) -> None:
+        low = "(0" if low_open else "[0"
+        need(key, lambda v: (v > 0 if low_open else v >= 0) and v <= 1, f"in {low}, 1]")
+
+    # top level
+    need("device", lambda v: v in DEVICES or re.fullmatch(r"cuda:\d+", v), "one of auto, cpu, cuda, cuda:N")
+    at_least("seed", 0)
+    at_least("threads", 0)
+    at_least("checkpoint_every", 1)
+    # model
+    choice("model.source", MODEL_SOURCES)
+    choice("model.dtype", MODEL_DTYPES)
+    choice("model.autocast", names["model.autocast"])
+    for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):
+        at_least(f"model.{key}", 1)
+    need("model.hidden_size", lambda v: v % max(1, value("model.num_heads")) == 0,
+         "a multiple of model.num_heads")
+    if value("model.lora.enabled"):
+        at_least("model.lora.r", 1)
+        unit("model.lora.dropout")
+    at_least("model.warm_start.steps", 0)
+    at_least("model.warm_start.batch_size", 1)
+    positive("model.warm_start.lr")
+    unit("model.warm_start.noisy_answer_fraction")
+    # task
+    choice("task.name", names["task.name"])
+    need("task.train_size", lambda v: v == -1 or v >= 1, ">= 1 (or -1 for all)")
+    at_least("task.eval_size", 0)
+    at_least("task.warm_start_size", 0)
+    # rollout
+    choice("rollout.backend", ROLLOUT_BACKENDS)
+    at_least("rollout.prompts_per_step", 1)
+    at_least("rollout.max_new_tokens", 1)
+    need("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
+    unit("rollout.vllm_gpu_memory_utilization", low_open=True)
+    estimator = value("algorithm.name")
+    at_least("rollout.group_size", 1)
+    group_size = value("rollout.group_size")
+    if isinstance(group_size, int) and group_size == 1 and estimator not in NO_GROUP_BASELINE:
+        problems.append(
+            f"rollout.group_size=1: must be >= 2 for algorithm={estimator} (a group of one has "
+            f"zero advantage, so nothing trains; {' and '.join(NO_GROUP_BASELINE)} accept 1)"
+        )
+    need("rollout.temperature", lambda v: v > 0 and math.isfinite(v),
+         "> 0 (at 0 every rollout of a group is the same greedy completion: zero advantages)")
+    # algorithm
+    choice("algorithm.name", names["algorithm.name"])
+    choice("algorithm.std", GRPO_STD)
+    if estimator == "grpo" and value("algorithm.std") == "sample":
+        need("rollout.group_size", lambda v: v >= 2, ">= 2 with algorithm.std=sample")
+    at_least("algorithm.std_epsilon", 0)
+    at_least("algorithm.steps", 1)
+    positive("algorithm.lr")
+    at_least("algorithm.weight_decay", 0)
+    need("algorithm.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+         "two numbers in [0, 1)")
+    at_least("algorithm.num_iterations", 1)
+    at_least("algorithm.micro_batch_size", 1)
+    at_least("algorithm.epsilon", 0)
+    at_least("algorithm.epsilon_high", 0)
+    choice("algorithm.loss_agg", names["algorithm.loss_agg"])
+    if value("algorithm.loss_constant") is not None:
+        at_least("algorithm.loss_constant", 1)
+    choice("algorithm.importance_sampling_level", names["algorithm.importance_sampling_level"])
+    at_least("algorithm.kl_coef", 0)
+    at_least("algorithm.tis_cap", 0)
+    unit("algorithm.gamma")
+    unit("algorithm.lam")
+    at_least("algorithm.value_coef", 0)
+    choice("algorithm.process_baseline", PROCESS_BASELINES)
+    at_least("algorithm.dynamic_sampling_max_draws", 0)
+    at_least("algorithm.overlong_penalty", 0)
+    at_least("algorithm.overlong_buffer", 0)
+    # analysis
+    at_least("analysis.every", 0)
+    need("analysis.matrices", lambda v: set(v) <= set(names["analysis.matrices"]),
+         "a list drawn from " + ", ".join(names["analysis.matrices"]))
+    regex("analysis.layer_regex")
+    regex("analysis.param_regex")
+    choice("analysis.gram_method", names["analysis.gram_method"])
+    at_least("analysis.sketch_dim", 1)
+    at_least("analysis.gram_row_chunk", 0)
+    need("analysis.rank_rtol", lambda v: 0 < v < 1, "in (0, 1)")
+    need("analysis.sparsity_rtol", lambda v: 0 < v < 1, "in (0, 1)")
+    at_least("analysis.max_groups_saved", 0)
+    at_least("analysis.eval_every", 1)
+    # alarms
+    at_least("alarms.entropy_floor", 0)
+    at_least("alarms.entropy_patience", 1)
+    unit("alarms.zero_variance_ceiling")
+    at_least("alarms.zero_variance_patience", 1)
+    positive("alarms.kl_max")
+    return problems
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ConfigError (one line per problem) unless every value of `cfg` is usable."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -1,0 +1,80 @@
+"""`grpo analyze` never crashes on failed or torn runs, and flags runs whose files contradict themselves."""
+
+from __future__ import annotations
+
+import pandas as pd
+from results_factory import write_run, write_sweep
+from typer.testing import CliRunner
+
+from grpo_cli.analysis.load import load_run
+from grpo_cli.analysis.pipeline import analyze
+from grpo_cli.cli import app
+
+
+def test_sweep_whose_runs_all_failed_is_a_message_not_a_crash(tmp_path):
+    root = tmp_path / "toy"
+    for group_size in (2, 4):
+        write_run(root, group_size=group_size, seed=0, status="failed", error="boom", steps_done=3)
+    result = CliRunner().invoke(app, ["analyze", str(root)])
+    assert result.exit_code == 1
+    assert "nothing analysed: no run to analyse among 2: R2-grpo-s0 failed (boom)" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not list(tmp_path.rglob("*.png"))  # no empty figures
+
+
+def tear_last_line(out):
+    with open(out / "metrics.csv", "a") as handle:
+        handle.write("8,0.12")  # killed while writing step 8: reward_mean cut short, no newline
+
+
+def contradict(out):
+    """What two writers into one directory left: steps 6-9 twice, probe steps 0-4 lost."""
+    metrics = pd.read_csv(out / "metrics.csv")
+    pd.concat([metrics, metrics[metrics["step"] >= 6]]).to_csv(out / "metrics.csv", index=False)
+    spectra = pd.read_parquet(out / "spectra.parquet")
+    spectra[~spectra["step"].isin([0, 2, 4])].to_parquet(out / "spectra.parquet", index=False)
+
+
+def test_torn_last_line_is_dropped_not_read_as_data(tmp_path):
+    out = write_run(tmp_path / "toy", group_size=4, seed=0, steps=8, probe_every=2)
+    tear_last_line(out)
+    run = load_run(out)
+    assert run.metrics["step"].tolist() == list(range(8))
+    assert "metrics.csv: torn last line dropped" in run.problems
+    assert run.contradictions == []
+
+
+def test_run_whose_files_contradict_themselves_is_flagged_and_left_out(tmp_path):
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)
+    contradict(root / "R4-grpo-s0")
+    assert load_run(root / "R4-grpo-s0").contradictions == [
+        "metrics.csv repeats steps [6, 7, 8, 9]",
+        "spectra.parquet lacks probe steps [0, 2, 4] of ranks.csv",
+    ]
+    assert load_run(root / "R4-grpo-s1").contradictions == []
+
+    result = analyze([root], figures=False)
+    assert sorted(run.name for run in result.analysed) == ["R2-grpo-s0", "R2-grpo-s1", "R4-grpo-s1"]
+    summary = (root / "analysis" / "summary.md").read_text()
+    assert "## Data problems" in summary
+    assert "R4-grpo-s0: spectra.parquet lacks probe steps [0, 2, 4] of ranks.csv" in summary
+
+
+def test_console_names_torn_and_contradicted_runs(tmp_path):
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0,), steps=10, probe_every=5,
+                       matrices=("rollout_batch",))
+    tear_last_line(root / "R2-grpo-s0")
+    contradict(root / "R4-grpo-s0")
+    result = CliRunner().invoke(app, ["analyze", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "warning: R2-grpo-s0: metrics.csv: torn last line dropped" in result.output
+    assert "data problem: R4-grpo-s0: metrics.csv repeats steps [6, 7, 8, 9] (run left out)" in result.output
+
+
+def test_missing_and_unordered_steps_are_contradictions(tmp_path):
+    out = write_run(tmp_path / "toy", group_size=4, seed=0, steps=6, probe_every=2)
+    metrics = pd.read_csv(out / "metrics.csv")
+    metrics[metrics["step"] != 3].to_csv(out / "metrics.csv", index=False)
+    assert load_run(out).contradictions == ["metrics.csv misses steps [3]"]
+    metrics.iloc[::-1].to_csv(out / "metrics.csv", index=False)
+    assert load_run(out).contradictions == ["metrics.csv steps are out of order"]

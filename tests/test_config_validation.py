@@ -1,0 +1,99 @@
+"""Every unusable value is refused before any model is built: one line naming the key, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import grpo_run
+from typer.testing import CliRunner
+
+from grpo_cli.cli import app
+from grpo_cli.config.compose import compose_config
+from grpo_cli.config.validate import config_problems
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+REFUSED = [
+    ("rollout.group_size=0", "rollout.group_size=0: must be >= 1"),
+    ("rollout.group_size=-3", "rollout.group_size=-3: must be >= 1"),
+    ("rollout.group_size=1", "rollout.group_size=1: must be >= 2 for algorithm=grpo"),
+    ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0"),
+    ("analysis.param_regex='(ab'", "analysis.param_regex='(ab': not a valid regular expression"),
+    ("algorithm.lr=-1", "algorithm.lr=-1.0: must be > 0"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: must be >= 1"),
+    ("analysis.matrices=[rollout_group,nonsense]", "analysis.matrices="),
+    ("algorithm.name=nonsense", "algorithm.name='nonsense': must be one of"),
+    ("+rollout.group_sise=4", "rollout.group_sise: not a setting of grpo's schema"),
+    ("+foo=1", "foo: not a setting of grpo's schema"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), REFUSED)
+def test_bad_value_is_named_with_its_range(override, message):
+    problems = config_problems(compose_config(["experiment=smoke", override]))
+    assert len(problems) == 1 and problems[0].startswith(message)
+
+
+@pytest.mark.parametrize(("override", "message"), [REFUSED[0], REFUSED[4], REFUSED[9]])
+def test_bad_value_is_refused_in_one_line_before_anything_is_built(tmp_path, override, message):
+    result = grpo_run(tmp_path, tmp_path / "cache", override)
+    assert result.exit_code == 2, result.output
+    assert f"config error: {message}" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "smoke").exists()  # no run directory, no model, no warm start
+    assert not (tmp_path / "cache").exists()
+
+    config = CliRunner().invoke(app, ["config", "experiment=smoke", override])
+    assert config.exit_code == 2
+    assert f"config error: {message}" in config.output
+
+
+def test_each_problem_names_its_key_and_range():
+    cfg = compose_config(["experiment=smoke", "rollout.group_size=0", "algorithm.lr=-1",
+                          "analysis.eval_every=0", "rollout.top_p=1.5"])
+    assert config_problems(cfg) == [
+        "rollout.top_p=1.5: must be in (0, 1]",
+        "rollout.group_size=0: must be >= 1",
+        "algorithm.lr=-1.0: must be > 0",
+        "analysis.eval_every=0: must be >= 1",
+    ]
+
+
+def test_one_rollout_per_prompt_is_fine_without_a_group_baseline():
+    assert config_problems(compose_config(["rollout.group_size=1", "algorithm=reinforce"])) == []
+    assert config_problems(compose_config(["rollout.group_size=1", "algorithm=ppo"])) == []
+
+
+def test_debug_flag_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_DEBUG", "1")
+    config = CliRunner().invoke(app, ["config", "rollout.group_size=0"])
+    assert config.exit_code != 0
+    assert type(config.exception).__name__ == "ConfigError"
+
+
+def test_every_shipped_preset_and_algorithm_passes_the_checks():
+    experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    algorithms = sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml"))
+    overrides = [[f"experiment={e}"] for e in experiments]
+    overrides += [["experiment=smoke", f"algorithm={a}"] for a in algorithms]
+    for override in overrides:
+        assert config_problems(compose_config(override)) == [], override
+
+
+def test_unwritable_results_dir_is_one_line(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    result = grpo_run(blocker / "results", tmp_path / "cache")
+    assert result.exit_code == 2
+    assert "results_dir: cannot write to" in result.output
+    assert "Unable to configure handler" not in result.output and "Traceback" not in result.output
+
+
+def test_run_help_is_grpos_own_usage_with_examples():
+    result = CliRunner().invoke(app, ["run", "--help"])
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: grpo run")
+    assert "grpo run experiment=smoke" in result.output and "--hydra-help" in result.output
+    assert "powered by Hydra" not in result.output
+    assert "algorithm=dr_grpo|grpo|ppo|process|reinforce|rloo" in result.output

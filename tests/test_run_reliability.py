@@ -1,0 +1,207 @@
+"""Nothing lost, nothing silently wrong: locks, signals, checkpoints and restarts of `grpo run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from cli_helpers import grpo_run, run_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+# long enough to be caught mid-run, with few probes and evaluations
+LONGER = ("algorithm.steps=8", "analysis.every=4", "analysis.eval_every=8")
+LONGER_NAME = "R4-grpo-s0-algorithm.steps=8,analysis.eval_every=8,analysis.every=4"
+TABLES = ("metrics.csv", "eval.csv", "ranks.csv", "events.csv")
+
+
+def spawn_run(results: Path, cache: Path, *overrides: str) -> subprocess.Popen:
+    """`grpo run experiment=smoke ...` in its own process (signals and locks are per process)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "grpo_cli.cli", "run", "experiment=smoke",
+               f"results_dir={results}", f"cache_dir={cache}", "progress=false", *overrides]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=ROOT)
+
+
+def wait_until(condition, process: subprocess.Popen, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"process ended first:\n{process.stdout.read()}")
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def status(out: Path) -> dict:
+    try:
+        return json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_second_run_into_a_held_directory_is_refused_naming_the_holder(tmp_path, cache_dir):
+    grpo_run(tmp_path / "warm", cache_dir, "algorithm.steps=1")  # the warm start, built once
+    first = spawn_run(tmp_path, cache_dir, *LONGER)
+    out = run_dir(tmp_path, LONGER_NAME)
+    wait_until(lambda: status(out).get("status") == "running", first)
+
+    second = grpo_run(tmp_path, cache_dir, *LONGER)
+    assert second.exit_code == 2, second.output
+    assert f"refused: {out} is in use by pid {first.pid} on" in second.output
+
+    output = first.communicate(timeout=300)[0]
+    assert first.returncode == 0, output
+    assert status(out)["status"] == "completed"
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == list(range(8))
+    assert pd.read_csv(out / "eval.csv")["step"].tolist() == [0, 8]
+    ranks = pd.read_csv(out / "ranks.csv", dtype={"layer": str, "group": str})
+    assert not ranks.duplicated(["step", "matrix", "layer", "group"]).any()
+    assert sorted(pd.read_parquet(out / "spectra.parquet")["step"].unique()) == [0, 4, 7]
+
+
+def test_sigterm_records_interrupted_and_resume_is_byte_identical(tmp_path, cache_dir):
+    assert grpo_run(tmp_path / "full", cache_dir, *LONGER).exit_code == 0
+    process = spawn_run(tmp_path / "cut", cache_dir, *LONGER)
+    out = run_dir(tmp_path / "cut", LONGER_NAME)
+    wait_until(lambda: (out / "checkpoints" / "latest.pt").exists(), process)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+
+    assert process.returncode == 143, output
+    record = status(out)
+    assert record["status"] == "interrupted" and record["stopped_by"] == "SIGTERM", record
+    assert 1 <= record["last_step"] < 7
+    assert f"interrupted by SIGTERM after step {record['last_step']}" in output
+
+    resumed = grpo_run(tmp_path / "cut", cache_dir, *LONGER)
+    assert resumed.exit_code == 0, resumed.output
+    record = status(out)
+    assert record["status"] == "completed" and record["resumed_from"] >= 2
+    assert f"results: {out}" in resumed.output
+    full = run_dir(tmp_path / "full", LONGER_NAME)
+    for name in TABLES:
+        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "spectra.parquet"), pd.read_parquet(full / "spectra.parquet")
+    )
+
+
+def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch):
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def ctrl_c_at_step_3(self, step, capture_layers=None):
+        if step == 3:
+            raise KeyboardInterrupt
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", ctrl_c_at_step_3)
+    result = grpo_run(tmp_path, cache_dir)
+    assert result.exit_code == 130
+    record = status(run_dir(tmp_path))
+    assert record["status"] == "interrupted" and record["stopped_by"] == "SIGINT"
+    assert record["last_step"] == 2 and record["error"] is None
+    assert "interrupted by SIGINT after step 2" in result.output
+
+
+def test_param_regex_matching_nothing_is_refused_before_training(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "analysis.param_regex=matchesnothing")
+    assert result.exit_code == 2
+    assert "config error: analysis.param_regex='matchesnothing' matches no trainable parameter" in result.output
+    assert "Traceback" not in result.output
+    out = run_dir(tmp_path, "R4-grpo-s0-analysis.param_regex=matchesnothing")
+    assert status(out)["status"] == "failed"
+    assert not (out / "metrics.csv").exists()  # refused before the first step
+
+
+def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, cache_dir, monkeypatch):
+    short = "algorithm.steps=2"
+    assert grpo_run(tmp_path, cache_dir, short).exit_code == 0
+    out = run_dir(tmp_path, "R4-grpo-s0-algorithm.steps=2")
+    first = {name: (out / name).read_bytes() for name in TABLES}
+    assert grpo_run(tmp_path, cache_dir, short, "resume=false").exit_code == 0  # over old files
+    assert pd.read_csv(out / "eval.csv")["step"].tolist() == [0, 2]
+    for name in TABLES:
+        assert b"\r" not in (out / name).read_bytes(), name
+        assert (out / name).read_bytes() == first[name], name
+
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def crash_at_step_1(self, step, capture_layers=None):  # killed before the first checkpoint
+        if step == 1:
+            raise RuntimeError("simulated crash")
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_1)
+    assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code == 0
+    crashed = run_dir(tmp_path / "crashed", "R4-grpo-s0-algorithm.steps=2")
+    for name in TABLES:
+        assert (crashed / name).read_bytes() == first[name], name
+
+
+def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_dir, monkeypatch):
+    overrides = ("algorithm.steps=3", "checkpoint_every=1")
+    name = "R4-grpo-s0-algorithm.steps=3"
+    assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def crash_at_step_2(self, step, capture_layers=None):
+        if step == 2:
+            raise RuntimeError("simulated crash")
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_2)
+    assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    out = run_dir(tmp_path / "cut", name)
+    latest, previous = out / "checkpoints" / "latest.pt", out / "checkpoints" / "previous.pt"
+    assert previous.exists()
+    latest.write_bytes(latest.read_bytes()[:1000])  # a copy cut short
+
+    result = grpo_run(tmp_path / "cut", cache_dir, *overrides)
+    assert result.exit_code == 0, result.output
+    assert f"checkpoint unreadable, trying an earlier one: {latest}" in result.output
+    record = status(out)
+    assert record["status"] == "completed" and record["resumed_from"] == 1
+    assert (out / "checkpoints" / "latest.pt.corrupt").exists()
+    full = run_dir(tmp_path / "full", name)
+    for table in TABLES:
+        assert (out / table).read_bytes() == (full / table).read_bytes(), table
+
+
+def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache_dir, monkeypatch):
+    from grpo_cli.train import trainer
+
+    original = trainer.GRPOTrainer.step
+
+    def crash_at_step_3(self, step, capture_layers=None):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, step, capture_layers)
+
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
+    assert grpo_run(tmp_path, cache_dir).exit_code != 0
+    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    latest = run_dir(tmp_path) / "checkpoints" / "latest.pt"
+    latest.write_bytes(b"truncated")
+
+    result = grpo_run(tmp_path, cache_dir)
+    assert result.exit_code != 0
+    error = status(run_dir(tmp_path))["error"]
+    assert error.startswith("CheckpointError: no readable checkpoint") and str(latest) in error
+    assert "resume=false" in error
+    assert latest.exists()  # left for the user to inspect

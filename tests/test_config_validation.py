@@ -19,10 +19,10 @@ REFUSED = [
     ("rollout.group_size=-3", "rollout.group_size=-3: must be >= 1"),
     ("rollout.group_size=1", "rollout.group_size=1: must be >= 2 for algorithm=grpo"),
     ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0"),
-    ("analysis.param_regex='(ab'", "analysis.param_regex='(ab': not a valid regular expression"),
-    ("algorithm.lr=-1", "algorithm.lr=-1.0: must be > 0"),
+    ("probes.param_regex='(ab'", "probes.param_regex='(ab': not a valid regular expression"),
+    ("optim.lr=-1", "optim.lr=-1.0: must be > 0"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: must be >= 1"),
-    ("analysis.matrices=[rollout_group,nonsense]", "analysis.matrices="),
+    ("probes.matrices=[rollout_group,nonsense]", "probes.matrices="),
     ("algorithm.name=nonsense", "algorithm.name='nonsense': must be one of"),
     ("+rollout.group_sise=4", "rollout.group_sise: not a setting of grpo's schema"),
     ("+foo=1", "foo: not a setting of grpo's schema"),
@@ -50,13 +50,13 @@ def test_bad_value_is_refused_in_one_line_before_anything_is_built(tmp_path, ove
 
 
 def test_each_problem_names_its_key_and_range():
-    cfg = compose_config(["experiment=smoke", "rollout.group_size=0", "algorithm.lr=-1",
-                          "analysis.eval_every=0", "rollout.top_p=1.5"])
+    cfg = compose_config(["experiment=smoke", "rollout.group_size=0", "optim.lr=-1",
+                          "eval.every=-1", "rollout.top_p=1.5"])
     assert config_problems(cfg) == [
         "rollout.top_p=1.5: must be in (0, 1]",
         "rollout.group_size=0: must be >= 1",
-        "algorithm.lr=-1.0: must be > 0",
-        "analysis.eval_every=0: must be >= 1",
+        "optim.lr=-1.0: must be > 0",
+        "eval.every=-1: must be >= 0",
     ]
 
 

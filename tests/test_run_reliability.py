@@ -15,8 +15,8 @@ from cli_helpers import grpo_run, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # long enough to be caught mid-run, with few probes and evaluations
-LONGER = ("algorithm.steps=8", "analysis.every=4", "analysis.eval_every=8")
-LONGER_NAME = "R4-grpo-s0-algorithm.steps=8,analysis.eval_every=8,analysis.every=4"
+LONGER = ("train.steps=8", "probes.every=4", "eval.every=8")
+LONGER_NAME = "R4-grpo-s0-eval.every=8,probes.every=4,train.steps=8"
 TABLES = ("metrics.csv", "eval.csv", "ranks.csv", "events.csv")
 
 
@@ -47,7 +47,7 @@ def status(out: Path) -> dict:
 
 
 def test_second_run_into_a_held_directory_is_refused_naming_the_holder(tmp_path, cache_dir):
-    grpo_run(tmp_path / "warm", cache_dir, "algorithm.steps=1")  # the warm start, built once
+    grpo_run(tmp_path / "warm", cache_dir, "train.steps=1")  # the warm start, built once
     first = spawn_run(tmp_path, cache_dir, *LONGER)
     out = run_dir(tmp_path, LONGER_NAME)
     wait_until(lambda: status(out).get("status") == "running", first)
@@ -113,19 +113,19 @@ def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch)
 
 
 def test_param_regex_matching_nothing_is_refused_before_training(tmp_path, cache_dir):
-    result = grpo_run(tmp_path, cache_dir, "analysis.param_regex=matchesnothing")
+    result = grpo_run(tmp_path, cache_dir, "probes.param_regex=matchesnothing")
     assert result.exit_code == 2
-    assert "config error: analysis.param_regex='matchesnothing' matches no trainable parameter" in result.output
+    assert "config error: probes.param_regex='matchesnothing' matches no trainable parameter" in result.output
     assert "Traceback" not in result.output
-    out = run_dir(tmp_path, "R4-grpo-s0-analysis.param_regex=matchesnothing")
+    out = run_dir(tmp_path, "R4-grpo-s0-probes.param_regex=matchesnothing")
     assert status(out)["status"] == "failed"
     assert not (out / "metrics.csv").exists()  # refused before the first step
 
 
 def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, cache_dir, monkeypatch):
-    short = "algorithm.steps=2"
+    short = "train.steps=2"
     assert grpo_run(tmp_path, cache_dir, short).exit_code == 0
-    out = run_dir(tmp_path, "R4-grpo-s0-algorithm.steps=2")
+    out = run_dir(tmp_path, "R4-grpo-s0-train.steps=2")
     first = {name: (out / name).read_bytes() for name in TABLES}
     assert grpo_run(tmp_path, cache_dir, short, "resume=false").exit_code == 0  # over old files
     assert pd.read_csv(out / "eval.csv")["step"].tolist() == [0, 2]
@@ -146,14 +146,14 @@ def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, c
     assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
     monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
     assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code == 0
-    crashed = run_dir(tmp_path / "crashed", "R4-grpo-s0-algorithm.steps=2")
+    crashed = run_dir(tmp_path / "crashed", "R4-grpo-s0-train.steps=2")
     for name in TABLES:
         assert (crashed / name).read_bytes() == first[name], name
 
 
 def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_dir, monkeypatch):
-    overrides = ("algorithm.steps=3", "checkpoint_every=1")
-    name = "R4-grpo-s0-algorithm.steps=3"
+    overrides = ("train.steps=3", "checkpoint_every=1")
+    name = "R4-grpo-s0-train.steps=3"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
     from grpo_cli.train import trainer
 

@@ -43,8 +43,8 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "algorithm.name": tuple(sorted(ESTIMATORS)) + tuple(TOKEN_LEVEL_ESTIMATORS),
         "algorithm.loss_agg": tuple(AGGREGATIONS),
         "algorithm.importance_sampling_level": tuple(IMPORTANCE_SAMPLING_LEVELS),
-        "analysis.gram_method": tuple(METHODS),
-        "analysis.matrices": tuple(KNOWN_MATRICES),
+        "probes.gram_method": tuple(METHODS),
+        "probes.matrices": tuple(KNOWN_MATRICES),
         "task.name": tuple(TASKS),
         "model.autocast": tuple(AUTOCAST_KINDS),
     }
@@ -153,13 +153,13 @@ def config_problems(cfg: DictConfig) -> list[str]:
     if estimator == "grpo" and value("algorithm.std") == "sample":
         need("rollout.group_size", lambda v: v >= 2, ">= 2 with algorithm.std=sample")
     at_least("algorithm.std_epsilon", 0)
-    at_least("algorithm.steps", 1)
-    positive("algorithm.lr")
-    at_least("algorithm.weight_decay", 0)
-    need("algorithm.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+    at_least("train.steps", 1)
+    positive("optim.lr")
+    at_least("optim.weight_decay", 0)
+    need("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
          "two numbers in [0, 1)")
     at_least("algorithm.num_iterations", 1)
-    at_least("algorithm.micro_batch_size", 1)
+    at_least("train.micro_batch_size", 1)
     at_least("algorithm.epsilon", 0)
     at_least("algorithm.epsilon_high", 0)
     choice("algorithm.loss_agg", names["algorithm.loss_agg"])
@@ -175,19 +175,19 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("algorithm.dynamic_sampling_max_draws", 0)
     at_least("algorithm.overlong_penalty", 0)
     at_least("algorithm.overlong_buffer", 0)
-    # analysis
-    at_least("analysis.every", 0)
-    need("analysis.matrices", lambda v: set(v) <= set(names["analysis.matrices"]),
-         "a list drawn from " + ", ".join(names["analysis.matrices"]))
-    regex("analysis.layer_regex")
-    regex("analysis.param_regex")
-    choice("analysis.gram_method", names["analysis.gram_method"])
-    at_least("analysis.sketch_dim", 1)
-    at_least("analysis.gram_row_chunk", 0)
-    need("analysis.rank_rtol", lambda v: 0 < v < 1, "in (0, 1)")
-    need("analysis.sparsity_rtol", lambda v: 0 < v < 1, "in (0, 1)")
-    at_least("analysis.max_groups_saved", 0)
-    at_least("analysis.eval_every", 1)
+    # probes and evaluation
+    at_least("probes.every", 0)
+    need("probes.matrices", lambda v: set(v) <= set(names["probes.matrices"]),
+         "a list drawn from " + ", ".join(names["probes.matrices"]))
+    regex("probes.layer_regex")
+    regex("probes.param_regex")
+    choice("probes.gram_method", names["probes.gram_method"])
+    at_least("probes.sketch_dim", 1)
+    at_least("probes.gram_row_chunk", 0)
+    need("probes.rank_rtol", lambda v: 0 < v < 1, "in (0, 1)")
+    need("probes.sparsity_rtol", lambda v: 0 < v < 1, "in (0, 1)")
+    at_least("probes.max_groups_saved", 0)
+    at_least("eval.every", 0)
     # alarms
     at_least("alarms.entropy_floor", 0)
     at_least("alarms.entropy_patience", 1)

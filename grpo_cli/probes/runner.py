@@ -69,19 +69,19 @@ def per_rollout_advantage(
     return torch.where(has_tokens, high, 0.0)
 
 
-def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, analysis_cfg,
+def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, probes_cfg,
                      model: torch.nn.Module) -> None:
     """A regex that selects no parameter would record rank 0 for every probe: refuse it."""
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     example = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     if matrices & set(PER_ROLLOUT_MATRICES) and not gram_params:
         raise ConfigError(
-            f"analysis.param_regex={analysis_cfg.param_regex!r} matches no trainable parameter "
+            f"probes.param_regex={probes_cfg.param_regex!r} matches no trainable parameter "
             f"(names look like: {example})"
         )
     if matrices & {"layer", "update"} and not layer_params:
         raise ConfigError(
-            f"analysis.layer_regex={analysis_cfg.layer_regex!r} matches no trainable 2-D weight "
+            f"probes.layer_regex={probes_cfg.layer_regex!r} matches no trainable 2-D weight "
             f"(names look like: {example})"
         )
 

@@ -110,6 +110,7 @@ def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch)
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGINT"
     assert record["last_step"] == 2 and record["error"] is None
     assert "interrupted by SIGINT after step 2" in result.output
+    assert "it/s]" not in result.output  # progress=false: no tqdm bar from transformers either
 
 
 def test_param_regex_matching_nothing_is_refused_before_training(tmp_path, cache_dir):

@@ -26,6 +26,8 @@ REFUSED = [
     ("algorithm.name=nonsense", "algorithm.name='nonsense': must be one of"),
     ("+rollout.group_sise=4", "rollout.group_sise: not a setting of grpo's schema"),
     ("+foo=1", "foo: not a setting of grpo's schema"),
+    ("model.weights=foo", "model.weights='foo': must be one of pretrained, random"),
+    ("task.reward=coin", "task.reward='coin': must be one of task, random"),
 ]
 
 

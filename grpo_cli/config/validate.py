@@ -32,12 +32,15 @@ NO_GROUP_BASELINE = ("reinforce", "ppo")
 def _known_names() -> dict[str, tuple[str, ...]]:
     """Allowed names, read from the modules that own them (imported here, not at import time)."""
     from grpo_cli.algorithm.advantages import ESTIMATORS
+    from grpo_cli.algorithm.kinds import TOKEN_LEVEL_ESTIMATORS
     from grpo_cli.algorithm.loss import AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS
+    from grpo_cli.algorithm.optim import MASTER_WEIGHTS
+    from grpo_cli.models.policy import WEIGHTS
     from grpo_cli.probes.gram import METHODS
     from grpo_cli.probes.runner import KNOWN_MATRICES
     from grpo_cli.tasks import TASKS
+    from grpo_cli.tasks.rehearsal import REWARDS
     from grpo_cli.train.autocast import AUTOCAST_KINDS
-    from grpo_cli.train.credit import TOKEN_LEVEL_ESTIMATORS
 
     return {
         "algorithm.name": tuple(sorted(ESTIMATORS)) + tuple(TOKEN_LEVEL_ESTIMATORS),
@@ -46,7 +49,10 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "probes.gram_method": tuple(METHODS),
         "probes.matrices": tuple(KNOWN_MATRICES),
         "task.name": tuple(TASKS),
+        "task.reward": tuple(REWARDS),
         "model.autocast": tuple(AUTOCAST_KINDS),
+        "model.weights": tuple(WEIGHTS),
+        "model.master_weights": tuple(MASTER_WEIGHTS),
     }
 
 
@@ -115,6 +121,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
     choice("model.source", MODEL_SOURCES)
     choice("model.dtype", MODEL_DTYPES)
     choice("model.autocast", names["model.autocast"])
+    choice("model.weights", names["model.weights"])
+    choice("model.master_weights", names["model.master_weights"])
     for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):
         at_least(f"model.{key}", 1)
     need("model.hidden_size", lambda v: v % max(1, value("model.num_heads")) == 0,
@@ -128,6 +136,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     unit("model.warm_start.noisy_answer_fraction")
     # task
     choice("task.name", names["task.name"])
+    choice("task.reward", names["task.reward"])
     need("task.train_size", lambda v: v == -1 or v >= 1, ">= 1 (or -1 for all)")
     at_least("task.eval_size", 0)
     at_least("task.warm_start_size", 0)
@@ -160,6 +169,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
          "two numbers in [0, 1)")
     at_least("algorithm.num_iterations", 1)
     at_least("train.micro_batch_size", 1)
+    at_least("train.logits_chunk_mb", 0)
     at_least("algorithm.epsilon", 0)
     at_least("algorithm.epsilon_high", 0)
     choice("algorithm.loss_agg", names["algorithm.loss_agg"])

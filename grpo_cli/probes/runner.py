@@ -79,7 +79,7 @@ def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, 
             f"probes.param_regex={probes_cfg.param_regex!r} matches no trainable parameter "
             f"(names look like: {example})"
         )
-    if matrices & {"layer", "update"} and not layer_params:
+    if matrices & {"layer", "update", "grad_sum"} and not layer_params:
         raise ConfigError(
             f"probes.layer_regex={probes_cfg.layer_regex!r} matches no trainable 2-D weight "
             f"(names look like: {example})"

@@ -88,7 +88,7 @@ def test_the_constraint_line_pins_the_installed_torch(tmp_path):
 
 def test_rehearse_paper_target_runs_the_rehearsal_preset(tmp_path):
     result = subprocess.run([MAKE, "-n", "-C", str(ROOT), "rehearse-paper", f"VENV={tmp_path}/v",
-                             "ARGS=rollout.backend=hf"],
+                             "ARGS=rollout.backend=hf_static"],
                             env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
                             capture_output=True, text=True, check=True).stdout
-    assert "run experiment=paper_rehearsal rollout.backend=hf" in result
+    assert "run experiment=paper_rehearsal rollout.backend=hf_static" in result

@@ -19,12 +19,13 @@ GIB_PER_MB = 1 / 1024
 
 # phase -> (GiB of torch allocations the plan expects, where the figure comes from)
 PLAN_GIB = {
-    "rollout": (55.0, "weights + gradients + AdamW 31.2 (section 2) + vLLM at u = 0.3 23.8 "
-                      "(section 3); step 0 has no gradients or AdamW state yet: 31.6"),
-    "train": (56.3, "31.2 + 23.8 + one micro-batch of 2: checkpointed blocks 0.4 + one logits "
+    "rollout": (56.4, "training state 32.6 (weights, gradients, AdamW 31.2 + probed fp32 masters "
+                      "0.9 + grad_sum 0.45; sections 2, 5 A) + vLLM at u = 0.3 23.8 (section 3); "
+                      "step 0 has no gradients, AdamW state or masters yet: 31.6"),
+    "train": (57.7, "32.6 + 23.8 + one micro-batch of 2: checkpointed blocks 0.4 + one logits "
                     "chunk 0.9 (section 4)"),
-    "probes": (64.0, "31.2 + 23.8 + one probe chunk of 2 rollouts, ~9 (section 6)"),
-    "optimizer": (55.5, "31.2 + 23.8 + float32 temporaries of one 64 MiB slice (section 2)"),
+    "probes": (65.4, "32.6 + 23.8 + one probe chunk of 2 rollouts, ~9 (section 6)"),
+    "optimizer": (56.9, "32.6 + 23.8 + float32 temporaries of one 64 MiB slice (section 2)"),
 }
 PLAN_STEP_S = "20 to 25 s at R = 8 (section 7: rollout ~10 s, training 5 to 10 s), plus a probe"
 TIME_ROWS = {  # row label -> the timings.csv columns it adds up

@@ -121,6 +121,9 @@ class SweepSummary(Callback):
         try:
             HydraConfig.instance().set_config(config)
             check_writable(Path(str(config.hydra.sweep.dir)))
+            problems = sweep_problems(config)
+            if problems:
+                raise ConfigError("\n".join(problems))
         except REFUSALS as error:
             _refuse_now(error)
 
@@ -147,6 +150,32 @@ class SweepSummary(Callback):
         if unfinished:
             log.error("%d of %d runs did not complete: %s", len(unfinished), len(rows), ", ".join(unfinished))
         log.info("results: %s", sweep_dir)
+
+
+def sweep_problems(config: DictConfig) -> list[str]:
+    """Value problems of every member of a sweep, composed up front, so that no member trains
+    while another is doomed. Sweep syntax the basic sweeper does not expand (a plugin sweeper's
+    ranges) is left to the per-job check in `train_job`."""
+    from hydra import compose
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from grpo_cli.config.validate import config_problems
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        members = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
+    except Exception:  # noqa: BLE001 - not a basic sweep: members are checked as they start
+        return []
+    problems: dict[str, None] = {}  # ordered, each line once however many members share it
+    for member in members:
+        try:
+            cfg = compose(config_name=config.hydra.job.config_name, overrides=member)
+        except Exception as error:  # noqa: BLE001 - a composition error names its key
+            problems[str(error).splitlines()[0]] = None
+            continue
+        problems.update(dict.fromkeys(config_problems(cfg)))
+    return list(problems)
 
 
 def _refuse_now(error: Exception) -> None:

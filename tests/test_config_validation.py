@@ -51,6 +51,16 @@ def test_bad_value_is_refused_in_one_line_before_anything_is_built(tmp_path, ove
     assert f"config error: {message}" in config.output
 
 
+def test_sweep_with_a_bad_member_is_refused_before_any_member_runs(tmp_path):
+    result = grpo_run(tmp_path, tmp_path / "cache", "rollout.group_size=2,0", "optim.lr=0.1,-1",
+                      multirun=True)
+    assert result.exit_code == 2, result.output
+    assert "config error: rollout.group_size=0: must be >= 1" in result.output
+    assert result.output.count("config error: optim.lr=-1.0: must be > 0") == 1  # once, not per member
+    assert not list((tmp_path / "smoke").iterdir())  # not even the valid members ran
+    assert not (tmp_path / "cache").exists()
+
+
 def test_each_problem_names_its_key_and_range():
     cfg = compose_config(["experiment=smoke", "rollout.group_size=0", "optim.lr=-1",
                           "eval.every=-1", "rollout.top_p=1.5"])

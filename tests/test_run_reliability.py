@@ -206,3 +206,17 @@ def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache
     assert error.startswith("CheckpointError: no readable checkpoint") and str(latest) in error
     assert "resume=false" in error
     assert latest.exists()  # left for the user to inspect
+
+
+def test_held_sweep_member_is_refused_and_the_others_run(tmp_path, cache_dir):
+    from grpo_cli.results.lock import RunLock
+
+    held = run_dir(tmp_path, "R4-grpo-s0-train.steps=1")
+    with RunLock(held):  # another live run holds this member's directory
+        result = grpo_run(tmp_path, cache_dir, "rollout.group_size=2,4", "train.steps=1",
+                          multirun=True)
+    assert result.exit_code == 1, result.output
+    assert f"refused: {held} is in use by pid {os.getpid()}" in result.output
+    assert status(run_dir(tmp_path, "R2-grpo-s0-train.steps=1"))["status"] == "completed"
+    assert not (held / "run.json").exists() and not (held / "metrics.csv").exists()
+    assert "R4-grpo-s0-train.steps=1                 refused" in result.output

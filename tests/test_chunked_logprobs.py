@@ -126,3 +126,29 @@ def test_training_step_in_chunks_keeps_the_update(tmp_path, shared):
     two_positions = chunk_mb_for(2, 5, reference_setup.model.config.vocab_size)
     candidate = setup_for(tmp_path, *overrides, f"train.logits_chunk_mb={two_positions}")
     assert_same_update(reference, step_loss_and_grads(candidate))
+
+
+def test_probe_forward_in_chunks_gives_the_same_per_rollout_gradients(tiny_setup):
+    """The probes' log-probs (no entropy) with the log-softmax in 3-position chunks: same values,
+    and the same per-rollout gradients through one backward per rollout (retain_graph, so every
+    checkpointed chunk is recomputed once per rollout)."""
+    from grpo_cli.probes.per_sample import (
+        _logprobs_without_entropy,
+        per_sample_grads,
+        select_params,
+    )
+
+    model = tiny_setup.model
+    batch = tiny_setup.trainer.rollout(0, draw=0)
+    rows, vocab = batch.num_rollouts, model.config.vocab_size
+    args = (model, batch.input_ids, batch.attention_mask, batch.prompt_length)
+    one_pass = _logprobs_without_entropy(*args, chunk_mb=0)  # [N, L]
+    chunked = _logprobs_without_entropy(*args, chunk_mb=chunk_mb_for(3, rows, vocab))
+    torch.testing.assert_close(chunked, one_pass, rtol=1e-6, atol=1e-6)
+    coeff = batch.completion_mask * torch.linspace(-1, 1, batch.input_ids.shape[1])  # [N, L]
+    params = select_params(model, r"lm_head|layers\.1\.mlp")
+    expected = per_sample_grads((coeff * one_pass).sum(-1), params)
+    actual = per_sample_grads((coeff * chunked).sum(-1), params)
+    for name, grad in expected.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(actual[name], grad, rtol=1e-5, atol=1e-7)

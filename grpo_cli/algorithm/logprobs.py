@@ -108,6 +108,31 @@ def logprobs_from_hidden(
     return torch.cat(picked, dim=1), torch.cat(entropy, dim=1)
 
 
+def _picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    scores = logits.float()  # [N, c, V]
+    return scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,  # [N, T, V] that already exist (e.g. a hooked lm_head's output)
+    targets: torch.Tensor,  # [N, T] logits[:, t] is the distribution of targets[:, t]
+    chunk_mb: float,  # float32 copy per chunk, MiB (<= 0: one pass)
+) -> torch.Tensor:  # [N, T] float32, no entropy
+    """log p(targets) with the float32 log-softmax in chunks of positions, each under
+    `torch.utils.checkpoint`: the float32 copy of the logits and its gradient exist one chunk at a
+    time, in forward and backward, and nothing but the logits themselves is kept for backward.
+    Values and gradients per position are those of one pass."""
+    rows, width = targets.shape
+    chunk = positions_per_chunk(rows, logits.shape[-1], chunk_mb)
+    if chunk >= width or not (torch.is_grad_enabled() and logits.requires_grad):
+        return _picked_logprobs(logits, targets)
+    return torch.cat([
+        checkpoint(_picked_logprobs, logits[:, start : start + chunk],
+                   targets[:, start : start + chunk], use_reentrant=False)
+        for start in range(0, width, chunk)
+    ], dim=1)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,  # [N, L]

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
+from grpo_cli.algorithm.logprobs import accepts_logits_to_keep, logprobs_from_logits
 
 CHUNK_ELEMS = 2**24  # float64 elements per intermediate block (128 MiB)
+LOGITS_CHUNK_MB = 128.0  # float32 log-softmax copy per chunk of positions in the probe's forward
 
 MATRIX_KINDS = {("linear", "weight"), ("embedding", "weight")}
 VECTOR_KINDS = {("linear", "bias"), ("rmsnorm", "weight")}
@@ -66,11 +67,16 @@ def _logprobs_without_entropy(
     input_ids: torch.Tensor,  # [N, L]
     attention_mask: torch.Tensor,  # [N, L]
     first: int = 1,  # first column whose log-prob is wanted (>= 1)
+    chunk_mb: float = LOGITS_CHUNK_MB,  # float32 log-softmax per chunk of positions (0: one pass)
 ) -> torch.Tensor:  # [N, L] float32, zero before `first`
     """`algorithm.logprobs.token_logprobs`, same float32 ops and values, minus the entropy (three
     more [N, L, V] float32 tensors at the peak: 4.4 GiB for 2 x 760 tokens at 256k) and minus the
     logits of columns before `first - 1` (the prompt: their log-probs have zero coefficients, so
-    leaving them out changes no gradient, and lm_head's hooked factors shrink to the kept columns)."""
+    leaving them out changes no gradient, and lm_head's hooked factors shrink to the kept columns).
+    The logits are computed once (lm_head's hooks see one use); their float32 log-softmax runs in
+    chunks of positions under checkpoint (`logprobs_from_logits`), so neither the float32 copy
+    (1.45 GiB for 2 x 760 tokens at 256k) is kept for backward nor its float32 gradients (~4.4 GiB)
+    exist at once."""
     width = input_ids.shape[1]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
@@ -79,9 +85,7 @@ def _logprobs_without_entropy(
     logits = model(**inputs).logits
     if logits.shape[1] != width - first + 1:  # a model without (or ignoring) logits_to_keep
         logits = logits[:, first - 1 :]
-    shifted = logits[:, :-1].float()  # [N, L - first, V]
-    targets = input_ids[:, first:].unsqueeze(-1)  # [N, L - first, 1]
-    picked = shifted.gather(-1, targets).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
+    picked = logprobs_from_logits(logits[:, :-1], input_ids[:, first:], chunk_mb)  # [N, L - first]
     return torch.cat([picked.new_zeros(picked.shape[0], first), picked], dim=1)
 
 

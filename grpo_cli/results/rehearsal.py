@@ -24,7 +24,7 @@ PLAN_GIB = {
                       "step 0 has no gradients, AdamW state or masters yet: 31.6"),
     "train": (57.7, "32.6 + 23.8 + one micro-batch of 2: checkpointed blocks 0.4 + one logits "
                     "chunk 0.9 (section 4)"),
-    "probes": (65.4, "32.6 + 23.8 + one probe chunk of 2 rollouts, ~9 (section 6)"),
+    "probes": (62.4, "32.6 + 23.8 + one probe chunk of 2 rollouts, ~6 (section 6)"),
     "optimizer": (56.9, "32.6 + 23.8 + float32 temporaries of one 64 MiB slice (section 2)"),
 }
 PLAN_STEP_S = "20 to 25 s at R = 8 (section 7: rollout ~10 s, training 5 to 10 s), plus a probe"

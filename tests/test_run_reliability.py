@@ -220,3 +220,17 @@ def test_held_sweep_member_is_refused_and_the_others_run(tmp_path, cache_dir):
     assert status(run_dir(tmp_path, "R2-grpo-s0-train.steps=1"))["status"] == "completed"
     assert not (held / "run.json").exists() and not (held / "metrics.csv").exists()
     assert "R4-grpo-s0-train.steps=1                 refused" in result.output
+
+
+def test_a_killed_run_leaves_no_stuck_lock(tmp_path, cache_dir):
+    process = spawn_run(tmp_path, cache_dir, *LONGER)
+    out = run_dir(tmp_path, LONGER_NAME)
+    wait_until(lambda: status(out).get("status") == "running", process)
+    process.kill()  # SIGKILL: no handler runs, the holder file stays behind
+    process.wait(timeout=60)
+    assert (out / ".lock.holder").exists()
+
+    result = grpo_run(tmp_path, cache_dir, *LONGER)
+    assert result.exit_code == 0, result.output
+    assert status(out)["status"] == "completed"
+    assert not (out / ".lock.holder").exists()

@@ -75,8 +75,12 @@ class HFGenerateBackend:
         self.model.train(was_training)
         prompt_length = prompt_ids.shape[1]
         completion_ids = output.sequences[:, prompt_length:]  # [N, T]
-        logits = torch.stack(output.logits, dim=1).float()  # [N, T, V]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1))
+        # One step at a time: a stacked [N, T, V] float32 copy would take N x T x V x 4 bytes
+        # (33.5 GB at 64 x 512 x 256000); generate itself keeps every step's [N, V] logits.
+        logprobs = torch.stack([
+            torch.log_softmax(step_logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            for step_logits, tokens in zip(output.logits, completion_ids.unbind(1), strict=True)
+        ], dim=1)  # [N, T]
         completion_mask = completion_mask_through_eos(completion_ids, stop_ids)  # [N, T]
         completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
         n_rows = len(expanded)
@@ -90,7 +94,7 @@ class HFGenerateBackend:
             attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
             completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
             sampler_logprobs=torch.cat(
-                [zeros_prompt, logprobs.squeeze(-1) * completion_mask], dim=1
+                [zeros_prompt, logprobs * completion_mask], dim=1
             ),
             group_size=settings.group_size,
             prompt_length=prompt_length,

@@ -1,13 +1,21 @@
-"""Probe overhead: the same GRPO steps (same seed) with the probe suite on and off.
+"""Probe overhead: the same GRPO steps (same seed) without probes, with fused probes, with a
+separate probe pass.
 
     python scripts/bench_probes.py [--steps 20] [--group-size 8] [OVERRIDES...]
 
 Each mode runs in its own process (so peak RSS is per mode) on the CPU preset's model and
 schedule (`experiment=cpu_rank_collapse`, probes every `probes.every` steps), through the
-training loop `grpo run` uses; times are its `time_step` and `time_probes` (the probes' gradient
-snapshot inside the step included). Reports the median step time without probes, the probe time
-per probed step, the overhead of the default schedule (total probe time / total step time
-without probes) and the peak memory of each mode.
+training loop `grpo run` uses. Modes: `off` (probes.every=0), `fused` (probes.fused_gram=always:
+per-rollout factors from the training step's own forward and backward, grpo_cli/probes/fused.py,
+each row's prompt run by the training forward on probe steps) and `separate`
+(probes.fused_gram=never: a separate forward and backward over every rollout; what the preset's
+`auto` does, since it shares prompts).
+
+A fused probe step also changes the step outside the `probes` phase (hooks on the training
+forward and backward, each row's own prompt forward), so the overhead is paired by step: the
+extra `time_step` of each probed step over the same step without probes, summed, over the total
+step time without probes (step 0 left out: it warms caches). The `probes` phase alone is given
+beside it.
 """
 
 from __future__ import annotations
@@ -19,22 +27,23 @@ import statistics
 import subprocess
 import sys
 
+MODES = {"off": ["probes.every=0"], "fused": ["probes.fused_gram=always"],
+         "separate": ["probes.fused_gram=never"]}
 
-def run_mode(probes_on: bool, steps: int, overrides: list[str]) -> dict:
+
+def run_mode(mode: str, steps: int, overrides: list[str]) -> dict:
     from grpo_cli.bench.builder import build_setup
     from grpo_cli.config.compose import compose_config
     from grpo_cli.train.loop import TrainingLoop
 
-    every = [] if probes_on else ["probes.every=0"]
     cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", "eval.every=0",
-                          *overrides, *every])
+                          *overrides, *MODES[mode]])
     loop = TrainingLoop(cfg, build_setup(cfg, log=lambda *args: None))
     step_times, probe_times = [], []
     for step in range(steps):
         timings = loop.run_step(step).timings  # the phases of timings.csv
-        step_times.append(timings["time_step"] - timings["time_probes"])
-        if timings["time_probes"] > 0:
-            probe_times.append(timings["time_probes"])
+        step_times.append(timings["time_step"])
+        probe_times.append(timings["time_probes"])
     return {
         "step_times": step_times,
         "probe_times": probe_times,
@@ -46,30 +55,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--mode", choices=["on", "off"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     overrides = [f"rollout.group_size={args.group_size}", "threads=1", *overrides]
     if args.mode:
-        print(json.dumps(run_mode(args.mode == "on", args.steps, overrides)))
+        print(json.dumps(run_mode(args.mode, args.steps, overrides)))
         return
     results = {}
-    for mode in ("off", "on"):
+    for mode in MODES:
         command = [sys.executable, __file__, "--mode", mode, "--steps", str(args.steps),
                    "--group-size", str(args.group_size), *overrides[1:]]
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results[mode] = json.loads(output.strip().splitlines()[-1])
-    off, on = results["off"], results["on"]
-    base = statistics.median(off["step_times"][1:])  # first step warms caches
-    total_off = sum(off["step_times"][1:])
-    probe_total = sum(on["probe_times"][1:]) if len(on["probe_times"]) > 1 else sum(on["probe_times"])
-    probed_steps = max(len(on["probe_times"]) - 1, 1)
+    off = results["off"]["step_times"][1:]  # step 0 warms caches
+    total_off = sum(off)
     print(f"R={args.group_size}, {args.steps} steps, probes at the preset's schedule")
-    print(f"  step without probes (median)  {base:.3f} s")
-    print(f"  probe time per probed step    {probe_total / probed_steps:.3f} s "
-          f"({len(on['probe_times'])} probed steps)")
-    print(f"  overhead of the schedule      {100 * probe_total / total_off:.1f} % "
-          f"(total probe time / total step time without probes)")
-    print(f"  peak RSS: probes off {off['peak_rss_mb']:.0f} MB, on {on['peak_rss_mb']:.0f} MB")
+    print(f"  step without probes (median)  {statistics.median(off):.3f} s")
+    for mode in ("fused", "separate"):
+        on = results[mode]
+        probed = [s for s in range(1, args.steps) if on["probe_times"][s] > 0]
+        extra = [on["step_times"][s] - results["off"]["step_times"][s] for s in probed]
+        phase = [on["probe_times"][s] for s in probed]
+        print(f"  {mode}: {len(probed)} probed steps; per probed step: extra step time "
+              f"{statistics.median(extra):.3f} s (median), probes phase {statistics.median(phase):.3f} s")
+        print(f"  {mode}: overhead of the schedule {100 * sum(extra) / total_off:.1f} % "
+              f"(probes phase alone {100 * sum(phase) / total_off:.1f} %); "
+              f"peak RSS {on['peak_rss_mb']:.0f} MB (off {results['off']['peak_rss_mb']:.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -31,16 +31,29 @@ def setup_for(cache_dir, *overrides):
     return setup
 
 
+class GradientSnapshot:
+    """A `ProbeCapture` (grpo_cli/train/trainer.py) that copies every .grad before the update."""
+
+    training_pass = False
+    unshare_prompts = False
+
+    def __init__(self, model):
+        self.model = model
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def micro_batch(self, rows):
+        raise AssertionError("training_pass is False")
+
+    def before_update(self, batch, advantages, loss_weights, fused):
+        for name, p in self.model.named_parameters():
+            self.grads[name] = p.grad.detach().clone()
+        return {}, {}
+
+
 def step_loss_and_grads(setup, step: int = 0):
-    grads: dict[str, torch.Tensor] = {}
-
-    def capture() -> dict:
-        for name, p in setup.model.named_parameters():
-            grads[name] = p.grad.detach().clone()
-        return {}
-
-    output = setup.trainer.step(step, capture_layers=capture)
-    return output.metrics["loss"], grads, output
+    snapshot = GradientSnapshot(setup.model)
+    output = setup.trainer.step(step, capture=snapshot)
+    return output.metrics["loss"], snapshot.grads, output
 
 
 def assert_same_update(reference, candidate, rtol=1e-5):

@@ -90,10 +90,10 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monke
 
     original = trainer.GRPOTrainer.step
 
-    def crash_at_step_3(self, step, capture_layers=None):
+    def crash_at_step_3(self, step, capture=None):
         if step == 3:
             raise RuntimeError("simulated crash")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
     crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides)
@@ -132,10 +132,10 @@ def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir, monke
 
     original = trainer.GRPOTrainer.step
 
-    def fail_for_group_size_2(self, step, capture_layers=None):
+    def fail_for_group_size_2(self, step, capture=None):
         if self.cfg.rollout.group_size == 2:
             raise RuntimeError("boom")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", fail_for_group_size_2)
     result = grpo_run(tmp_path, cache_dir, "rollout.group_size=2,4", multirun=True)

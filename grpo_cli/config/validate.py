@@ -37,7 +37,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
     from grpo_cli.algorithm.optim import MASTER_WEIGHTS
     from grpo_cli.models.policy import WEIGHTS
     from grpo_cli.probes.gram import METHODS
-    from grpo_cli.probes.runner import KNOWN_MATRICES
+    from grpo_cli.probes.runner import FUSED_GRAM, KNOWN_MATRICES
     from grpo_cli.tasks import TASKS
     from grpo_cli.tasks.rehearsal import REWARDS
     from grpo_cli.train.autocast import AUTOCAST_KINDS
@@ -48,6 +48,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "algorithm.importance_sampling_level": tuple(IMPORTANCE_SAMPLING_LEVELS),
         "probes.gram_method": tuple(METHODS),
         "probes.matrices": tuple(KNOWN_MATRICES),
+        "probes.fused_gram": tuple(FUSED_GRAM),
         "task.name": tuple(TASKS),
         "task.reward": tuple(REWARDS),
         "model.autocast": tuple(AUTOCAST_KINDS),
@@ -192,6 +193,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     regex("probes.layer_regex")
     regex("probes.param_regex")
     choice("probes.gram_method", names["probes.gram_method"])
+    choice("probes.fused_gram", names["probes.fused_gram"])
     at_least("probes.sketch_dim", 1)
     at_least("probes.gram_row_chunk", 0)
     need("probes.rank_rtol", lambda v: 0 < v < 1, "in (0, 1)")

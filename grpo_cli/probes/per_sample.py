@@ -163,8 +163,15 @@ class LayerCapture:
     `covered` names the parameters whose every use was captured; the rest need a fallback.
     """
 
-    def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], batch_size: int):
+    def __init__(
+        self, model: nn.Module, params: dict[str, nn.Parameter], batch_size: int,
+        keep_grads: bool = False,
+    ):
         self.batch_size = batch_size  # N: every captured tensor must have it as first dim
+        # keep_grads: record each captured output's gradient when a backward reaches it (the
+        # training step's own backward, grpo_cli/probes/fused.py), in `grads` by id(output)
+        self.keep_grads = keep_grads
+        self.grads: dict[int, torch.Tensor] = {}
         by_id = {id(p): name for name, p in params.items()}
         self.owners: dict[str, list[tuple[str, nn.Module, str, str | None]]] = {
             n: [] for n in params
@@ -226,10 +233,20 @@ class LayerCapture:
                 )
             if ok:
                 self.uses[module_name].append(LayerUse(saved, output))
+                if self.keep_grads:
+                    output.register_hook(self._grad_store(id(output)))
             else:
                 self.failed.add(module_name)
 
         return hook
+
+    def _grad_store(self, key: int):
+        grads = self.grads  # not self: output -> hook -> self -> output would be a cycle
+
+        def store(grad: torch.Tensor) -> None:
+            grads[key] = grad
+
+        return store
 
     @property
     def covered(self) -> list[str]:

@@ -2,19 +2,25 @@
 
 Per-rollout matrices (rollout_group, rollout_batch, score_group, group_batch) come from N x N
 Gram matrices in float64 (grpo_cli/probes/gram.py), never from an SVD of a P-wide matrix. Row i
-of the advantage-weighted matrix is the gradient of rollout i's loss contribution at the current
-weights, -sum_t w_it A_it grad log pi(y_it), with w the loss's aggregation weights (at ratio 1,
-the PPO-clip gradient); the score control drops A. Layer matrices are the captured batch
-gradients (`layer`), accumulated updates W_t - W_0 (`update`, read from the optimizer's fp32
-master weights where it keeps them) and accumulated raw gradients sum_t G_t (`grad_sum`, float32,
-before clipping; what `update` would be without Adam's per-coordinate normalisation) of selected
-2-D weights, decomposed with float64 svdvals.
+of the advantage-weighted matrix is the gradient of rollout i's loss contribution at the weights
+the step's loss was computed at, -sum_t w_it A_it grad log pi(y_it), with w the loss's
+aggregation weights (at ratio 1, the PPO-clip gradient); the score control drops A. In a training
+run the Grams are taken before the optimizer step (`StepCapture.before_update`), from the
+training step's own forward and backward where that is exact (grpo_cli/probes/fused.py), else
+from a separate pass. Layer matrices are the captured batch gradients (`layer`), accumulated
+updates W_t - W_0 (`update`, read from the optimizer's fp32 master weights where it keeps them)
+and accumulated raw gradients sum_t G_t (`grad_sum`, float32, before clipping; what `update` would
+be without Adam's per-coordinate normalisation) of selected 2-D weights, decomposed with float64
+svdvals.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +28,7 @@ import torch
 
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
+from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
     distinct_rows,
@@ -29,8 +36,13 @@ from grpo_cli.probes.composition import (
     group_composition,
     predicted_rank_measures,
 )
+from grpo_cli.probes.fused import (
+    TrainingPassFactors,
+    score_blocks_from_advantage,
+    score_groups_to_recompute,
+)
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
-from grpo_cli.probes.per_sample import select_params
+from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measure_names import RANK_MEASURES
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
@@ -38,6 +50,7 @@ from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer
 from grpo_cli.train.credit import advantage_range
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
+FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
 
@@ -95,9 +108,15 @@ class ProbeSuite:
             raise ValueError(
                 f"probes.matrices: unknown {sorted(unknown)}; known: {', '.join(KNOWN_MATRICES)}"
             )
+        if analysis_cfg.fused_gram not in FUSED_GRAM:
+            raise ConfigError(
+                f"probes.fused_gram: {analysis_cfg.fused_gram!r}; known: {', '.join(FUSED_GRAM)}"
+            )
         self.cfg = analysis_cfg
         self.matrices = set(analysis_cfg.matrices)
         self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
+        # per-rollout Grams from the training pass (fused.py) until the hooks fail there once
+        self._fuse = analysis_cfg.fused_gram != "never" and analysis_cfg.gram_method != "per_sample"
         pattern = re.compile(analysis_cfg.layer_regex)
         self.layer_params = {
             name: p
@@ -158,6 +177,10 @@ class ProbeSuite:
             if p.grad is not None
         }
 
+    def step_capture(self, step: int, model: torch.nn.Module, timer=None) -> StepCapture:
+        """What this probe step asks of the trainer's update (`GRPOTrainer.step(capture=...)`)."""
+        return StepCapture(self, step, model, timer)
+
     def record(self, step: int, output, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
         rows.metrics = {
@@ -183,20 +206,26 @@ class ProbeSuite:
     def _per_rollout(self, step: int, output, model, rows: ProbeRows) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
-        grams = self._grams(step, batch, weights, output.advantages, model)
+        grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full))
         if "group_batch" in self.matrices:
             self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
+        score_blocks = grams.get("score_blocks")  # [B, R, R]
         if "rollout_group" in self.matrices:
-            score_blocks = group_blocks(grams["score"], size) if "score" in grams else None
             self._groups(step, "rollout_group", group_blocks(full, size), output, rows, score_blocks)
         if "score_group" in self.matrices:
-            self._groups(step, "score_group", group_blocks(grams["score"], size), output, rows, None)
+            self._groups(step, "score_group", score_blocks, output, rows, None)
+
+    @property
+    def needs_score(self) -> bool:
+        """Whether a matrix reads the score rows' group blocks."""
+        return bool(self.matrices & {"score_group", "rollout_group"})
 
     def _grams(self, step, batch, weights, advantages, model) -> dict[str, torch.Tensor]:
-        """K_adv (and K_score): Grams of the advantage-weighted and plain score rows, [N, N].
+        """{"advantage": K_adv [N, N], "score_blocks": K_score's group blocks [B, R, R]} from a
+        separate pass: Grams of the advantage-weighted and plain score rows.
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
@@ -220,7 +249,18 @@ class ProbeSuite:
         if per_rollout is not None:
             scale = per_rollout.double().to(grams["score"].device)
             grams["advantage"] = torch.outer(scale, scale) * grams["score"]
-        return grams
+        return {"advantage": grams["advantage"],
+                "score_blocks": group_blocks(grams["score"], batch.group_size)}
+
+    def _score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
+        """K_score [M, M] of the given rows (whole groups) from a separate pass."""
+        rows = rows.to(batch.input_ids.device)
+        result = per_rollout_grams(
+            model, batch.input_ids[rows], batch.attention_mask[rows], {"score": weights[rows]},
+            self.gram_params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim,
+            seed=step, row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
+        )["score"]
+        return result.gram
 
     def _groups(self, step, matrix, blocks, output, rows: ProbeRows, score_blocks) -> None:
         """One row per informative group, then mean/median aggregates over them."""
@@ -302,3 +342,82 @@ class ProbeSuite:
                 for k, value in enumerate(sigma.tolist())
             )
         return row
+
+
+class StepCapture:
+    """One probe step's part in the trainer's update (`GRPOTrainer.step(capture=...)`).
+
+    `training_pass`: this step takes the per-rollout factors from the training forward and
+    backward (fused.py); the trainer says whether its loss allows it. `unshare_prompts`: it may
+    also run each row's prompt forward where training shares prompts (probes.fused_gram=always;
+    under `auto` such steps take the separate pass: on the CPU preset, whose prompts are longer
+    than its completions, the unshared forward costs what the separate pass saves, docs/speed.md).
+    `micro_batch(rows)` wraps
+    one micro-batch's forward and backward; `before_update` runs after the last backward and
+    before the optimizer: the batch gradients of the layer matrices and the per-rollout Grams,
+    all at the weights the loss was computed at.
+    """
+
+    def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module, timer=None):
+        self.suite, self.step, self.model, self.timer = suite, step, model, timer
+        self.per_rollout = bool(suite.matrices & set(PER_ROLLOUT_MATRICES))
+        self.training_pass = suite._fuse and self.per_rollout
+        self.unshare_prompts = suite.cfg.fused_gram == "always"
+        self.source = ""  # where the per-rollout Grams came from: training_pass | separate_pass
+        self._factors: TrainingPassFactors | None = None
+
+    @contextmanager
+    def micro_batch(self, rows: torch.Tensor):  # [n] contiguous row indices, in order
+        if self._factors is None:
+            cfg = self.suite.cfg
+            device = next(self.model.parameters()).device
+            builder = ShareBuilder(cfg.gram_method, check_rtol(self.model), device, cfg.sketch_dim,
+                                   self.step, CHUNK_ELEMS)
+            self._factors = TrainingPassFactors(self.model, self.suite.gram_params, builder)
+        with self._factors.micro_batch(rows.numel()):
+            yield
+            if self.timer is not None:  # turning the factors into Gram shares is probe time
+                self.timer.start("probes")
+        if self.timer is not None:
+            self.timer.stop("probes")
+
+    def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
+        """(layer batch gradients, per-rollout Grams) for `StepOutput`."""
+        suite = self.suite
+        layer_grads = suite.capture_layer_grads()
+        if not self.per_rollout:
+            return layer_grads, {}
+        grams = self._fused_grams(batch, advantages, loss_weights) if fused else None
+        self.source = "separate_pass" if grams is None else "training_pass"
+        if grams is None:
+            grams = suite._grams(self.step, batch, loss_weights, advantages, self.model)
+        return layer_grads, grams
+
+    def _fused_grams(self, batch, advantages, weights) -> dict[str, torch.Tensor] | None:
+        suite = self.suite
+        factors, self._factors = self._factors, None
+        gram, _ = factors.gram(check=not suite._hooks_verified) if factors else (None, {})
+        if gram is None:  # a use the hooks missed: the separate pass from now on
+            suite._fuse = False
+            warnings.warn("probes: per-rollout factors of the training pass failed their check; "
+                          "using a separate pass", stacklevel=2)
+            return None
+        suite._hooks_verified = True
+        grams = {"advantage": gram}  # [N, N]
+        if not suite.needs_score:
+            return grams
+        size = batch.group_size
+        per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
+        recompute = score_groups_to_recompute(per_rollout, batch.num_rollouts // size, suite.matrices)
+        blocks = (
+            score_blocks_from_advantage(group_blocks(gram, size), per_rollout)
+            if per_rollout is not None
+            else torch.full((len(recompute), size, size), math.nan, dtype=torch.float64)
+        )  # [B, R, R]
+        groups = recompute.nonzero().flatten()  # [G]
+        if groups.numel():
+            rows = (groups.unsqueeze(1) * size + torch.arange(size)).flatten()  # [G * R]
+            separate = suite._score_rows_gram(self.step, batch, weights, rows, self.model)
+            blocks[groups.to(blocks.device)] = group_blocks(separate, size).to(blocks.device)
+        grams["score_blocks"] = blocks
+        return grams

@@ -82,9 +82,8 @@ class TrainingLoop:
         probe_rows, eval_row = None, None
         with timer.phase("other"):
             # ---- the GRPO step (its phases are timed inside) ----
-            output = self.trainer.step(
-                step, capture_layers=self.probes.capture_layer_grads if probe_now else None
-            )
+            capture = self.probes.step_capture(step, self.model, timer) if probe_now else None
+            output = self.trainer.step(step, capture=capture)
             # ---- probes: spectra of this step's gradients ----
             if probe_now:
                 with timer.phase("probes"):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -35,7 +37,7 @@ from grpo_cli.train.credit import (
     zero_variance_groups,
 )
 from grpo_cli.train.memory import PhaseMemory
-from grpo_cli.train.policy_forward import forward_policy
+from grpo_cli.train.policy_forward import checkpointing, forward_policy
 from grpo_cli.train.problem_success import ProblemSuccess
 from grpo_cli.train.timing import PhaseTimer
 
@@ -52,6 +54,21 @@ class StepOutput:
     scored: ScoredBatch
     loss_weights: torch.Tensor  # [N, L] aggregation weights used in the loss
     layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients (probe step)
+    # probe step: per-rollout Grams at the step's weights ("advantage" [N, N], "score_blocks" [B, R, R])
+    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class ProbeCapture(Protocol):
+    """What a probe step asks of the update (grpo_cli/probes/runner.py: StepCapture)."""
+
+    training_pass: bool  # wants the per-rollout factors of the training forward and backward
+    unshare_prompts: bool  # ... even where that means each row's own prompt forward
+
+    def micro_batch(self, rows: torch.Tensor) -> AbstractContextManager:
+        """Around one micro-batch's forward and backward (rows [n], contiguous, in order)."""
+
+    def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
+        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams)."""
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -225,8 +242,18 @@ class GRPOTrainer:
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
 
-    def step(self, step: int, capture_layers: Callable[[], dict] | None = None) -> StepOutput:
-        """One GRPO step. `capture_layers` (probe steps) snapshots batch gradients before the update.
+    def fused_probe_pass(self, single_pass: bool) -> bool:
+        """Whether a probe may take its per-rollout factors from this update's forward and
+        backward: the loss gradient is exactly sum_i -sum_t w_it A_it grad log pi(y_it) (one pass at
+        ratio 1, no value head, no TIS, no KL), in the model's precision (no autocast), from the
+        hooked forward (no activation checkpointing). grpo_cli/probes/fused.py."""
+        return (
+            single_pass and self.reference_model is None and self.autocast_kind == "none"
+            and not checkpointing(self.model)
+        )
+
+    def step(self, step: int, capture: ProbeCapture | None = None) -> StepOutput:
+        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step.
 
         Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
         backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
@@ -267,6 +294,14 @@ class GRPOTrainer:
             batch_sequences=batch.num_rollouts,
         )  # [N, L]
         layer_grads: dict[str, torch.Tensor] = {}
+        rollout_grams: dict[str, torch.Tensor] = {}
+        # probe step: the per-rollout factors from this forward and backward where exact; each
+        # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
+        fused = (
+            capture is not None and capture.training_pass and self.fused_probe_pass(single_pass)
+            and (capture.unshare_prompts or not self.share_prompts)
+        )
+        share_prompts = self.share_prompts and not fused
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
         grad_norm = 0.0
         self.model.train()
@@ -278,35 +313,37 @@ class GRPOTrainer:
             for rows, share in zip(micro, shares, strict=True):
                 part = select_rows(batch, rows)
                 part_mask = part.completion_mask
-                timer.start("forward")  # the policy's forward and the loss terms
-                with self.autocast():
-                    logprobs, entropy, hidden = forward_policy(
-                        self.model, part, want_hidden=self.value_head is not None,
-                        share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                hooks = capture.micro_batch(rows) if fused and iteration == 0 else nullcontext()
+                with hooks:
+                    timer.start("forward")  # the policy's forward and the loss terms
+                    with self.autocast():
+                        logprobs, entropy, hidden = forward_policy(
+                            self.model, part, want_hidden=self.value_head is not None,
+                            share_prompts=share_prompts, chunk_mb=self.chunk_mb,
+                        )
+                    if iteration == 0:
+                        policy_logprobs[rows] = logprobs.detach()
+                    old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                    pg_loss, stats = policy_loss(
+                        logprobs, old, advantages[rows] * tis[rows], part_mask,
+                        epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
+                        agg=algorithm.loss_agg, constant=constant,
+                        importance_sampling_level=algorithm.importance_sampling_level,
+                        batch_tokens=batch_tokens, batch_sequences=batch.num_rollouts,
                     )
-                if iteration == 0:
-                    policy_logprobs[rows] = logprobs.detach()
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-                pg_loss, stats = policy_loss(
-                    logprobs, old, advantages[rows] * tis[rows], part_mask,
-                    epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
-                    agg=algorithm.loss_agg, constant=constant,
-                    importance_sampling_level=algorithm.importance_sampling_level,
-                    batch_tokens=batch_tokens, batch_sequences=batch.num_rollouts,
-                )
-                loss, kl_sum, v_loss = pg_loss, zero, zero
-                if ref_logprobs is not None:
-                    kl_tokens = kl_k3(logprobs, ref_logprobs[rows], part_mask)  # [n, L]
-                    kl_term = (weights[rows] * kl_tokens).sum()
-                    loss = loss + algorithm.kl_coef * kl_term
-                    kl_sum = (kl_tokens * part_mask).sum()
-                if self.value_head is not None:
-                    part_values = self.value_head(hidden)
-                    v_loss = value_loss(part_values, returns[rows], part_mask)
-                    loss = loss + algorithm.value_coef * v_loss * share
-                timer.stop("forward")
-                with timer.phase("backward"):
-                    loss.backward()
+                    loss, kl_sum, v_loss = pg_loss, zero, zero
+                    if ref_logprobs is not None:
+                        kl_tokens = kl_k3(logprobs, ref_logprobs[rows], part_mask)  # [n, L]
+                        kl_term = (weights[rows] * kl_tokens).sum()
+                        loss = loss + algorithm.kl_coef * kl_term
+                        kl_sum = (kl_tokens * part_mask).sum()
+                    if self.value_head is not None:
+                        part_values = self.value_head(hidden)
+                        v_loss = value_loss(part_values, returns[rows], part_mask)
+                        loss = loss + algorithm.value_coef * v_loss * share
+                    timer.stop("forward")
+                    with timer.phase("backward"):
+                        loss.backward()
                 logged.append(torch.stack([
                     loss.detach(), pg_loss.detach(), stats["clip_frac"],
                     (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
@@ -328,9 +365,9 @@ class GRPOTrainer:
                     totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
                     totals["kl"] += kl_v / max(batch_tokens, 1.0)
                     totals["value_loss"] += value_v * share
-            if iteration == 0 and capture_layers is not None:
-                with timer.phase("probes"):  # the probes' copy of the batch gradients
-                    layer_grads = capture_layers()
+            if iteration == 0 and capture is not None:
+                with timer.phase("probes"):  # batch gradients and per-rollout Grams, pre-update
+                    layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
             if self.gradient_observers:
                 with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
                     for observe in self.gradient_observers:
@@ -386,7 +423,7 @@ class GRPOTrainer:
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform_fraction(advantages, mask),
         }
-        return StepOutput(metrics, batch, advantages, scored, weights, layer_grads)
+        return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 
 
 def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:

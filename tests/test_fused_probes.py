@@ -1,0 +1,132 @@
+"""Per-rollout Grams from the training step's own forward and backward (grpo_cli/probes/fused.py)
+against the separate pass: every matrix to 1e-6 on a float64 model, with micro-batches and the
+shared prompt forward on and off, and the Grams taken at the weights the loss was computed at."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from step_parity import setup_for
+
+from grpo_cli.probes.fused import score_blocks_from_advantage, score_groups_to_recompute
+from grpo_cli.probes.gram import group_blocks, per_rollout_grams
+
+MATRICES = "probes.matrices=[rollout_group,rollout_batch,score_group,group_batch]"
+# 3 groups of 4, in row order: informative; zero-variance; two rows at the group mean (a_i = 0)
+REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
+
+
+def probe_step(tmp_path, fused: bool | str, *overrides):
+    mode = {True: "always", False: "never"}.get(fused, fused)
+    setup = setup_for(tmp_path, "probes.every=1", MATRICES, f"probes.fused_gram={mode}", *overrides)
+    setup.model.double()  # in place: the optimizer and the probes hold the same parameters
+    rewards = itertools.cycle(REWARDS)
+    setup.task.reward = lambda text, problem: next(rewards)  # scored in row order
+    before = copy.deepcopy(setup.model)
+    capture = setup.probes.step_capture(0, setup.model)
+    output = setup.trainer.step(0, capture=capture)
+    return setup, capture, output, before
+
+
+def assert_gram_close(candidate: torch.Tensor, reference: torch.Tensor, what: str):
+    scale = float(reference.abs().max())
+    assert scale > 0, what
+    assert float((candidate - reference).abs().max()) <= 1e-6 * scale, what
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("micro_batch_size", [12, 5])
+def test_fused_grams_equal_the_separate_pass(tmp_path, shared, micro_batch_size):
+    overrides = [f"train.shared_prompt_forward={shared}", f"train.micro_batch_size={micro_batch_size}"]
+    fused_setup, fused_capture, fused, _ = probe_step(tmp_path, True, *overrides)
+    separate_setup, separate_capture, separate, _ = probe_step(tmp_path, False, *overrides)
+    assert fused_capture.source == "training_pass" and separate_capture.source == "separate_pass"
+    assert torch.equal(fused.batch.input_ids, separate.batch.input_ids)
+    assert fused.scored.rewards.tolist() == REWARDS
+    assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
+    assert_gram_close(fused.rollout_grams["score_blocks"], separate.rollout_grams["score_blocks"],
+                      "K_score blocks")
+    rows = {name: setup.probes.record(0, output, setup.model)
+            for name, setup, output in (("fused", fused_setup, fused), ("separate", separate_setup, separate))}
+    keys = [(r["matrix"], r["group"], r["k"]) for r in rows["separate"].spectra]
+    assert [(r["matrix"], r["group"], r["k"]) for r in rows["fused"].spectra] == keys
+    for matrix in ("rollout_group", "rollout_batch", "score_group", "group_batch"):
+        sigma = {name: torch.tensor([r["sigma"] for r in rows[name].spectra if r["matrix"] == matrix])
+                 for name in rows}
+        assert sigma["separate"].numel() > 0, matrix
+        assert_gram_close(sigma["fused"], sigma["separate"], matrix)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["probes.gram_method=sketch", "probes.sketch_dim=64", "train.micro_batch_size=5"],
+    ["algorithm.importance_sampling_level=sequence", "algorithm.loss_agg=seq_mean_token_mean"],
+], ids=["sketch", "gspo"])
+def test_fused_grams_equal_the_separate_pass_for_other_routes(tmp_path, overrides):
+    _, fused_capture, fused, _ = probe_step(tmp_path, True, *overrides)
+    _, _, separate, _ = probe_step(tmp_path, False, *overrides)
+    assert fused_capture.source == "training_pass"
+    for key in ("advantage", "score_blocks"):
+        assert_gram_close(fused.rollout_grams[key], separate.rollout_grams[key], key)
+
+
+def test_probe_grams_are_taken_at_the_weights_of_the_loss(tmp_path):
+    """Both routes: the rows are the per-rollout loss gradients before the optimizer step."""
+    for fused in (True, False):
+        setup, _, output, before = probe_step(tmp_path, fused, "train.micro_batch_size=5")
+        coeff = -(output.loss_weights * output.advantages).double()  # [N, L]
+        reference = per_rollout_grams(
+            before, output.batch.input_ids, output.batch.attention_mask, {"k": coeff},
+            dict(before.named_parameters()), method="per_sample",
+        )["k"].gram
+        assert_gram_close(output.rollout_grams["advantage"], reference, f"fused={fused}")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_auto_fuses_only_where_training_runs_each_rows_prompt(tmp_path, shared):
+    _, capture, output, _ = probe_step(tmp_path, "auto", f"train.shared_prompt_forward={shared}")
+    assert capture.source == ("separate_pass" if shared else "training_pass")
+    assert output.rollout_grams["score_blocks"].shape == (3, 4, 4)
+
+
+def test_an_unknown_fused_gram_setting_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="probes.fused_gram"):
+        probe_step(tmp_path, "sometimes")
+
+
+def test_fusion_steps_aside_when_the_loss_is_not_the_advantage_objective(tmp_path):
+    """A KL term adds its own gradient: the separate pass, same matrices."""
+    _, capture, output, _ = probe_step(tmp_path, True, "algorithm.kl_coef=0.1")
+    assert capture.training_pass and capture.source == "separate_pass"
+    assert output.rollout_grams["advantage"].shape == (12, 12)
+
+
+def test_score_blocks_from_the_advantage_blocks():
+    """K_adv = a a^T * K_score inside a group; groups with a zero advantage are recomputed."""
+    scores = torch.randn(6, 5, dtype=torch.float64)
+    k_score = scores @ scores.T  # [6, 6]
+    a = torch.tensor([1.0, -2.0, 0.5, 0.0, 0.0, 0.0])  # group 0 informative, group 1 all zero
+    k_adv = torch.outer(a, a).double() * k_score
+    blocks = score_blocks_from_advantage(group_blocks(k_adv, 3), a)  # [2, 3, 3]
+    torch.testing.assert_close(blocks[0], group_blocks(k_score, 3)[0], rtol=1e-12, atol=0)
+    assert score_groups_to_recompute(a, 2, {"score_group"}).tolist() == [False, True]
+    assert score_groups_to_recompute(a, 2, {"rollout_group"}).tolist() == [False, False]
+    mixed = torch.tensor([1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
+    assert score_groups_to_recompute(mixed, 2, {"rollout_group"}).tolist() == [True, False]
+    assert score_groups_to_recompute(None, 2, {"rollout_group"}).tolist() == [True, True]
+
+
+def test_fused_capture_keeps_nothing_alive(tmp_path):
+    """The gradient hooks must not tie a micro-batch's hooked outputs to its capture: memory grew
+    by a forward's activations per probe step when they did (a cycle through the tensors' hook
+    dicts, which the garbage collector does not see)."""
+    import gc
+
+    from grpo_cli.probes.per_sample import LayerCapture
+
+    _, capture, _, _ = probe_step(tmp_path, True, "train.micro_batch_size=5")
+    gc.collect()
+    assert capture.source == "training_pass"
+    assert not [obj for obj in gc.get_objects() if isinstance(obj, LayerCapture)]

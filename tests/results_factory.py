@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from grpo_cli.analysis.measures import MEASURES, composition_sigma, predicted_measure
+from grpo_cli.measures import RANK_MEASURES, composition_spectrum, predicted_rank_measures
 
 MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch", "layer", "update")
 LAYER_OFFSETS = {"model.layers.0.self_attn.q_proj": -0.1, "lm_head": 0.1}
@@ -111,7 +111,7 @@ def _rank_rows(
         if matrix in ("rollout_group", "score_group"):
             for b in range(groups):
                 minority = b % max(group_size // 2, 1) + 1
-                pred = {m: predicted_measure(m, minority, group_size) for m in MEASURES}
+                pred = predicted_rank_measures(minority, group_size - minority)
                 row = {
                     "step": step,
                     "matrix": matrix,
@@ -123,10 +123,10 @@ def _rank_rows(
                     "distinct": 2,
                     "mean_abs_cosine": 0.5,
                 }
-                row |= {m: pred[m] + composition_offset for m in MEASURES}
+                row |= {m: pred[m] + composition_offset for m in RANK_MEASURES}
                 if predicted:
-                    row |= {f"pred_{m}": pred[m] for m in MEASURES}
-                    row |= {f"pred_distinct_{m}": pred[m] - duplicates_gap for m in MEASURES}
+                    row |= {f"pred_{m}": pred[m] for m in RANK_MEASURES}
+                    row |= {f"pred_distinct_{m}": pred[m] - duplicates_gap for m in RANK_MEASURES}
                 rows.append(row)
             for stat, offset in (("mean", 0.0), ("median", median_offset)):
                 rows.append(
@@ -136,7 +136,7 @@ def _rank_rows(
                         "layer": "",
                         "group": stat,
                         "n_zero_groups": 1,
-                        **dict.fromkeys(MEASURES, value + offset),
+                        **dict.fromkeys(RANK_MEASURES, value + offset),
                     }
                 )
         elif matrix in ("layer", "update"):
@@ -151,7 +151,7 @@ def _rank_rows(
                         "hoyer": 0.3,
                         "powerlaw_alpha": 1.5,
                         "powerlaw_r2": 0.9,
-                        **dict.fromkeys(MEASURES, value + offset),
+                        **dict.fromkeys(RANK_MEASURES, value + offset),
                     }
                 )
         else:
@@ -162,7 +162,7 @@ def _rank_rows(
                     "layer": "",
                     "group": "all",
                     "n_rows": 8 * group_size,
-                    **dict.fromkeys(MEASURES, value),
+                    **dict.fromkeys(RANK_MEASURES, value),
                 }
             )
     return rows
@@ -173,7 +173,8 @@ def _spectra_rows(matrices: Iterable[str], step: int, group_size: int, groups: i
     for matrix in matrices:
         if matrix in ("rollout_group", "score_group"):
             for b in range(groups):
-                sigma = composition_sigma(b % max(group_size // 2, 1) + 1, group_size)
+                minority = b % max(group_size // 2, 1) + 1
+                sigma = composition_spectrum(minority, group_size - minority)
                 rows += [
                     {"matrix": matrix, "layer": "", "group": f"g{b}", "k": k, "sigma": s}
                     for k, s in enumerate(sorted(sigma, reverse=True))

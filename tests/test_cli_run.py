@@ -45,7 +45,7 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
     )
     spectra = pd.read_parquet(out / "spectra.parquet")
     assert list(spectra.columns) == ["step", "matrix", "layer", "group", "k", "sigma"]
-    from grpo_cli.probes.rank_measure_names import RANK_MEASURES
+    from grpo_cli.measures import RANK_MEASURES
 
     measured = ranks[~ranks["group"].isin(["mean", "median"])]
     assert not measured[list(RANK_MEASURES)].isna().any().any()  # zero matrices read 0, not NaN

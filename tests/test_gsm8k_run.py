@@ -18,8 +18,8 @@ from transformers import NemotronConfig, NemotronForCausalLM
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
+from grpo_cli.measures import RANK_MEASURES
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
-from grpo_cli.probes.rank_measure_names import RANK_MEASURES
 
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 needs_gsm8k = pytest.mark.skipif(

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
+from grpo_cli.measures import participation_ratio, stable_rank
 from grpo_cli.probes.powerlaw import fit_power_law
-from grpo_cli.probes.rank_measures import participation_ratio, stable_rank
 
 RANKS = torch.arange(1, 51, dtype=torch.float64)
 

@@ -1,16 +1,12 @@
+import doctest
 import math
 
 import pytest
 import torch
 
-from grpo_cli.probes.rank_measures import (
-    RANK_MEASURES,
-    all_rank_measures,
-    energy_rank,
-    erank_entropy,
-    numerical_rank,
-    singular_values_from_gram,
-)
+from grpo_cli import measures as measures_module
+from grpo_cli.measures import RANK_MEASURES, energy_rank, erank_entropy, numerical_rank
+from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
 
 
 def svdvals(matrix):
@@ -110,3 +106,8 @@ def test_gram_route_matches_svdvals():
     assert sigma[6] < 1e-6 * sigma[0]
     assert bool((sigma[:-1] >= sigma[1:]).all())
     assert numerical_rank(sigma) == 6
+
+
+def test_doctests_of_the_measures_module_pass():
+    result = doctest.testmod(measures_module)
+    assert result.attempted >= 5 and result.failed == 0

@@ -5,7 +5,7 @@ completions), `pred_<measure>` (R orthonormal rows weighted by the composition) 
 `pred_distinct_<measure>` (the same over distinct completions, with their multiplicities). The
 probe leaves both empty where the closed form's assumptions fail (grpo_cli/probes/composition.py);
 only results written before the columns existed get `pred_<measure>` recomputed here from m and R
-(see `measures.composition_sigma`), and only for grpo, dr_grpo and rloo.
+(closed forms in grpo_cli/measures.py), and only for grpo, dr_grpo and rloo.
 
 The gap between prediction and measurement splits in two: predicted - predicted over distinct
 completions is what duplicate completions (entropy collapse) take away; predicted over distinct -
@@ -19,9 +19,9 @@ import pandas as pd
 
 from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.measures import predicted_measure
 from grpo_cli.analysis.summary import sort_rows
 from grpo_cli.analysis.tables import run_meta
+from grpo_cli.measures import predicted_rank_measures
 
 MATRIX = "rollout_group"
 
@@ -72,7 +72,9 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             measured = _column(rows, measure)
             pred = _column(rows, f"pred_{measure}")
             if f"pred_{measure}" not in rows and zero_sum:  # results older than the column
-                pred = np.array([predicted_measure(measure, m, size, rtol) for m in minority])
+                pred = np.array(
+                    [predicted_rank_measures(m, size - m, rtol)[measure] for m in minority]
+                )
             meta = run_meta(run)
             parts.append(
                 pd.DataFrame(
@@ -138,5 +140,5 @@ def prediction_curve(measure: str, group_size: int, rank_rtol: float = 1e-6) -> 
     minorities = range(1, group_size // 2 + 1)
     return (
         [m / group_size for m in minorities],
-        [predicted_measure(measure, m, group_size, rank_rtol) for m in minorities],
+        [predicted_rank_measures(m, group_size - m, rank_rtol)[measure] for m in minorities],
     )

@@ -15,7 +15,6 @@ from matplotlib.ticker import MaxNLocator
 
 from grpo_cli.analysis.composition import prediction_curve
 from grpo_cli.analysis.load import Run, read_spectra, spectra_steps
-from grpo_cli.analysis.measures import MEASURE_LABELS
 from grpo_cli.analysis.style import (
     Grid,
     Styles,
@@ -28,6 +27,7 @@ from grpo_cli.analysis.style import (
 )
 from grpo_cli.analysis.summary import Rule, verdict_rows
 from grpo_cli.analysis.tables import LAYER_MATRICES, PER_GROUP_MATRICES, curves, ordered_matrices
+from grpo_cli.measures import MEASURE_LABELS
 
 STEP_STYLES = ("-", "--", ":", "-.")
 SPECTRUM_FLOOR = 1e-6  # sigma_k / sigma_1 below this (numerically zero) is drawn at the floor

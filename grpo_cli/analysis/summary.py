@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.measures import MEASURES
 from grpo_cli.analysis.tables import (
     LAYER_MEAN,
     META,
@@ -20,6 +19,7 @@ from grpo_cli.analysis.tables import (
     ordered_matrices,
     reward_curve,
 )
+from grpo_cli.measures import RANK_MEASURES
 
 SUMMARY_KEYS = ["variant", "matrix", "layer", "stat", "measure"]
 
@@ -108,11 +108,11 @@ def rank_summary(per_run: pd.DataFrame) -> pd.DataFrame:
 
 
 def sort_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """Matrices in data-flow order, measures in MEASURES order, then layer, stat, R."""
+    """Matrices in data-flow order, measures in RANK_MEASURES order, then layer, stat, R."""
     matrices = ordered_matrices(table["matrix"].unique()) if "matrix" in table else []
     orders = {
         "matrix": {m: i for i, m in enumerate(matrices)},
-        "measure": {m: i for i, m in enumerate(MEASURES)},
+        "measure": {m: i for i, m in enumerate(RANK_MEASURES)},
     }
     by = [c for c in ["variant", "matrix", "measure", "layer", "stat", "group_size"] if c in table]
     return table.sort_values(

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.measures import MEASURES
+from grpo_cli.measures import RANK_MEASURES
 
 PER_GROUP_MATRICES = ("rollout_group", "score_group")
 LAYER_MATRICES = ("layer", "update", "grad_sum")
@@ -61,12 +61,12 @@ def ordered_matrices(names) -> list[str]:
 
 def measures_present(runs: list[Run], measure: str = "all") -> list[str]:
     """Rank-measure columns present in any ranks.csv; `measure` picks one of them."""
-    present = [m for m in MEASURES if any(m in run.ranks.columns for run in runs)]
+    present = [m for m in RANK_MEASURES if any(m in run.ranks.columns for run in runs)]
     if measure == "all":
         return present
-    if measure not in MEASURES:
+    if measure not in RANK_MEASURES:
         raise ValueError(
-            f"unknown measure {measure!r}; choose 'all' or one of {', '.join(MEASURES)}"
+            f"unknown measure {measure!r}; choose 'all' or one of {', '.join(RANK_MEASURES)}"
         )
     return [measure]
 

@@ -1,24 +1,8 @@
-"""Closed-form rank of one group's gradient matrix from its reward composition alone.
+"""A group's reward composition and distinct completions, read off tensors.
 
-Model: a group of R = m + M binary-outcome rollouts, m in the minority and M in the majority,
-whose score vectors (per-rollout gradients of log-prob) are orthonormal. A zero-sum advantage
-(r_i - mean r, with or without a std division) is proportional to M on every minority row and to
--m on every majority row, because the minority fraction is m/R. Orthonormal rows scaled by a_i
-have singular values |a_i|, so up to a common scale the spectrum is
-
-    sigma = (M repeated m times, m repeated M times).
-
-From it (sum sigma = 2mM, sum sigma^2 = mMR, sum sigma^4 = mM(M^3 + m^3)):
-
-    erank_entropy       = 2 sqrt(mM)                                (= R when m = M)
-    erank_entropy_sq    = (mR/M)^(M/R) * (MR/m)^(m/R)
-    stable_rank         = mR/M = m + m^2/M
-    participation_ratio = mM R^2 / (M^3 + m^3)
-    energy_rank(f)      = ceil(f mR/M)                  if f <= M/R (minority rows suffice)
-                          m + ceil(M (fR - M) / m)      otherwise
-    numerical_rank      = R (m if m/M <= rtol)
-
-A zero-variance group (m = 0) has a zero matrix: every measure 0.
+`group_composition` gives (minority m, majority M), the inputs of the closed-form rank
+predictions in grpo_cli/measures.py (`predicted_rank_measures`, with the model they assume);
+`count_distinct_rows` bounds a group's rank by its number of distinct completions.
 
 The model holds only for advantages of the form c (r_i - mean r), c > 0, with binary r
 (`composition_applies`): grpo, dr_grpo and rloo without an overlong penalty. Not for reinforce
@@ -33,51 +17,7 @@ sqrt(n_u) |a_u| (`distinct_spectrum`): the prediction recomputed over distinct c
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-from grpo_cli.probes.rank_measures import ENERGY_TOLERANCE, RANK_MEASURES
-
-
-def _check(minority: int, majority: int) -> None:
-    if minority < 0 or majority < minority:
-        raise ValueError(f"need 0 <= minority <= majority, got {minority} and {majority}")
-
-
-def composition_spectrum(minority: int, majority: int) -> torch.Tensor:  # [R] float64, descending
-    """sigma = (M x m, m x M) for m = minority, M = majority (common scale dropped)."""
-    _check(minority, majority)
-    return torch.tensor(
-        [float(majority)] * minority + [float(minority)] * majority, dtype=torch.float64
-    )
-
-
-def _energy_rank(minority: int, majority: int, fraction: float) -> float:
-    """Fewest k whose sigma^2 reach `fraction` of the energy, with rank_measures' tolerance."""
-    m, M, R = minority, majority, minority + majority
-    target = fraction * (1.0 - ENERGY_TOLERANCE) * R  # the threshold in units of m M
-    if target <= M:
-        return float(math.ceil(target * m / M))
-    return float(m + math.ceil(M * (target - M) / m))
-
-
-def predicted_rank_measures(minority: int, majority: int, rtol: float = 1e-6) -> dict[str, float]:
-    """The closed forms of the module docstring, keyed like `all_rank_measures`."""
-    _check(minority, majority)
-    if minority == 0:
-        return {name: 0.0 for name in RANK_MEASURES}
-    m, M = float(minority), float(majority)
-    R = m + M
-    return {
-        "erank_entropy": 2.0 * math.sqrt(m * M),
-        "erank_entropy_sq": math.exp((M / R) * math.log(m * R / M) + (m / R) * math.log(M * R / m)),
-        "stable_rank": m * R / M,
-        "participation_ratio": m * M * R**2 / (M**3 + m**3),
-        "energy_rank_90": _energy_rank(minority, majority, 0.90),
-        "energy_rank_99": _energy_rank(minority, majority, 0.99),
-        "numerical_rank": R if m / M > rtol else m,
-    }
 
 
 def group_composition(rewards: torch.Tensor) -> tuple[int, int]:  # rewards [R]

@@ -28,13 +28,13 @@ import torch
 
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
+from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
 from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
     distinct_rows,
     distinct_spectrum,
     group_composition,
-    predicted_rank_measures,
 )
 from grpo_cli.probes.fused import (
     TrainingPassFactors,
@@ -44,7 +44,6 @@ from grpo_cli.probes.fused import (
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
-from grpo_cli.probes.rank_measure_names import RANK_MEASURES
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
 from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
 from grpo_cli.train.credit import advantage_range

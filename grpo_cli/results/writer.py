@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_cli.probes.rank_measure_names import RANK_MEASURES
+from grpo_cli.measures import RANK_MEASURES
 
 METRIC_COLUMNS = (
     "step",

@@ -1,0 +1,190 @@
+"""Effective-rank measures of a spectrum, their names, and their closed-form group predictions.
+
+The one owner of these facts (numpy only, no torch): the probes wrap it for tensors
+(grpo_cli/probes/rank_measures.py) and write its values to ranks.csv; results and analysis import
+it to name columns, recompute a measure or draw a prediction. docs/results.md defines each one.
+
+Every measure takes sigma, the singular values of a matrix in any order (negatives from
+round-off are clamped to 0), and works in float64. A zero or empty spectrum gives 0 for every
+measure, never NaN.
+
+Closed form of one group's gradient matrix from its reward composition alone: a group of
+R = m + M binary-outcome rollouts, m in the minority and M in the majority, whose score vectors
+(per-rollout gradients of log-prob) are orthonormal. A zero-sum advantage (r_i - mean r, with or
+without a std division) is proportional to M on every minority row and to -m on every majority
+row. Orthonormal rows scaled by a_i have singular values |a_i|, so up to a common scale
+
+    sigma = (M repeated m times, m repeated M times).
+
+From it (sum sigma = 2mM, sum sigma^2 = mMR, sum sigma^4 = mM(M^3 + m^3)):
+
+    erank_entropy       = 2 sqrt(mM)                                (= R when m = M)
+    erank_entropy_sq    = (mR/M)^(M/R) * (MR/m)^(m/R)
+    stable_rank         = mR/M = m + m^2/M
+    participation_ratio = mM R^2 / (M^3 + m^3)
+    energy_rank(f)      = ceil(f mR/M)                  if f <= M/R (minority rows suffice)
+                          m + ceil(M (fR - M) / m)      otherwise
+    numerical_rank      = R (m if m/M <= rtol)
+
+A zero-variance group (m = 0) has a zero matrix: every measure 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RANK_MEASURES = (  # the rank columns of ranks.csv, in order
+    "erank_entropy",  # exp(H(p)), p_k = sigma_k / sum sigma (Roy & Vetterli 2007)
+    "erank_entropy_sq",  # exp(H(p)), p_k = sigma_k^2 / sum sigma^2
+    "stable_rank",  # sum sigma^2 / sigma_1^2
+    "participation_ratio",  # (sum sigma^2)^2 / sum sigma^4
+    "energy_rank_90",  # fewest k holding 90% of sum sigma^2
+    "energy_rank_99",  # fewest k holding 99% of sum sigma^2
+    "numerical_rank",  # count of sigma_k > rtol * sigma_1
+)
+MEASURE_LABELS = {  # axis and table labels
+    "erank_entropy": "exp-entropy rank (sigma)",
+    "erank_entropy_sq": "exp-entropy rank (sigma^2)",
+    "stable_rank": "stable rank",
+    "participation_ratio": "participation ratio",
+    "energy_rank_90": "90% energy rank",
+    "energy_rank_99": "99% energy rank",
+    "numerical_rank": "numerical rank",
+}
+
+# relative slack on the energy threshold: round-off must not push 40% of [0.7] * 5 to k=3
+ENERGY_TOLERANCE = 1e-12
+
+
+def _spectrum(sigma) -> np.ndarray:  # [K] float64, descending, >= 0
+    values = np.asarray(sigma, dtype=np.float64).reshape(-1).clip(min=0.0)
+    return np.sort(values)[::-1]
+
+
+def _entropy_rank(weights: np.ndarray) -> float:
+    """exp(H(p)) with p = weights / sum(weights); 0 for zero weights."""
+    total = weights.sum()
+    if total <= 0:
+        return 0.0
+    p = weights[weights > 0] / total
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def erank_entropy(sigma) -> float:
+    """exp(H(p)), p_k = sigma_k / sum sigma (Roy & Vetterli 2007).
+
+    >>> round(erank_entropy([1.0, 1.0, 1.0]), 12)
+    3.0
+    """
+    return _entropy_rank(_spectrum(sigma))
+
+
+def erank_entropy_sq(sigma) -> float:
+    """exp(H(p)), p_k = sigma_k^2 / sum sigma^2 (entropy of the energy distribution)."""
+    return _entropy_rank(_spectrum(sigma) ** 2)
+
+
+def stable_rank(sigma) -> float:
+    """sum sigma^2 / sigma_1^2 = ||A||_F^2 / ||A||_2^2.
+
+    >>> stable_rank([1.0, 0.0])
+    1.0
+    """
+    s = _spectrum(sigma)
+    if s.size == 0 or s[0] <= 0:
+        return 0.0
+    return float((s**2).sum() / s[0] ** 2)
+
+
+def participation_ratio(sigma) -> float:
+    """(sum sigma^2)^2 / sum sigma^4."""
+    energy = _spectrum(sigma) ** 2
+    fourth = (energy**2).sum()
+    if fourth <= 0:
+        return 0.0
+    return float(energy.sum() ** 2 / fourth)
+
+
+def energy_rank(sigma, fraction: float) -> int:
+    """Fewest k with sum_{j<=k} sigma_j^2 >= fraction * sum sigma^2 (descending sigma)."""
+    energy = _spectrum(sigma) ** 2
+    total = energy.sum()
+    if total <= 0:
+        return 0
+    threshold = fraction * total * (1.0 - ENERGY_TOLERANCE)
+    reached = energy.cumsum() >= threshold  # [K]
+    return int(reached.argmax()) + 1
+
+
+def numerical_rank(sigma, rtol: float = 1e-6) -> int:
+    """Count of sigma_k > rtol * sigma_1."""
+    s = _spectrum(sigma)
+    if s.size == 0:
+        return 0
+    return int((s > rtol * s[0]).sum())
+
+
+def rank_measures(sigma, rtol: float = 1e-6) -> dict[str, float]:
+    """Every measure of `RANK_MEASURES`, as floats, in that order."""
+    return {
+        "erank_entropy": erank_entropy(sigma),
+        "erank_entropy_sq": erank_entropy_sq(sigma),
+        "stable_rank": stable_rank(sigma),
+        "participation_ratio": participation_ratio(sigma),
+        "energy_rank_90": float(energy_rank(sigma, 0.90)),
+        "energy_rank_99": float(energy_rank(sigma, 0.99)),
+        "numerical_rank": float(numerical_rank(sigma, rtol)),
+    }
+
+
+# ---- closed forms from the group composition (module docstring) --------------------------------
+def _check(minority: int, majority: int) -> None:
+    if minority < 0 or majority < minority:
+        raise ValueError(f"need 0 <= minority <= majority, got {minority} and {majority}")
+
+
+def composition_spectrum(minority: int, majority: int) -> np.ndarray:  # [R] float64, descending
+    """sigma = (M x m, m x M) for m = minority, M = majority (common scale dropped); zeros if m = 0.
+
+    >>> composition_spectrum(1, 3).tolist()
+    [3.0, 1.0, 1.0, 1.0]
+    """
+    _check(minority, majority)
+    if minority == 0:
+        return np.zeros(majority)
+    return np.array([float(majority)] * minority + [float(minority)] * majority)
+
+
+def _energy_rank(minority: int, majority: int, fraction: float) -> float:
+    """Fewest k whose sigma^2 reach `fraction` of the energy, with the same ENERGY_TOLERANCE."""
+    m, M, R = minority, majority, minority + majority
+    target = fraction * (1.0 - ENERGY_TOLERANCE) * R  # the threshold in units of m M
+    if target <= M:
+        return float(math.ceil(target * m / M))
+    return float(m + math.ceil(M * (target - M) / m))
+
+
+def predicted_rank_measures(minority: int, majority: int, rtol: float = 1e-6) -> dict[str, float]:
+    """The closed forms of the module docstring, keyed like `rank_measures`.
+
+    >>> predicted_rank_measures(1, 1)["erank_entropy"]
+    2.0
+    >>> round(predicted_rank_measures(1, 3)["erank_entropy"], 4)  # 2 sqrt(3)
+    3.4641
+    """
+    _check(minority, majority)
+    if minority == 0:
+        return dict.fromkeys(RANK_MEASURES, 0.0)
+    m, M = float(minority), float(majority)
+    R = m + M
+    return {
+        "erank_entropy": 2.0 * math.sqrt(m * M),
+        "erank_entropy_sq": math.exp((M / R) * math.log(m * R / M) + (m / R) * math.log(M * R / m)),
+        "stable_rank": m * R / M,
+        "participation_ratio": m * M * R**2 / (M**3 + m**3),
+        "energy_rank_90": _energy_rank(minority, majority, 0.90),
+        "energy_rank_99": _energy_rank(minority, majority, 0.99),
+        "numerical_rank": R if m / M > rtol else m,
+    }

@@ -1,4 +1,6 @@
+import inspect
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,9 +10,11 @@ from grpo_cli.algorithm.advantages import (
     broadcast_to_tokens,
     gae,
     get_estimator,
+    outcome_on_last_token,
     process_advantages,
-    register_estimator,
+    register_adv_est,
 )
+from grpo_cli.config.schema import AlgorithmConfig
 
 
 def close(actual, expected, atol=1e-6):
@@ -18,37 +22,81 @@ def close(actual, expected, atol=1e-6):
     torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
 
 
+def outcome(name, rewards, group_size, **options):
+    """Per-rollout advantages [N] of registered estimator `name`, one completion token per rollout."""
+    mask = torch.ones(len(rewards), 1)  # [N, 1]
+    advantages, returns = get_estimator(name).compute(
+        outcome_on_last_token(rewards, mask), mask, group_size, AlgorithmConfig(**options),
+        outcome_rewards=rewards,
+    )
+    assert returns is None and advantages.dtype == torch.float32
+    return advantages[:, 0]
+
+
 # --- registry -------------------------------------------------------------------------------------
 
 
-def test_registry_has_the_outcome_estimators():
-    assert {"grpo", "dr_grpo", "rloo", "reinforce"} <= set(ESTIMATORS)
+def test_registry_holds_every_estimator_with_its_needs():
+    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce", "ppo", "process"}
     assert get_estimator("rloo") is ESTIMATORS["rloo"]
+    assert [name for name, e in ESTIMATORS.items() if e.needs_values] == ["ppo"]
+    assert [name for name, e in ESTIMATORS.items() if e.needs_step_rewards] == ["process"]
+
+
+def test_every_estimator_has_one_signature_and_a_yaml_file():
+    signatures = {name: inspect.signature(e.compute) for name, e in ESTIMATORS.items()}
+    params = {name: list(sig.parameters) for name, sig in signatures.items()}
+    assert all(p == params["grpo"] for p in params.values()), params
+    conf = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
+    for name in ESTIMATORS:
+        assert f"name: {name}" in (conf / f"{name}.yaml").read_text()
 
 
 def test_unknown_estimator_lists_known_names():
-    with pytest.raises(ValueError, match="unknown advantage estimator 'grp0'.*dr_grpo.*grpo.*rloo"):
+    with pytest.raises(ValueError, match="unknown advantage estimator 'grp0'.*dr_grpo.*grpo.*ppo"):
         get_estimator("grp0")
 
 
-def test_register_estimator_adds_and_refuses_duplicates():
-    @register_estimator("_test_zero")
-    def zero(rewards, group_size, **_):
-        return torch.zeros_like(rewards)
+def test_register_adv_est_adds_and_refuses_duplicates():
+    @register_adv_est("_test_zero", needs_values=True)
+    def zero(token_level_rewards, response_mask, group_size, config, **_):
+        return torch.zeros_like(response_mask), None
 
     try:
-        assert get_estimator("_test_zero") is zero
+        assert get_estimator("_test_zero").compute is zero
+        assert get_estimator("_test_zero").needs_values
         with pytest.raises(ValueError, match="already registered"):
-            register_estimator("_test_zero")(zero)
+            register_adv_est("_test_zero")(zero)
     finally:
         del ESTIMATORS["_test_zero"]
 
 
-def test_estimators_ignore_options_meant_for_others():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+def test_outcome_sits_on_the_last_completion_token():
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.float32)
+    out = outcome_on_last_token(torch.tensor([2.0, -1.0, 5.0]), mask)
+    close(out, [[0, 0, 2, 0], [0, 0, 0, -1], [0, 0, 0, 0]])
+
+
+def test_outcome_estimators_broadcast_over_completion_tokens():
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.float32)
+    rewards = torch.tensor([1.0, 0.0])
     for name in ("grpo", "dr_grpo", "rloo", "reinforce"):
-        out = get_estimator(name)(rewards, 4, std="sample", std_epsilon=0.0, gamma=0.9)
-        assert out.shape == (4,) and out.dtype == torch.float32
+        advantages, _ = get_estimator(name).compute(
+            outcome_on_last_token(rewards, mask), mask, 2, AlgorithmConfig(),
+            outcome_rewards=rewards,
+        )
+        assert advantages.dtype == torch.float32
+        assert torch.equal(advantages == 0, mask == 0), name  # off completion: 0
+        assert advantages[0, 1] == advantages[0, 2] > 0 > advantages[1, 1], name
+
+
+def test_token_level_estimators_refuse_missing_inputs():
+    mask = torch.ones(2, 3)
+    rewards = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match="value head"):
+        get_estimator("ppo").compute(mask, mask, 2, AlgorithmConfig(), outcome_rewards=rewards)
+    with pytest.raises(ValueError, match="step rewards"):
+        get_estimator("process").compute(mask, mask, 2, AlgorithmConfig(), outcome_rewards=rewards)
 
 
 # --- grpo -----------------------------------------------------------------------------------------
@@ -56,20 +104,20 @@ def test_estimators_ignore_options_meant_for_others():
 
 def test_grpo_population_std():
     # mean .25, population std sqrt(3/16) = sqrt(3)/4
-    out = get_estimator("grpo")(torch.tensor([1.0, 0, 0, 0]), 4, std_epsilon=0.0)
+    out = outcome("grpo", torch.tensor([1.0, 0, 0, 0]), 4, std_epsilon=0.0)
     std = math.sqrt(3) / 4
     close(out, [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
 
 
 def test_grpo_sample_std_and_epsilon():
     # sample std: sqrt((.75^2 + 3 * .25^2) / 3) = 0.5
-    out = get_estimator("grpo")(torch.tensor([1.0, 0, 0, 0]), 4, std="sample", std_epsilon=0.5)
+    out = outcome("grpo", torch.tensor([1.0, 0, 0, 0]), 4, std="sample", std_epsilon=0.5)
     close(out, [0.75, -0.25, -0.25, -0.25])
 
 
 def test_grpo_zero_variance_groups_are_exactly_zero():
     rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 1.0])  # groups of 3
-    out = get_estimator("grpo")(rewards, 3, std_epsilon=0.0)
+    out = outcome("grpo", rewards, 3, std_epsilon=0.0)
     assert torch.equal(out[:3], torch.zeros(3))
     assert not torch.isnan(out).any()
     # second group [1, 0, 1]: mean 2/3, population std sqrt(2)/3
@@ -79,44 +127,44 @@ def test_grpo_zero_variance_groups_are_exactly_zero():
 
 def test_grpo_rejects_bad_options():
     with pytest.raises(ValueError, match="population"):
-        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 2, std="unbiased")
+        outcome("grpo", torch.tensor([1.0, 0.0]), 2, std="unbiased")
     with pytest.raises(ValueError, match="group_size >= 2"):
-        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 1, std="sample")
+        outcome("grpo", torch.tensor([1.0, 0.0]), 1, std="sample")
     with pytest.raises(ValueError, match="groups of 3"):
-        get_estimator("grpo")(torch.tensor([1.0, 0.0]), 3)
+        outcome("grpo", torch.tensor([1.0, 0.0]), 3)
 
 
 # --- dr_grpo, rloo, reinforce ----------------------------------------------------------------------
 
 
 def test_dr_grpo_mean_only_baseline():
-    out = get_estimator("dr_grpo")(torch.tensor([1.0, 0, 0, 0, 0.3, 0.3, 0.3, 0.3]), 4)
+    out = outcome("dr_grpo", torch.tensor([1.0, 0, 0, 0, 0.3, 0.3, 0.3, 0.3]), 4)
     close(out[:4], [0.75, -0.25, -0.25, -0.25])
     assert torch.equal(out[4:], torch.zeros(4))
 
 
 def test_rloo_leave_one_out():
     # group [1, 0, 0, 0]: 1 - 0 = 1 ; 0 - 1/3 ; group [2, 1]: 2 - 1 = 1, 1 - 2 = -1
-    out = get_estimator("rloo")(torch.tensor([1.0, 0, 0, 0, 2.0, 1.0, 5.0, 3.0]), 4)
+    out = outcome("rloo", torch.tensor([1.0, 0, 0, 0, 2.0, 1.0, 5.0, 3.0]), 4)
     close(out, [1.0, -1 / 3, -1 / 3, -1 / 3, 2.0 - 3.0, 1.0 - 10 / 3, 5.0 - 2.0, 3.0 - 8 / 3])
 
 
 def test_rloo_is_scaled_dr_grpo():
     rewards = torch.rand(12, generator=torch.Generator().manual_seed(0))
-    rloo = get_estimator("rloo")(rewards, 4)
-    dr = get_estimator("dr_grpo")(rewards, 4)
+    rloo = outcome("rloo", rewards, 4)
+    dr = outcome("dr_grpo", rewards, 4)
     close(rloo, dr * 4 / 3, atol=1e-6)
 
 
 def test_rloo_needs_two_rollouts():
     with pytest.raises(ValueError, match="rloo needs group_size >= 2"):
-        get_estimator("rloo")(torch.tensor([1.0, 0.0]), 1)
+        outcome("rloo", torch.tensor([1.0, 0.0]), 1)
 
 
 def test_reinforce_batch_mean_baseline():
-    out = get_estimator("reinforce")(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    out = outcome("reinforce", torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
     close(out, [2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, -1 / 3])
-    assert torch.equal(get_estimator("reinforce")(torch.full((4,), 0.7), 2), torch.zeros(4))
+    assert torch.equal(outcome("reinforce", torch.full((4,), 0.7), 2), torch.zeros(4))
 
 
 def test_broadcast_to_tokens():

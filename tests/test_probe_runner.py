@@ -7,7 +7,7 @@ import math
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_cli.config.schema import ProbesConfig
+from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
 from grpo_cli.rollout.batch import RolloutBatch
@@ -41,9 +41,13 @@ def padded_batch():
 
 
 def step_output(batch, rewards):
-    from grpo_cli.algorithm.advantages import broadcast_to_tokens, grpo
+    from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
 
-    advantages = broadcast_to_tokens(grpo(rewards, GROUP_SIZE), batch.completion_mask)
+    mask = batch.completion_mask  # [N, L]
+    advantages, _ = get_estimator("grpo").compute(
+        outcome_on_last_token(rewards, mask), mask, GROUP_SIZE, AlgorithmConfig(),
+        outcome_rewards=rewards,
+    )
     weights = batch.completion_mask / batch.completion_mask.sum()
     scored = ScoredBatch(rewards=rewards, correct=rewards)
     return StepOutput(metrics={}, batch=batch, advantages=advantages.double(), scored=scored,

@@ -1,44 +1,81 @@
-"""Advantage estimators: rewards in, per-rollout or per-token advantages out.
+"""Advantage estimators: rewards in, per-token advantages out, every one registered by name.
 
-Outcome estimators are registered by name (`AlgorithmConfig.name`) and share one signature,
-`estimator(rewards [N], group_size, **options) -> advantages [N]` float32, with rows of a group
-contiguous (row n belongs to group n // group_size). Options an estimator does not use are ignored,
-so one call site can pass every algorithm option to whichever estimator the config names.
+Every estimator, outcome or token-level, is registered with `@register_adv_est(name)` (as verl's
+`core_algos.register_adv_est`) and has one signature:
 
-Every group baseline gives exactly 0 to a zero-variance group (all rewards equal), whatever the
-round-off of its mean. `process_advantages` (step rewards) and `gae` (PPO with a value head) work on
-tokens and have their own signatures; they are not in the registry.
+    estimator(
+        token_level_rewards,  # [N, L] each reward on the token that earned it: the outcome on a
+                              #   rollout's last completion token (process: step rewards too)
+        response_mask,        # [N, L] 1 on completion tokens
+        group_size,           # R; rows of a group are contiguous (row n is in group n // R)
+        config,               # the algorithm options (AlgorithmConfig), read by name
+        *,
+        outcome_rewards,      # [N] each rollout's outcome reward
+        values=None,          # [N, L] value head's V before each token (needs_values)
+        step_index=None,      # [N, L] long, step of each token, -1 off steps (needs_step_rewards)
+    ) -> (advantages [N, L] float32, returns [N, L] value targets or None)
+
+What an estimator needs from the run (a value head, the task's checked steps) is a property of
+its registration, never a comparison with its name elsewhere. Adding one is one function here
+and one YAML file in conf/algorithm/.
+
+Outcome estimators (grpo, dr_grpo, rloo, reinforce) give each rollout one scalar, broadcast to
+its completion tokens; every group baseline gives exactly 0 to a zero-variance group (all
+rewards equal), whatever the round-off of its mean. `process` (step rewards) and `ppo` (GAE on
+a value head) give tokens of one rollout different advantages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-Estimator = Callable[..., torch.Tensor]
-
-ESTIMATORS: dict[str, Estimator] = {}
+AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+@dataclass(frozen=True)
+class RegisteredEstimator:
+    name: str
+    compute: AdvantageFn  # the estimator, with the module docstring's signature
+    needs_values: bool = False  # the run builds a value head and passes its values
+    needs_step_rewards: bool = False  # the task's checked steps become token_level_rewards
+
+
+ESTIMATORS: dict[str, RegisteredEstimator] = {}
+
+
+def register_adv_est(
+    name: str, *, needs_values: bool = False, needs_step_rewards: bool = False
+) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: make `fn` selectable as `algorithm.name=<name>`."""
 
-    def decorate(fn: Estimator) -> Estimator:
+    def decorate(fn: AdvantageFn) -> AdvantageFn:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = fn
+        ESTIMATORS[name] = RegisteredEstimator(name, fn, needs_values, needs_step_rewards)
         return fn
 
     return decorate
 
 
-def get_estimator(name: str) -> Estimator:
-    """The outcome estimator registered as `name`; ValueError naming the known ones otherwise."""
+def get_estimator(name: str) -> RegisteredEstimator:
+    """The estimator registered as `name`; ValueError naming the known ones otherwise."""
     if name not in ESTIMATORS:
         known = ", ".join(sorted(ESTIMATORS))
         raise ValueError(f"unknown advantage estimator {name!r}; known: {known}")
     return ESTIMATORS[name]
+
+
+def outcome_on_last_token(
+    rewards: torch.Tensor,  # [N]
+    response_mask: torch.Tensor,  # [N, L]
+) -> torch.Tensor:  # [N, L]
+    """token_level_rewards of an outcome-only task: r_n on rollout n's last completion token."""
+    last = response_mask.cumsum(1) == response_mask.sum(1, keepdim=True)  # [N, L] at/after the last
+    first_last = last & (response_mask > 0)  # [N, L]
+    return first_last.float() * rewards.unsqueeze(1)
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B, R] float64
@@ -53,46 +90,70 @@ def _zero_variance(groups: torch.Tensor) -> torch.Tensor:  # [B, 1] bool
     return (groups == groups[:, :1]).all(dim=1, keepdim=True)
 
 
-def _finish(groups: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:  # [N] float32
-    """Exact zeros for zero-variance groups, flattened back to [N] float32."""
-    advantages = advantages.masked_fill(_zero_variance(groups), 0.0)
-    return advantages.reshape(-1).float()
+def _per_rollout(
+    groups: torch.Tensor,  # [B, R] rewards
+    advantages: torch.Tensor,  # [B, R]
+    response_mask: torch.Tensor,  # [N, L]
+) -> tuple[torch.Tensor, None]:  # [N, L] float32
+    """Exact zeros for zero-variance groups; each rollout's A_n on all of its completion tokens."""
+    advantages = advantages.masked_fill(_zero_variance(groups), 0.0).reshape(-1).float()  # [N]
+    return broadcast_to_tokens(advantages.to(response_mask.device), response_mask), None
 
 
-@register_estimator("grpo")
+@register_adv_est("grpo")
 def grpo(
-    rewards: torch.Tensor,  # [N]
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
     group_size: int,
+    config,
     *,
-    std: str = "population",
-    std_epsilon: float = 1e-6,
-    **_other_options: object,
-) -> torch.Tensor:  # [N]
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = (r_i - mean_g r) / (std_g r + std_epsilon)  (Shao et al. 2024, DeepSeekMath).
 
-    `std="population"` divides the squared deviations by R (ddof=0), `"sample"` by R-1 (ddof=1,
-    undefined for R=1). Zero-variance groups get exactly 0.
+    `config.std="population"` divides the squared deviations by R (ddof=0), `"sample"` by R-1
+    (ddof=1, undefined for R=1). Zero-variance groups get exactly 0.
     """
-    groups = _grouped(rewards, group_size)  # [B, R]
-    if std not in ("population", "sample"):
-        raise ValueError(f"grpo std must be 'population' or 'sample', got {std!r}")
-    ddof = 0 if std == "population" else 1
+    groups = _grouped(outcome_rewards, group_size)  # [B, R]
+    if config.std not in ("population", "sample"):
+        raise ValueError(f"grpo std must be 'population' or 'sample', got {config.std!r}")
+    ddof = 0 if config.std == "population" else 1
     if group_size - ddof < 1:
         raise ValueError("grpo with std='sample' needs group_size >= 2")
     centered = groups - groups.mean(dim=1, keepdim=True)  # [B, R]
     spread = groups.std(dim=1, correction=ddof, keepdim=True)  # [B, 1]
-    return _finish(groups, centered / (spread + std_epsilon))
+    return _per_rollout(groups, centered / (spread + config.std_epsilon), response_mask)
 
 
-@register_estimator("dr_grpo")
-def dr_grpo(rewards: torch.Tensor, group_size: int, **_other_options: object) -> torch.Tensor:
+@register_adv_est("dr_grpo")
+def dr_grpo(
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean_g r, no std division (Liu et al. 2025, "Understanding R1-Zero-like training")."""
-    groups = _grouped(rewards, group_size)  # [B, R]
-    return _finish(groups, groups - groups.mean(dim=1, keepdim=True))
+    groups = _grouped(outcome_rewards, group_size)  # [B, R]
+    return _per_rollout(groups, groups - groups.mean(dim=1, keepdim=True), response_mask)
 
 
-@register_estimator("rloo")
-def rloo(rewards: torch.Tensor, group_size: int, **_other_options: object) -> torch.Tensor:
+@register_adv_est("rloo")
+def rloo(
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean_{j != i} r_j, leave-one-out baseline (Ahmadian et al. 2024).
 
     Equals R/(R-1) * (r_i - mean_g r); needs group_size >= 2.
@@ -101,19 +162,67 @@ def rloo(rewards: torch.Tensor, group_size: int, **_other_options: object) -> to
         raise ValueError(
             "rloo needs group_size >= 2 (the leave-one-out baseline of one rollout is empty)"
         )
-    groups = _grouped(rewards, group_size)  # [B, R]
+    groups = _grouped(outcome_rewards, group_size)  # [B, R]
     others_mean = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)  # [B, R]
-    return _finish(groups, groups - others_mean)
+    return _per_rollout(groups, groups - others_mean, response_mask)
 
 
-@register_estimator("reinforce")
-def reinforce(rewards: torch.Tensor, group_size: int, **_other_options: object) -> torch.Tensor:
+@register_adv_est("reinforce")
+def reinforce(
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean over the whole batch (Williams 1992 with a batch-mean baseline).
 
     Groups are ignored; a batch whose rewards are all equal gets exactly 0.
     """
-    batch = _grouped(rewards, rewards.numel() or 1).reshape(1, -1)  # [1, N]
-    return _finish(batch, batch - batch.mean(dim=1, keepdim=True))
+    batch = _grouped(outcome_rewards, outcome_rewards.numel() or 1).reshape(1, -1)  # [1, N]
+    return _per_rollout(batch, batch - batch.mean(dim=1, keepdim=True), response_mask)
+
+
+@register_adv_est("process", needs_step_rewards=True)
+def process(
+    token_level_rewards: torch.Tensor,  # [N, L] step rewards on step ends, outcome on the last token
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,  # [N, L]
+) -> tuple[torch.Tensor, None]:  # [N, L]
+    """Per-step rewards from checked calculator steps, baseline `config.process_baseline`
+    (see `process_advantages`)."""
+    if step_index is None:
+        raise ValueError("algorithm=process needs step rewards from the task")
+    advantages = process_advantages(
+        token_level_rewards, response_mask, step_index, group_size,
+        baseline=config.process_baseline, outcome_rewards=outcome_rewards,
+    )
+    return advantages, None
+
+
+@register_adv_est("ppo", needs_values=True)
+def ppo(
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,  # [N, L]
+    step_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # advantages [N, L], returns [N, L]
+    """GAE on a learned value head (Schulman et al. 2016/2017), `config.gamma`, `config.lam`."""
+    if values is None:
+        raise ValueError("algorithm=ppo needs the value head's values")
+    return gae(token_level_rewards, values, response_mask, config.gamma, config.lam)
 
 
 def broadcast_to_tokens(

@@ -1,8 +1,7 @@
 """Rewards and advantages for one batch of rollouts: the credit-assignment stage of a step.
 
-Outcome estimators (grpo, dr_grpo, rloo, reinforce) give each rollout one scalar, broadcast to
-all of its tokens. `process` turns per-step rewards (checked calculator annotations) into
-per-token advantages; `ppo` uses GAE on a learned value head. See grpo_cli/algorithm/advantages.py.
+The estimators and what each needs (a value head, step rewards) are registered in
+grpo_cli/algorithm/advantages.py; this module turns a scored batch into their inputs.
 """
 
 from __future__ import annotations
@@ -11,19 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.algorithm.advantages import (
-    ESTIMATORS,
-    broadcast_to_tokens,
-    gae,
-    get_estimator,
-    process_advantages,
-)
-from grpo_cli.algorithm.kinds import TOKEN_LEVEL_ESTIMATORS
+from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
 from grpo_cli.rollout.batch import RolloutBatch
-
-
-def known_estimators() -> list[str]:
-    return sorted(ESTIMATORS) + list(TOKEN_LEVEL_ESTIMATORS)
 
 
 @dataclass
@@ -85,35 +73,22 @@ def token_advantages(
     algorithm_cfg,
     batch: RolloutBatch,
     scored: ScoredBatch,
-    values: torch.Tensor | None = None,  # [N, L] ppo: value of the state before each token
+    values: torch.Tensor | None = None,  # [N, L] value of the state before each token (needs_values)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Advantages [N, L] for the configured estimator, and value targets [N, L] for ppo."""
-    name = algorithm_cfg.name
-    mask = batch.completion_mask
-    if name == "process":
-        if scored.step_rewards is None:
-            raise ValueError("algorithm=process needs step rewards from the task")
-        advantages = process_advantages(
-            scored.step_rewards,
-            mask,
-            scored.step_index,
-            batch.group_size,
-            baseline=algorithm_cfg.process_baseline,
-            outcome_rewards=scored.rewards,
-        )
-        return advantages, None
-    if name == "ppo":
-        if values is None:
-            raise ValueError("algorithm=ppo needs the value head's values")
-        last = mask.cumsum(1) == mask.sum(1, keepdim=True)  # [N, L] at/after last completion token
-        first_last = last & (mask > 0)
-        token_rewards = first_last.float() * scored.rewards.unsqueeze(1)  # [N, L]
-        return gae(token_rewards, values, mask, algorithm_cfg.gamma, algorithm_cfg.lam)
-    estimator = get_estimator(name)
-    per_rollout = estimator(
-        scored.rewards, batch.group_size, std=algorithm_cfg.std, std_epsilon=algorithm_cfg.std_epsilon
-    )  # [N]
-    return broadcast_to_tokens(per_rollout.to(mask.device), mask), None
+    """Advantages [N, L] of the configured estimator, and its value targets [N, L] (or None)."""
+    estimator = get_estimator(algorithm_cfg.name)
+    mask = batch.completion_mask  # [N, L]
+    if estimator.needs_step_rewards and scored.step_rewards is None:
+        raise ValueError(f"algorithm={estimator.name} needs step rewards from the task")
+    token_rewards = (  # [N, L]
+        scored.step_rewards
+        if scored.step_rewards is not None
+        else outcome_on_last_token(scored.rewards, mask)
+    )
+    return estimator.compute(
+        token_rewards, mask, batch.group_size, algorithm_cfg,
+        outcome_rewards=scored.rewards, values=values, step_index=scored.step_index,
+    )
 
 
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool

@@ -77,6 +77,7 @@ def use_deterministic_kernels() -> None:
 
 def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents:
     """Task, policy (with reference and value head when needed), sampler, trainer and probes."""
+    from grpo_cli.algorithm.advantages import get_estimator
     from grpo_cli.algorithm.value_head import ValueHead
     from grpo_cli.models.policy import load_policy
     from grpo_cli.probes.runner import ProbeSuite
@@ -97,7 +98,7 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     if cfg.algorithm.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     value_head = None
-    if cfg.algorithm.name == "ppo":
+    if get_estimator(cfg.algorithm.name).needs_values:
         value_head = ValueHead(model.config.hidden_size).to(device)
     backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)

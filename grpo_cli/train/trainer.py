@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.rollout.base import SamplingSettings
@@ -170,7 +171,7 @@ class GRPOTrainer:
             algorithm.overlong_buffer, algorithm.overlong_penalty,
         )
         scored = ScoredBatch(rewards=rewards, correct=correct)
-        if algorithm.name == "process":
+        if get_estimator(algorithm.name).needs_step_rewards:
             checks = [
                 self.task.step_checks(text, problem)
                 for text, problem in zip(batch.completions, problems, strict=True)

@@ -12,8 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_cli.config.compose import compose_config
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
-from grpo_cli.rollout.batch import RolloutBatch
-from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
+from grpo_cli.rollout.batch import RolloutBatch, left_pad
+from grpo_cli.rollout.hf_backend import completion_mask_through_eos
 from grpo_cli.tasks.problem import Problem, Task
 from grpo_cli.train.credit import ScoredBatch, step_tensors, token_advantages, zero_variance_groups
 from grpo_cli.train.trainer import GRPOTrainer

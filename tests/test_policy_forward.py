@@ -6,8 +6,8 @@ import pytest
 import torch
 from step_parity import assert_same_update, relative_gap, setup_for, step_loss_and_grads
 
+from grpo_cli.rollout.batch import select_rows
 from grpo_cli.train.policy_forward import distinct_prompts, plain_forward, shared_prefix_forward
-from grpo_cli.train.trainer import select_rows
 
 SHARED = "train.shared_prompt_forward=true"
 

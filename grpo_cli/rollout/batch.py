@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,16 +43,89 @@ class RolloutBatch:
         return self.completion_mask.sum(dim=1)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        return RolloutBatch(
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            completion_mask=self.completion_mask.to(device),
-            sampler_logprobs=self.sampler_logprobs.to(device),
-            group_size=self.group_size,
-            prompt_length=self.prompt_length,
-            completions=self.completions,
-            problem_indices=self.problem_indices,
-        )
+        return replace_tensors(self, lambda tensor: tensor.to(device))
+
+
+# The [N, L] tensor fields and the value that pads each; every derived batch maps all of them.
+TENSOR_FIELDS = {"input_ids": None, "attention_mask": 0, "completion_mask": 0.0, "sampler_logprobs": 0.0}
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack token-id lists into left-padded ids and attention mask, both [N, P]."""
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def assemble_batch(
+    prompt_ids: torch.Tensor,  # [N, P] long, left-padded
+    prompt_mask: torch.Tensor,  # [N, P] long, 1 on prompt tokens
+    completion_ids: torch.Tensor,  # [N, T] long, right-padded
+    completion_mask: torch.Tensor,  # [N, T] float, 1 on completion tokens that count
+    completion_logprobs: torch.Tensor,  # [N, T] float32, sampler's log-prob of each token
+    group_size: int,
+    pad_id: int,
+    completions: list[str],  # [N] decoded completion text
+) -> RolloutBatch:
+    """The batch a sampler hands over: prompt columns then completion columns; completion tokens
+    off the mask become `pad_id`, and their log-probs 0."""
+    zeros_prompt = torch.zeros(prompt_ids.shape, device=prompt_ids.device)  # [N, P] float32
+    completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)  # [N, T]
+    return RolloutBatch(
+        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+        attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
+        sampler_logprobs=torch.cat([zeros_prompt, completion_logprobs * completion_mask], dim=1),
+        group_size=group_size,
+        prompt_length=prompt_ids.shape[1],
+        completions=completions,
+    )
+
+
+def replace_tensors(
+    batch: RolloutBatch, transform: Callable[[torch.Tensor], torch.Tensor], **changes
+) -> RolloutBatch:
+    """A copy of `batch` with `transform` applied to every [N, L] tensor field; the other fields
+    are kept unless `changes` names them, so no field is dropped on the way."""
+    tensors = {name: transform(getattr(batch, name)) for name in TENSOR_FIELDS}
+    return dataclasses.replace(batch, **tensors, **changes)
+
+
+def select_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
+    """Rows `rows` (in that order) with their completions and the problems of their groups.
+
+    A subset that splits a group (a micro-batch) keeps the problem index of every group it
+    touches, in order of first appearance; `num_groups` is only meaningful for whole groups.
+    """
+    rows = torch.as_tensor(rows, dtype=torch.long)  # [n]
+    row_list = rows.tolist()
+    index = rows.to(batch.input_ids.device)  # [n]
+    groups = list(dict.fromkeys(row // batch.group_size for row in row_list))
+    return replace_tensors(
+        batch,
+        lambda tensor: tensor[index],
+        completions=[batch.completions[row] for row in row_list] if batch.completions else [],
+        problem_indices=(
+            [batch.problem_indices[group] for group in groups] if batch.problem_indices else []
+        ),
+    )
+
+
+def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
+    """Keep only the given groups (in that order)."""
+    size = batch.group_size
+    return select_rows(batch, [group * size + member for group in groups for member in range(size)])
+
+
+def select_columns(batch: RolloutBatch, first: int, last: int) -> RolloutBatch:
+    """Columns first..last-1 of every [N, L] tensor; `first` must not cut into a real token."""
+    return replace_tensors(
+        batch, lambda tensor: tensor[:, first:last], prompt_length=batch.prompt_length - first
+    )
 
 
 def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
@@ -63,35 +138,19 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     prompt_length = max(batch.prompt_length for batch in batches)
     completion_length = max(batch.input_ids.shape[1] - batch.prompt_length for batch in batches)
 
-    def pad(batch: RolloutBatch, tensor: torch.Tensor, value) -> torch.Tensor:
-        left = prompt_length - batch.prompt_length
-        right = completion_length - (batch.input_ids.shape[1] - batch.prompt_length)
-        return torch.nn.functional.pad(tensor, (left, right), value=value)
+    def padded(name: str) -> torch.Tensor:  # [sum N, prompt_length + completion_length]
+        value = pad_id if TENSOR_FIELDS[name] is None else TENSOR_FIELDS[name]
+        parts = []
+        for batch in batches:
+            left = prompt_length - batch.prompt_length
+            right = completion_length - (batch.input_ids.shape[1] - batch.prompt_length)
+            parts.append(torch.nn.functional.pad(getattr(batch, name), (left, right), value=value))
+        return torch.cat(parts)
 
-    return RolloutBatch(
-        input_ids=torch.cat([pad(b, b.input_ids, pad_id) for b in batches]),
-        attention_mask=torch.cat([pad(b, b.attention_mask, 0) for b in batches]),
-        completion_mask=torch.cat([pad(b, b.completion_mask, 0.0) for b in batches]),
-        sampler_logprobs=torch.cat([pad(b, b.sampler_logprobs, 0.0) for b in batches]),
-        group_size=batches[0].group_size,
+    return dataclasses.replace(
+        batches[0],
+        **{name: padded(name) for name in TENSOR_FIELDS},
         prompt_length=prompt_length,
         completions=[text for b in batches for text in b.completions],
         problem_indices=[index for b in batches for index in b.problem_indices],
-    )
-
-
-def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
-    """Keep only the given groups (in that order)."""
-    size = batch.group_size
-    rows = [group * size + member for group in groups for member in range(size)]
-    index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
-    return RolloutBatch(
-        input_ids=batch.input_ids[index],
-        attention_mask=batch.attention_mask[index],
-        completion_mask=batch.completion_mask[index],
-        sampler_logprobs=batch.sampler_logprobs[index],
-        group_size=size,
-        prompt_length=batch.prompt_length,
-        completions=[batch.completions[row] for row in rows],
-        problem_indices=[batch.problem_indices[group] for group in groups],
     )

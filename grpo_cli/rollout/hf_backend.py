@@ -11,19 +11,8 @@ import torch
 from transformers import GenerationConfig
 
 from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
 from grpo_cli.rollout.stop_tokens import is_stop
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack token-id lists into left-padded ids and attention mask, both [N, P]."""
-    width = max(len(prompt) for prompt in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
 
 
 def completion_mask_through_eos(completion_ids: torch.Tensor, stop_ids: int | list[int]) -> torch.Tensor:
@@ -82,21 +71,11 @@ class HFGenerateBackend:
             for step_logits, tokens in zip(output.logits, completion_ids.unbind(1), strict=True)
         ], dim=1)  # [N, T]
         completion_mask = completion_mask_through_eos(completion_ids, stop_ids)  # [N, T]
-        completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
-        n_rows = len(expanded)
-        zeros_prompt = torch.zeros((n_rows, prompt_length), device=self.device)
         texts = self.tokenizer.batch_decode(
             [row[mask.bool()] for row, mask in zip(completion_ids, completion_mask, strict=True)],
             skip_special_tokens=True,
         )
-        return RolloutBatch(
-            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
-            attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
-            completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
-            sampler_logprobs=torch.cat(
-                [zeros_prompt, logprobs * completion_mask], dim=1
-            ),
-            group_size=settings.group_size,
-            prompt_length=prompt_length,
-            completions=texts,
+        return assemble_batch(
+            prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs,
+            settings.group_size, pad_id, texts,
         )

@@ -34,9 +34,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
 from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
 from grpo_cli.rollout.decode_attention import one_query_attention, two_part_attention
-from grpo_cli.rollout.hf_backend import completion_mask_through_eos, left_pad
+from grpo_cli.rollout.hf_backend import completion_mask_through_eos
 from grpo_cli.rollout.llama_decode import LlamaDecodeStep, supports_llama_step
 from grpo_cli.rollout.stop_tokens import is_stop
 
@@ -359,20 +359,13 @@ class StaticDecodeBackend:
         width = int(completion_mask.sum(dim=1).max().item()) if completion_ids.numel() else 0
         completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
         logprobs = logprobs[:, :width]
-        completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)
-        zeros_prompt = torch.zeros(prompt_ids.shape, device=self.device)
         texts = self.tokenizer.batch_decode(
             [row[mask.bool()] for row, mask in zip(completion_ids, completion_mask, strict=True)],
             skip_special_tokens=True,
         )
-        return RolloutBatch(
-            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
-            attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
-            completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
-            sampler_logprobs=torch.cat([zeros_prompt, logprobs * completion_mask], dim=1),
-            group_size=group_size,
-            prompt_length=prompt_length,
-            completions=texts,
+        return assemble_batch(
+            prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, group_size,
+            pad_id, texts,
         )
 
     def _sample(self, model, unique_ids, unique_mask, group_size, max_new, capacity, settings,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
 
 _INSTALL_HINT = (
     "the vLLM rollout backend needs vllm: `pip install grpo-cli[vllm]` (GPU) or `pip install "
@@ -150,40 +150,30 @@ class VllmBackend:
         copies = group_size if greedy else 1
         completions = [c for output in outputs for c in output.outputs for _ in range(copies)]
         assert len(completions) == len(prompts) * group_size, "vLLM returned a short group"
-        prompt_length = max(len(prompt) for prompt in prompts)
         completion_length = max(1, max(len(c.token_ids) for c in completions))
-        num_rollouts, total = len(completions), prompt_length + completion_length
-
-        input_ids = torch.full((num_rollouts, total), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros(num_rollouts, total, dtype=torch.long)  # [N, L]
-        completion_mask = torch.zeros(num_rollouts, total, dtype=torch.float32)  # [N, L]
-        sampler_logprobs = torch.zeros(num_rollouts, total, dtype=torch.float32)  # [N, L]
+        num_rollouts = len(completions)
+        prompt_ids, prompt_mask = left_pad(  # [N, P] each
+            [prompts[row // group_size] for row in range(num_rollouts)], self.pad_token_id
+        )
+        shape = (num_rollouts, completion_length)
+        completion_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)  # [N, T]
+        completion_mask = torch.zeros(shape, dtype=torch.float32)  # [N, T]
+        completion_logprobs = torch.zeros(shape, dtype=torch.float32)  # [N, T]
         for row, completion in enumerate(completions):
-            prompt = prompts[row // group_size]
-            start = prompt_length - len(prompt)
-            input_ids[row, start:prompt_length] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, start:prompt_length] = 1
             # vLLM stops at EOS and keeps it in token_ids: every generated token counts.
             tokens = list(completion.token_ids)
-            end = prompt_length + len(tokens)
-            input_ids[row, prompt_length:end] = torch.tensor(tokens, dtype=torch.long)
-            attention_mask[row, prompt_length:end] = 1
-            completion_mask[row, prompt_length:end] = 1.0
-            sampler_logprobs[row, prompt_length:end] = torch.tensor(
+            completion_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            completion_mask[row, : len(tokens)] = 1.0
+            completion_logprobs[row, : len(tokens)] = torch.tensor(
                 [
                     step[token].logprob
                     for step, token in zip(completion.logprobs, tokens, strict=True)
                 ],
                 dtype=torch.float32,
             )
-        return RolloutBatch(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            completion_mask=completion_mask,
-            sampler_logprobs=sampler_logprobs,
-            group_size=group_size,
-            prompt_length=prompt_length,
-            completions=[completion.text for completion in completions],
+        return assemble_batch(
+            prompt_ids, prompt_mask, completion_ids, completion_mask, completion_logprobs,
+            group_size, self.pad_token_id, [completion.text for completion in completions],
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -22,7 +22,7 @@ from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups
+from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
 from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
 from grpo_cli.train.alarms import (
     expected_zero_variance_fraction,
@@ -426,15 +426,3 @@ class GRPOTrainer:
         }
         return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 
-
-def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
-    """A row subset (micro-batch) of a rollout batch; group bookkeeping is not preserved."""
-    rows = rows.to(batch.input_ids.device)
-    return RolloutBatch(
-        input_ids=batch.input_ids[rows],
-        attention_mask=batch.attention_mask[rows],
-        completion_mask=batch.completion_mask[rows],
-        sampler_logprobs=batch.sampler_logprobs[rows],
-        group_size=batch.group_size,
-        prompt_length=batch.prompt_length,
-    )

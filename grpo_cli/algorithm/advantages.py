@@ -233,6 +233,16 @@ def broadcast_to_tokens(
     return advantages.unsqueeze(1) * completion_mask.to(advantages.dtype)
 
 
+def advantage_range(
+    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # low [N], high [N], has_tokens [N]
+    """Smallest and largest advantage over each rollout's completion tokens."""
+    in_completion = completion_mask > 0  # [N, L]
+    high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
+    low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
+    return low, high, in_completion.any(dim=1)
+
+
 def _group_mean_where_present(
     values: torch.Tensor,  # [N, K]
     present: torch.Tensor,  # [N, K] bool

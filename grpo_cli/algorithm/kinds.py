@@ -2,7 +2,7 @@
 
 - GROUP_ZERO_SUM_ESTIMATORS: one advantage per rollout, c * (r_i - mean of its group) with c > 0
   the same for the whole group, so a group's advantages sum to zero. The paper's rank-2 argument
-  and the closed-form composition prediction (grpo_cli/probes/composition.py) assume this.
+  and the closed-form composition prediction (grpo_cli/measures.py) assume this.
 - OUTCOME_ESTIMATORS: one advantage per rollout, shared by all its tokens (the paper's claim 1);
   `reinforce` is one of them, but its baseline is the batch mean, not the group mean.
 - TOKEN_LEVEL_ESTIMATORS: advantages that vary along a completion (the paper's falsifier):

@@ -5,13 +5,12 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """The config `grpo run` would use for these overrides (without the hydra node)."""
-    from grpo_cli.hydra_app import conf_dir, register_resolvers
-
     register_configs()
     register_resolvers()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

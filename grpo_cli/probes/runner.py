@@ -23,9 +23,11 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
 from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
@@ -46,11 +48,26 @@ from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
 from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
-from grpo_cli.train.credit import advantage_range
+from grpo_cli.rollout.batch import RolloutBatch
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
+
+
+class _Scores(Protocol):
+    correct: torch.Tensor  # [N] 1.0 where the final answer is right
+
+
+class ProbedStep(Protocol):
+    """What a probe reads from one training step (grpo_cli.train.trainer.StepOutput is one)."""
+
+    batch: RolloutBatch
+    advantages: torch.Tensor  # [N, L]
+    loss_weights: torch.Tensor  # [N, L] the loss's aggregation weights
+    scored: _Scores
+    layer_grads: dict[str, torch.Tensor]  # batch gradients captured before the update
+    rollout_grams: dict[str, torch.Tensor]  # Grams from the training pass (empty: compute here)
 
 
 @dataclass
@@ -180,7 +197,7 @@ class ProbeSuite:
         """What this probe step asks of the trainer's update (`GRPOTrainer.step(capture=...)`)."""
         return StepCapture(self, step, model, timer)
 
-    def record(self, step: int, output, model: torch.nn.Module) -> ProbeRows:
+    def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
         rows.metrics = {
             "grad_sparsity": self._sparsity.get("sparsity", float("nan")),
@@ -202,7 +219,7 @@ class ProbeSuite:
         return rows
 
     # ---- per-rollout matrices ------------------------------------------------------------------
-    def _per_rollout(self, step: int, output, model, rows: ProbeRows) -> None:
+    def _per_rollout(self, step: int, output: ProbedStep, model, rows: ProbeRows) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
         grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
@@ -261,7 +278,7 @@ class ProbeSuite:
         )["score"]
         return result.gram
 
-    def _groups(self, step, matrix, blocks, output, rows: ProbeRows, score_blocks) -> None:
+    def _groups(self, step, matrix, blocks, output: ProbedStep, rows: ProbeRows, score_blocks) -> None:
         """One row per informative group, then mean/median aggregates over them."""
         batch = output.batch
         size = batch.group_size

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.advantages import advantage_range, get_estimator, outcome_on_last_token
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -94,16 +94,6 @@ def token_advantages(
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool
     groups = rewards.reshape(-1, group_size)
     return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
-
-
-def advantage_range(
-    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # low [N], high [N], has_tokens [N]
-    """Smallest and largest advantage over each rollout's completion tokens."""
-    in_completion = completion_mask > 0  # [N, L]
-    high = torch.where(in_completion, advantages, -torch.inf).max(dim=1).values  # [N]
-    low = torch.where(in_completion, advantages, torch.inf).min(dim=1).values  # [N]
-    return low, high, in_completion.any(dim=1)
 
 
 def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:

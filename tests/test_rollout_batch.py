@@ -10,7 +10,6 @@ from grpo_cli.rollout.batch import (
     assemble_batch,
     concat_batches,
     left_pad,
-    select_columns,
     select_groups,
     select_rows,
 )
@@ -25,11 +24,27 @@ def two_groups() -> RolloutBatch:
     completion_mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]]).float()
     logprobs = -torch.arange(1, 13, dtype=torch.float32).reshape(4, 3)  # [4, 3]
     batch = assemble_batch(
-        prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, 2, PAD,
-        ["ab", "c", "dab", ""],
+        prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, 2,
+        ["ab", "c", "dab", ""], pad_id=PAD,
     )
     batch.problem_indices = [10, 20]
     return batch
+
+
+def test_assemble_keeps_tokens_on_attention_but_off_the_loss_mask():
+    """TRL's tool-masked tokens: real (attended) tokens that carry no loss and no log-prob."""
+    prompt_ids, prompt_mask = left_pad([[5], [6]], PAD)  # [2, 1]
+    attended = torch.tensor([[1, 1, 1], [1, 1, 0]])  # [2, 3]
+    loss_mask = torch.tensor([[1, 0, 1], [1, 1, 0]]).float()
+    batch = assemble_batch(
+        prompt_ids, prompt_mask, torch.tensor([[1, 2, 3], [4, 5, 9]]), loss_mask,
+        -torch.ones(2, 3), 1, pad_id=PAD, completion_attention=attended,
+    )
+    assert batch.input_ids.tolist() == [[5, 1, 2, 3], [6, 4, 5, PAD]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert batch.completion_mask.tolist() == [[0, 1, 0, 1], [0, 1, 1, 0]]
+    assert batch.sampler_logprobs.tolist() == [[0, -1, 0, -1], [0, -1, -1, 0]]
+    assert batch.completions == []
 
 
 def test_every_field_is_a_tensor_field_or_handled_by_name():
@@ -72,24 +87,26 @@ def test_select_groups_keeps_whole_groups_in_order():
     assert part.num_groups == 1
 
 
-def test_select_columns_and_to_keep_every_field():
+def test_to_keeps_every_field():
     batch = two_groups()
-    trimmed = select_columns(batch, 1, 4)
-    assert trimmed.prompt_length == 1
-    assert torch.equal(trimmed.completion_mask, batch.completion_mask[:, 1:4])
-    assert trimmed.completions == batch.completions
-    assert trimmed.problem_indices == batch.problem_indices
     moved = batch.to("cpu")
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(moved, name), getattr(batch, name)), name
     assert moved.completions == batch.completions
     assert moved.problem_indices == batch.problem_indices
 
 
 def test_concat_repads_and_concatenates_every_field():
     batch = two_groups()
-    short = select_columns(select_groups(batch, [1]), 1, 5)  # prompt length 1
+    prompt_ids, prompt_mask = left_pad([[7], [7]], PAD)  # group 1 alone: prompt length 1
+    short = assemble_batch(
+        prompt_ids, prompt_mask, batch.input_ids[2:, 2:], batch.completion_mask[2:, 2:],
+        batch.sampler_logprobs[2:, 2:], 2, batch.completions[2:], pad_id=PAD,
+    )
+    short.problem_indices = [20]
     both = concat_batches([select_groups(batch, [0]), short], PAD)
     assert both.prompt_length == 2
-    assert torch.equal(both.input_ids, batch.input_ids)
-    assert torch.equal(both.sampler_logprobs, batch.sampler_logprobs)
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(both, name), getattr(batch, name)), name
     assert both.completions == batch.completions
     assert both.problem_indices == batch.problem_indices

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.batch import RolloutBatch, assemble_batch
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -110,18 +110,13 @@ def trl_step(
     rows, prompt_length = prompt_ids.shape
     if rows % group_size:
         raise ValueError(f"TRL batch of {rows} rows is not a whole number of groups of {group_size}")
-    token_mask = torch.cat([loss_mask.new_zeros(rows, prompt_length), loss_mask], dim=1)  # [N, L]
-    sampler = torch.zeros_like(token_mask)
-    if output.get("sampling_per_token_logps") is not None:
-        sampler[:, prompt_length:] = output["sampling_per_token_logps"].float().nan_to_num(0.0) * loss_mask
-    batch = RolloutBatch(
-        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),  # [N, L]
-        attention_mask=torch.cat([prompt_mask, completion_mask], dim=1).long(),  # [N, L]
-        completion_mask=token_mask,
-        sampler_logprobs=sampler,
-        group_size=group_size,
-        prompt_length=prompt_length,
+    sampler = output.get("sampling_per_token_logps")  # [N, Lc] or None
+    sampler = torch.zeros_like(loss_mask) if sampler is None else sampler.float().nan_to_num(0.0)
+    batch = assemble_batch(
+        prompt_ids, prompt_mask, completion_ids, loss_mask, sampler, group_size,
+        completion_attention=completion_mask,
     )
+    token_mask = batch.completion_mask  # [N, L] the loss mask, 0 on the prompt
     advantages = output["advantages"].float()  # [N] (or [N, Lc] from a TRL subclass)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand(-1, completion_ids.shape[1])

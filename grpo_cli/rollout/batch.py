@@ -68,21 +68,26 @@ def assemble_batch(
     completion_mask: torch.Tensor,  # [N, T] float, 1 on completion tokens that count
     completion_logprobs: torch.Tensor,  # [N, T] float32, sampler's log-prob of each token
     group_size: int,
-    pad_id: int,
-    completions: list[str],  # [N] decoded completion text
+    completions: list[str] | None = None,  # [N] decoded completion text
+    *,
+    pad_id: int | None = None,  # completion tokens off the attention mask become pad_id
+    completion_attention: torch.Tensor | None = None,  # [N, T] real completion tokens; default completion_mask
 ) -> RolloutBatch:
-    """The batch a sampler hands over: prompt columns then completion columns; completion tokens
-    off the mask become `pad_id`, and their log-probs 0."""
+    """The batch a sampler hands over: prompt columns then completion columns; log-probs are
+    kept on `completion_mask` only. A sampler's tokens after a stop token count for nothing:
+    with `pad_id` they become padding (off the attention mask)."""
+    attention = completion_mask if completion_attention is None else completion_attention  # [N, T]
     zeros_prompt = torch.zeros(prompt_ids.shape, device=prompt_ids.device)  # [N, P] float32
-    completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_id)  # [N, T]
+    if pad_id is not None:
+        completion_ids = torch.where(attention.bool(), completion_ids, pad_id)  # [N, T]
     return RolloutBatch(
         input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
-        attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        attention_mask=torch.cat([prompt_mask, attention.long()], dim=1),
         completion_mask=torch.cat([zeros_prompt, completion_mask], dim=1),
         sampler_logprobs=torch.cat([zeros_prompt, completion_logprobs * completion_mask], dim=1),
         group_size=group_size,
         prompt_length=prompt_ids.shape[1],
-        completions=completions,
+        completions=list(completions or []),
     )
 
 
@@ -119,13 +124,6 @@ def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
     """Keep only the given groups (in that order)."""
     size = batch.group_size
     return select_rows(batch, [group * size + member for group in groups for member in range(size)])
-
-
-def select_columns(batch: RolloutBatch, first: int, last: int) -> RolloutBatch:
-    """Columns first..last-1 of every [N, L] tensor; `first` must not cut into a real token."""
-    return replace_tensors(
-        batch, lambda tensor: tensor[:, first:last], prompt_length=batch.prompt_length - first
-    )
 
 
 def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:

@@ -77,5 +77,5 @@ class HFGenerateBackend:
         )
         return assemble_batch(
             prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs,
-            settings.group_size, pad_id, texts,
+            settings.group_size, texts, pad_id=pad_id,
         )

@@ -364,8 +364,8 @@ class StaticDecodeBackend:
             skip_special_tokens=True,
         )
         return assemble_batch(
-            prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, group_size,
-            pad_id, texts,
+            prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, group_size, texts,
+            pad_id=pad_id,
         )
 
     def _sample(self, model, unique_ids, unique_mask, group_size, max_new, capacity, settings,

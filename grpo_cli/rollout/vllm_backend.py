@@ -173,7 +173,7 @@ class VllmBackend:
             )
         return assemble_batch(
             prompt_ids, prompt_mask, completion_ids, completion_mask, completion_logprobs,
-            group_size, self.pad_token_id, [completion.text for completion in completions],
+            group_size, [completion.text for completion in completions], pad_id=self.pad_token_id,
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:

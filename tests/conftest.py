@@ -24,3 +24,27 @@ def _one_torch_thread():
 def cache_dir(tmp_path_factory):
     """One warm-started smoke model for the whole session (shared by every CLI test)."""
     return tmp_path_factory.mktemp("cache")
+
+
+def tiny_llama(*, seed: int | None = 0, tokenizer=None, **overrides):
+    """The tiny random Llama every test builds: 2 layers, hidden 32, 4 heads (2 KV heads).
+
+    `tokenizer` (default: the char tokenizer of grpo_cli/models/char_tokenizer.py) sets the
+    vocabulary and special ids; `overrides` replace any LlamaConfig field. The weights are drawn
+    after torch.manual_seed(seed) (no seeding if seed is None).
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = tokenizer if tokenizer is not None else build_char_tokenizer()
+    fields = dict(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )
+    if seed is not None:
+        torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))

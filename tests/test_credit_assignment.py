@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from cli_helpers import grpo_run, run_dir
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 
 from grpo_cli.config.compose import compose_config
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
@@ -62,8 +62,8 @@ def scripted_trainer(script, *overrides):
          "algorithm.dynamic_sampling_max_draws=3", *overrides]
     )
     tokenizer = build_char_tokenizer()
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64))
+    model = tiny_llama(tokenizer=tokenizer, hidden_size=16, intermediate_size=32,
+                       num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64)
     problems = [Problem(question=f"q{i}", answer="1", solution="#### 1") for i in range(40)]
     task = Task(name="scripted", train=problems, eval=problems[:2], step_checker=lambda *a: [])
     backend = ScriptedBackend(tokenizer, script)

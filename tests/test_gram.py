@@ -7,8 +7,9 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_llama
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from grpo_cli.probes.chunked_gram import row_spans, stack_chunk_terms
 from grpo_cli.probes.gram import (
@@ -32,22 +33,12 @@ from grpo_cli.probes.sketch import sketch_mse_bound
 VOCAB, PAD = 32, 0
 
 
-def tiny_llama(dtype=torch.float64, tie=False, bias=True, seed=0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        pad_token_id=PAD,
-        attention_bias=bias,
-        mlp_bias=bias,
-    )
-    model = LlamaForCausalLM(config).to(dtype).eval()
+def gram_llama(dtype=torch.float64, tie=False, bias=True, seed=0) -> LlamaForCausalLM:
+    model = tiny_llama(
+        seed=seed, vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+        max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=PAD,
+        attention_bias=bias, mlp_bias=bias,
+    ).to(dtype).eval()
     with torch.no_grad():  # non-trivial norm weights and biases, so their gradients are generic
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
@@ -80,13 +71,74 @@ def batch():
 
 @pytest.fixture(scope="module")
 def model64():
-    return tiny_llama(torch.float64)
+    return gram_llama(torch.float64)
 
 
 @pytest.fixture(scope="module")
 def reference64(model64, batch):
     ids, mask, _, coeff = batch
     return naive_gram(model64, ids, mask, coeff, per_param=True)
+
+
+def independent_gram(model, batch, shift: int = 0) -> torch.Tensor:  # [N, N] float64
+    """K from each rollout's gradient alone: its real tokens only (no padding), one float64
+    forward and plain autograd per rollout, nothing shared with grpo_cli's Gram code.
+
+    f_i = sum_t coeff[i, t] log p(x_t | x_<t) over rollout i's tokens; `shift=1` pairs each
+    coefficient with the next token's log-prob instead (a deliberately misaligned reference).
+    """
+    ids, mask, _, coeff = batch
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for i in range(ids.shape[0]):
+        real = mask[i].bool()  # [L]
+        tokens, c = ids[i][real], coeff[i][real].double()  # [n], [n]
+        logits = model(tokens[None]).logits[0].double()  # [n, V], positions 0..n-1
+        logp = torch.log_softmax(logits[:-1], dim=-1).gather(1, tokens[1:, None])[:, 0]  # [n-1]
+        weights = c[1:]  # coefficient of token t pairs with log p(x_t | x_<t), t = 1..n-1
+        if shift:
+            weights = torch.cat([weights[shift:], weights.new_zeros(shift)])
+        grads = torch.autograd.grad((weights * logp).sum(), params, allow_unused=True)
+        rows.append(torch.cat([
+            (g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+            for g, p in zip(grads, params, strict=True)
+        ]))
+    per_rollout = torch.stack(rows)  # [N, P]
+    return per_rollout @ per_rollout.T
+
+
+@pytest.fixture(scope="module")
+def independent64(model64, batch):
+    return independent_gram(model64, batch)
+
+
+ROUTES = [  # (method, row_chunk, sketch_dim): every route, one pass and in row chunks
+    ("auto", 0, 0), ("ghost", 0, 0), ("materialize", 0, 0), ("per_sample", 0, 0),
+    ("sketch", 0, VOCAB * 16), ("auto", 2, 0), ("materialize", 4, 0), ("per_sample", 4, 0),
+]
+
+
+@pytest.mark.parametrize(("method", "row_chunk", "sketch_dim"), ROUTES)
+def test_every_route_matches_an_independent_unpadded_reference(
+    model64, batch, independent64, method, row_chunk, sketch_dim
+):
+    ids, mask, _, coeff = batch
+    if method == "materialize":
+        gram = ghost_gram(model64, ids, mask, coeff, route=method, row_chunk=row_chunk).gram
+    else:
+        gram = gram_for_method(
+            method, model64, ids, mask, coeff, sketch_dim=sketch_dim, row_chunk=row_chunk
+        ).gram
+    # the routes take log-softmax in float32, the reference in float64: hence 1e-6
+    assert max_rel(gram, independent64) < 1e-6
+
+
+def test_a_misaligned_reference_is_rejected(model64, batch, reference64, independent64):
+    """The check above has teeth: pairing each coefficient with the next token is caught."""
+    shifted = independent_gram(model64, batch, shift=1)
+    assert max_rel(independent64, shifted) > 1e-2
+    assert max_rel(reference64.gram, shifted) > 1e-2
+    assert max_rel(reference64.gram, independent64) < 1e-6
 
 
 def max_rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -119,7 +171,7 @@ def test_ghost_matches_naive_float64(model64, batch, reference64, route):
 def test_float32_model_agreement(batch):
     """Measured: max entrywise deviation ~5e-8 of max|K| (float32 activations, float64 Gram)."""
     ids, mask, _, coeff = batch
-    model = tiny_llama(torch.float32)
+    model = gram_llama(torch.float32)
     ref = naive_gram(model, ids, mask, coeff).gram
     result = ghost_gram(model, ids, mask, coeff).gram
     assert max_rel(result, ref) < 1e-5
@@ -128,7 +180,7 @@ def test_float32_model_agreement(batch):
 
 def test_tied_embeddings_and_padding_idx(batch):
     ids, mask, _, coeff = batch
-    model = tiny_llama(torch.float64, tie=True)
+    model = gram_llama(torch.float64, tie=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert model.model.embed_tokens.padding_idx == PAD
     ref = naive_gram(model, ids, mask, coeff, per_param=True)
@@ -168,7 +220,7 @@ def test_param_regex_restriction(model64, batch, reference64):
 
 def test_grads_and_hooks_untouched(batch):
     ids, mask, _, coeff = batch
-    model = tiny_llama(torch.float64)
+    model = gram_llama(torch.float64)
     params = list(model.parameters())
     for p in params[::2]:
         p.grad = torch.randn_like(p)
@@ -195,7 +247,7 @@ class ScaleOnly(nn.Module):
 
 def test_unsupported_layer_falls_back(batch):
     ids, mask, _, coeff = batch
-    model = tiny_llama(torch.float64)
+    model = gram_llama(torch.float64)
     model.model.layers[0].post_attention_layernorm = ScaleOnly(16)
     result = ghost_gram(model, ids, mask, coeff, per_param=True)
     name = "model.layers.0.post_attention_layernorm.scale"
@@ -304,10 +356,16 @@ def test_outcome_advantages_group_structure(model64, batch):
     k_adv, k_score = grams["adv"].gram, grams["score"].gram
     # 1e-6, not 1e-12: token_logprobs backpropagates through float32 log-softmax
     assert max_rel(k_adv, advantages[:, None] * k_score * advantages[None, :]) < 1e-6
-    blocks = group_blocks(k_adv, group_size=2)
+    blocks, score_blocks = group_blocks(k_adv, group_size=2), group_blocks(k_score, group_size=2)
     for b in range(2):
-        sigma = singular_values_from_gram(blocks[b])
-        assert int((sigma > 1e-6 * sigma[0]).sum()) <= 2 and sigma[0] > 0
+        # (a, -a) on two distinct rollouts: K_adv block = a^2 S K_score S, S = diag(1, -1), so
+        # its spectrum is |a| times the score block's, and both have full rank 2
+        sigma, sigma_score = (singular_values_from_gram(k[b]) for k in (blocks, score_blocks))
+        a = float(advantages[2 * b].abs())
+        assert torch.allclose(sigma, a * sigma_score, rtol=1e-6, atol=0)
+        assert int((sigma > 1e-6 * sigma[0]).sum()) == 2
+        off_diagonal_sign = torch.sign(blocks[b][0, 1]) * torch.sign(score_blocks[b][0, 1])
+        assert off_diagonal_sign == -1  # opposite advantages flip the cross term
     assert torch.equal(blocks[2], torch.zeros(2, 2, dtype=torch.float64))
     assert torch.equal(k_adv[4:], torch.zeros(2, 6, dtype=torch.float64))
 

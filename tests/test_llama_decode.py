@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_llama
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -27,23 +26,21 @@ def tokenizer():
     return build_char_tokenizer()
 
 
-def common(tokenizer) -> dict:
-    return dict(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
-    )
-
-
 def llama(tokenizer, **extra):
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**common(tokenizer) | extra))
+    return tiny_llama(tokenizer=tokenizer, **extra)
+
+
+QWEN_FIELDS = (  # the shape of the tiny Llama, for a Qwen2 of the same size
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "pad_token_id", "bos_token_id",
+    "eos_token_id", "tie_word_embeddings",
+)
 
 
 def qwen2(tokenizer):
+    shape = llama(tokenizer).config
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**common(tokenizer)))
+    model = Qwen2ForCausalLM(Qwen2Config(**{name: getattr(shape, name) for name in QWEN_FIELDS}))
     with torch.no_grad():  # Qwen2 has q/k/v biases; make them matter
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):

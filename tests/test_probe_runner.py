@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
@@ -18,10 +19,8 @@ GROUP_SIZE = 2
 
 
 def tiny_model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=32)
-    return LlamaForCausalLM(config).double()
+    return tiny_llama(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, max_position_embeddings=32).double()
 
 
 def padded_batch():
@@ -73,7 +72,7 @@ def test_per_rollout_advantage_detects_token_level_credit():
     assert per_rollout_advantage(torch.tensor([[0.0, 2, 1], [0, -1, 0]]), mask) is None
 
 
-def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
+def test_group_matrices_r2_exact_spectra_and_zero_groups_no_nan(tmp_path):
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # group 1 has zero variance
     suite = ProbeSuite(ProbesConfig(matrices=["rollout_group", "score_group", "rollout_batch",
@@ -82,7 +81,20 @@ def test_group_matrices_r2_rank_at_most_2_and_zero_groups_no_nan(tmp_path):
     group_rows = [r for r in rows.ranks if r["matrix"] == "rollout_group"]
     per_group = [r for r in group_rows if r["group"].startswith("g")]
     assert [r["group"] for r in per_group] == ["g0"]  # the zero-variance group is not decomposed
-    assert per_group[0]["numerical_rank"] <= 2 and per_group[0]["minority"] == 1
+    assert per_group[0]["minority"] == 1 and per_group[0]["majority"] == 1
+    # two distinct rollouts with advantages (a, -a): full rank 2, and the advantage matrix's
+    # spectrum is |a| times the score matrix's (K_adv = a^2 S K_score S with S = diag(1, -1))
+    assert per_group[0]["numerical_rank"] == 2 and per_group[0]["distinct"] == 2
+    score_g0 = next(r for r in rows.ranks if r["matrix"] == "score_group" and r["group"] == "g0")
+    sigma = {
+        matrix: sorted(s["sigma"] for s in rows.spectra if (s["matrix"], s["group"]) == (matrix, "g0"))
+        for matrix in ("rollout_group", "score_group")
+    }
+    a = float(output.advantages[0, -1])  # rollout 0's advantage, on each of its tokens
+    assert a > 0.9  # grpo on rewards (1, 0): (1 - 0.5) / (0.5 + 1e-6)
+    assert sigma["rollout_group"] == pytest.approx([a * s for s in sigma["score_group"]], rel=1e-6)
+    for measure in ("erank_entropy", "stable_rank", "participation_ratio"):
+        assert per_group[0][measure] == pytest.approx(score_g0[measure], rel=1e-6), measure
     mean_row = next(r for r in group_rows if r["group"] == "mean")
     assert mean_row["n_zero_groups"] == 1
     for row in rows.ranks:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
+from transformers import LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from grpo_cli.algorithm.logprobs import token_logprobs
@@ -21,16 +22,10 @@ def tokenizer():
     return build_char_tokenizer()
 
 
-def tiny_llama(tokenizer, eos_boost: float = 0.0, seed: int = 0) -> LlamaForCausalLM:
-    """A random 2-layer Llama; `eos_boost` makes EOS likely enough that some rows stop early."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
+def peaked_llama(tokenizer, eos_boost: float = 0.0, seed: int = 0) -> LlamaForCausalLM:
+    """The tiny Llama with peaked logits; `eos_boost` makes EOS likely enough that some rows
+    stop early."""
+    model = tiny_llama(seed=seed, tokenizer=tokenizer)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # peaked distributions: greedy has no near-ties
         model.lm_head.weight[tokenizer.eos_token_id] += eos_boost * model.model.norm.weight
@@ -56,7 +51,7 @@ def assert_same_layout(expected, actual):
 
 
 def test_greedy_output_equals_hf_generate(tokenizer):
-    model = tiny_llama(tokenizer)
+    model = peaked_llama(tokenizer)
     settings = SamplingSettings(group_size=2, max_new_tokens=12, temperature=0.0)
     prompts = prompts_of(tokenizer, PROMPTS)
     expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
@@ -67,7 +62,7 @@ def test_greedy_output_equals_hf_generate(tokenizer):
 
 def test_greedy_with_early_eos_equals_hf_generate(tokenizer):
     """Rows stop at different lengths and the loop ends before the cap, as generate's does."""
-    model = tiny_llama(tokenizer, eos_boost=1.0, seed=1)
+    model = peaked_llama(tokenizer, eos_boost=1.0, seed=1)
     settings = SamplingSettings(group_size=2, max_new_tokens=16, temperature=0.0)
     prompts = prompts_of(tokenizer, PROMPTS)
     expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
@@ -78,7 +73,7 @@ def test_greedy_with_early_eos_equals_hf_generate(tokenizer):
 
 
 def test_evaluation_batches_of_one_completion_per_prompt(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=1.0, seed=1)
+    model = peaked_llama(tokenizer, eos_boost=1.0, seed=1)
     settings = SamplingSettings(group_size=1, max_new_tokens=16, temperature=0.0)
     prompts = prompts_of(tokenizer, PROMPTS)
     expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)
@@ -87,7 +82,7 @@ def test_evaluation_batches_of_one_completion_per_prompt(tokenizer):
 
 
 def test_layout_invariants_with_early_stop(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=6.0)
+    model = peaked_llama(tokenizer, eos_boost=6.0)
     settings = SamplingSettings(group_size=3, max_new_tokens=20, temperature=1.0)
     batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
         prompts_of(tokenizer, PROMPTS), settings, generator_seed=3
@@ -108,7 +103,7 @@ def test_layout_invariants_with_early_stop(tokenizer):
 
 
 def test_sampled_logprobs_equal_policy_logprobs(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=2.0)
+    model = peaked_llama(tokenizer, eos_boost=2.0)
     settings = SamplingSettings(group_size=4, max_new_tokens=16, temperature=1.0)
     batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
         prompts_of(tokenizer, PROMPTS), settings, generator_seed=11
@@ -122,7 +117,7 @@ def test_sampled_logprobs_equal_policy_logprobs(tokenizer):
 
 def test_raw_logprobs_under_temperature_and_top_p(tokenizer):
     """The sampler's log-probs stay those of the untempered policy, like HFGenerateBackend's."""
-    model = tiny_llama(tokenizer, eos_boost=2.0)
+    model = peaked_llama(tokenizer, eos_boost=2.0)
     settings = SamplingSettings(group_size=2, max_new_tokens=10, temperature=0.7, top_p=0.9)
     batch = StaticDecodeBackend(model, tokenizer, CPU).generate(
         prompts_of(tokenizer, PROMPTS), settings, generator_seed=5
@@ -134,7 +129,7 @@ def test_raw_logprobs_under_temperature_and_top_p(tokenizer):
 
 
 def test_deterministic_given_seed_and_restores_training_mode(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=2.0).train()
+    model = peaked_llama(tokenizer, eos_boost=2.0).train()
     backend = StaticDecodeBackend(model, tokenizer, CPU)
     settings = SamplingSettings(group_size=4, max_new_tokens=12)
     prompts = prompts_of(tokenizer, PROMPTS)
@@ -147,7 +142,7 @@ def test_deterministic_given_seed_and_restores_training_mode(tokenizer):
 
 
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=6.0)
+    model = peaked_llama(tokenizer, eos_boost=6.0)
     settings = SamplingSettings(group_size=3, max_new_tokens=20)
     prompts = prompts_of(tokenizer, PROMPTS)
     every_token = StaticDecodeBackend(model, tokenizer, CPU, check_every=1)
@@ -179,7 +174,7 @@ def test_preallocated_layer_writes_in_place_and_repeats_rows():
 
 @pytest.mark.slow
 def test_compiled_decode_step_equals_eager(tokenizer):
-    model = tiny_llama(tokenizer, eos_boost=3.0)
+    model = peaked_llama(tokenizer, eos_boost=3.0)
     settings = SamplingSettings(group_size=2, max_new_tokens=10)
     prompts = prompts_of(tokenizer, PROMPTS)
     eager = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=9)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.base import SamplingSettings
@@ -29,8 +29,8 @@ def test_stop_ids_start_with_eos_and_add_named_tokens(tokenizer):
 
 
 def test_generation_config_eos_ids_also_stop(tokenizer):
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2))
+    model = tiny_llama(tokenizer=tokenizer, hidden_size=16, intermediate_size=32,
+                       num_hidden_layers=1, num_attention_heads=2)
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]
     assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id, 7]
 
@@ -44,12 +44,7 @@ def test_completion_mask_ends_at_the_first_stop_token():
 
 @pytest.mark.parametrize("backend_class", [HFGenerateBackend, StaticDecodeBackend])
 def test_backends_stop_at_an_extra_stop_token(tokenizer, backend_class):
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
-    ))
+    model = tiny_llama(tokenizer=tokenizer)
     stop = tokenizer.convert_tokens_to_ids("?")
     with torch.no_grad():  # make "?" likely, so most rows meet it within 16 tokens
         model.lm_head.weight[stop] += 3.0 * model.model.norm.weight

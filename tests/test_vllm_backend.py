@@ -35,28 +35,17 @@ PROMPTS_TEXT = [
 
 def build_char_llama(directory: str, seed: int = 0) -> None:
     """Save a 2-layer char-level Llama (head_dim 32, a size vLLM's CPU attention supports)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama
 
     from grpo_cli.models.char_tokenizer import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()  # the tokenizer grpo-cli's own char models use
     tokenizer.save_pretrained(directory)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
+    model = tiny_llama(
+        seed=seed, tokenizer=tokenizer, hidden_size=128, intermediate_size=256,
         initializer_range=0.1,  # peaked next-token distributions, so log-probs vary by token
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    model.save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")

@@ -102,7 +102,7 @@ class OptimConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"  # advantage estimator: grpo | dr_grpo | rloo | reinforce | ppo | process
+    name: str = "grpo"  # advantage estimator registered in algorithm/advantages.py (conf/algorithm/<name>.yaml)
     std: str = "population"  # grpo: std of the group rewards, population (ddof=0) or sample (ddof=1)
     std_epsilon: float = 1e-6  # grpo: added to the std; zero-variance groups get advantage 0
     num_iterations: int = 1  # optimizer passes over each batch of rollouts (mu)

@@ -298,3 +298,31 @@ def test_gae_matches_per_row_loop_on_ragged_masks():
         torch.testing.assert_close(returns.double(), expected_ret, atol=1e-5, rtol=1e-5)
     assert torch.equal(advantages[1], torch.zeros(length))
     assert advantages[0, 5] == 0.0
+
+
+def test_every_registered_estimator_has_the_credit_kind_the_analysis_reads():
+    """algorithm/kinds.py (torch-free, for grpo analyze) names each estimator's credit; an
+    estimator it does not know would be judged 'unknown'. Outcome kinds must give every token
+    of a rollout the same advantage, per-token kinds must not have to."""
+    from grpo_cli.algorithm.kinds import credit_kind
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    step_index = (mask.cumsum(1) - 1).clamp(min=0).long() // 2 * (mask > 0) - (mask == 0).long()
+    token_rewards = outcome_on_last_token(rewards, mask) + 0.5 * (step_index == 0) * mask
+    values = torch.linspace(-1, 1, 16).reshape(4, 4) * mask
+    for name, estimator in ESTIMATORS.items():
+        kind = credit_kind(name)
+        assert kind in ("outcome", "per_token"), name
+        advantages, _ = estimator.compute(
+            token_rewards if estimator.needs_step_rewards else outcome_on_last_token(rewards, mask),
+            mask, 2, AlgorithmConfig(), outcome_rewards=rewards, values=values,
+            step_index=step_index,
+        )
+        on = mask > 0
+        spread = (advantages.masked_fill(~on, -1e9).max(1).values
+                  - advantages.masked_fill(~on, 1e9).min(1).values)  # [N]
+        if kind == "outcome":
+            assert torch.equal(spread, torch.zeros(4)), name
+        else:
+            assert spread.max() > 0, name

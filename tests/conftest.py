@@ -48,3 +48,19 @@ def tiny_llama(*, seed: int | None = 0, tokenizer=None, **overrides):
     if seed is not None:
         torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))
+
+
+def outcome_advantages(name: str, rewards, group_size: int, **options):
+    """Per-rollout advantages [N] of the registered estimator `name` (one token per rollout),
+    with the algorithm options of AlgorithmConfig overridden by `options`."""
+    import torch
+
+    from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
+    from grpo_cli.config.schema import AlgorithmConfig
+
+    mask = torch.ones(len(rewards), 1)  # [N, 1]
+    advantages, _ = get_estimator(name).compute(
+        outcome_on_last_token(rewards, mask), mask, group_size, AlgorithmConfig(**options),
+        outcome_rewards=rewards,
+    )
+    return advantages[:, 0]

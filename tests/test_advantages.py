@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import outcome_advantages
 
 from grpo_cli.algorithm.advantages import (
     ESTIMATORS,
@@ -24,13 +25,9 @@ def close(actual, expected, atol=1e-6):
 
 def outcome(name, rewards, group_size, **options):
     """Per-rollout advantages [N] of registered estimator `name`, one completion token per rollout."""
-    mask = torch.ones(len(rewards), 1)  # [N, 1]
-    advantages, returns = get_estimator(name).compute(
-        outcome_on_last_token(rewards, mask), mask, group_size, AlgorithmConfig(**options),
-        outcome_rewards=rewards,
-    )
-    assert returns is None and advantages.dtype == torch.float32
-    return advantages[:, 0]
+    advantages = outcome_advantages(name, rewards, group_size, **options)
+    assert advantages.dtype == torch.float32
+    return advantages
 
 
 # --- registry -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import outcome_advantages, tiny_llama
 
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
@@ -163,7 +163,7 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
 
 def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     """grpo: pred_* and pred_distinct_* written; a batch-mean baseline (reinforce): left empty."""
-    from grpo_cli.algorithm.advantages import broadcast_to_tokens, reinforce
+    from grpo_cli.algorithm.advantages import broadcast_to_tokens
 
     model, batch = tiny_model(), padded_batch()
     suite = ProbeSuite(ProbesConfig(matrices=["rollout_group"]), model, tmp_path / "w0.pt")
@@ -173,7 +173,9 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     assert g0["pred_erank_entropy"] == 2.0  # m = M = 1: 2 sqrt(mM)
     assert g0["distinct"] == 2 and g0["pred_distinct_numerical_rank"] == 2.0
     output = step_output(batch, rewards)
-    output.advantages = broadcast_to_tokens(reinforce(rewards, GROUP_SIZE), batch.completion_mask)
+    output.advantages = broadcast_to_tokens(
+        outcome_advantages("reinforce", rewards, GROUP_SIZE), batch.completion_mask
+    )
     rows = suite.record(0, output, model).ranks
     per_group = [r for r in rows if r["group"].startswith("g")]
     assert [r["group"] for r in per_group] == ["g0", "g1"]  # both groups have advantages != 0

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from cli_helpers import grpo_run
-from test_static_decode import tiny_llama
+from test_static_decode import peaked_llama
 
 from grpo_cli.config.schema import ProbesConfig
 
@@ -57,7 +57,7 @@ def test_bf16_weights_under_autocast_decode_train_and_probe():
     from grpo_cli.train.policy_forward import forward_policy
 
     tokenizer = build_char_tokenizer()
-    model = tiny_llama(tokenizer).to(torch.bfloat16)
+    model = peaked_llama(tokenizer).to(torch.bfloat16)
     keep_lm_head_fp32(model)
     cpu = torch.device("cpu")
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("1+2=", "3+4=")]

@@ -187,7 +187,7 @@ def test_bf16_greedy_equals_hf_generate_and_logprobs_match_the_policy(tokenizer,
     """bf16 weights: the same tokens as generate, and sampler log-probs within bf16 rounding of
     the training forward's. Measured on CPU: 0.015 nats at most against generate and against
     the policy (0.026 before decode attention ran in float32; generate's own gap is 0.0014)."""
-    model = tiny_llama(tokenizer, eos_boost=1.0, seed=1).to(torch.bfloat16)
+    model = peaked_llama(tokenizer, eos_boost=1.0, seed=1).to(torch.bfloat16)
     settings = SamplingSettings(group_size=2, max_new_tokens=12, temperature=0.0)
     prompts = prompts_of(tokenizer, PROMPTS)
     expected = HFGenerateBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=0)

@@ -89,7 +89,7 @@ def config(
 ) -> None:
     """Print the composed config for the given overrides (e.g. `grpo config experiment=smoke`)."""
     from grpo_cli.config.compose import compose_config, to_yaml
-    from grpo_cli.config.validate import validate_config
+    from grpo_cli.validate import validate_config
 
     try:
         cfg = compose_config(list(ctx.args))

@@ -74,7 +74,7 @@ class SweepSummary(Callback):
     refused: list[str] = []  # sweep members refused by a value check or another run's lock
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from grpo_cli.config.validate import validate_config
+        from grpo_cli.validate import validate_config
 
         try:
             validate_config(job_config(config))
@@ -157,8 +157,8 @@ def _refuse_now(error: Exception) -> None:
 
 def train_job(cfg: DictConfig) -> str:
     """Hydra task function: one configuration -> one run directory."""
-    from grpo_cli.config.validate import validate_config
     from grpo_cli.train.run import run_experiment
+    from grpo_cli.validate import validate_config
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

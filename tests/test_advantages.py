@@ -38,6 +38,9 @@ def test_registry_holds_every_estimator_with_its_needs():
     assert get_estimator("rloo") is ESTIMATORS["rloo"]
     assert [name for name, e in ESTIMATORS.items() if e.needs_values] == ["ppo"]
     assert [name for name, e in ESTIMATORS.items() if e.needs_step_rewards] == ["process"]
+    assert sorted(name for name, e in ESTIMATORS.items() if not e.group_baseline) == [
+        "ppo", "reinforce"
+    ]
 
 
 def test_every_estimator_has_one_signature_and_a_yaml_file():

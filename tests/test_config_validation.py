@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from grpo_cli.cli import app
 from grpo_cli.config.compose import compose_config
-from grpo_cli.config.validate import config_problems
+from grpo_cli.validate import config_problems
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -1,6 +1,6 @@
 """The package's layer rules (pyproject.toml, [tool.importlinter]) hold, and their check can fail.
 
-Layers, top to bottom: cli -> hydra_app -> bench -> integrations -> train -> probes | results | analysis ->
+Layers, top to bottom: cli -> hydra_app -> validate -> bench -> integrations -> train -> probes | results | analysis ->
 rollout | algorithm | tasks | models -> config | measures; results, analysis and measures import
 no torch, transformers, vLLM or torch-side package; no package has an import cycle.
 """

@@ -41,20 +41,27 @@ class RegisteredEstimator:
     compute: AdvantageFn  # the estimator, with the module docstring's signature
     needs_values: bool = False  # the run builds a value head and passes its values
     needs_step_rewards: bool = False  # the task's checked steps become token_level_rewards
+    group_baseline: bool = True  # the baseline is the group's own rewards (R = 1 trains nothing)
 
 
 ESTIMATORS: dict[str, RegisteredEstimator] = {}
 
 
 def register_adv_est(
-    name: str, *, needs_values: bool = False, needs_step_rewards: bool = False
+    name: str,
+    *,
+    needs_values: bool = False,
+    needs_step_rewards: bool = False,
+    group_baseline: bool = True,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: make `fn` selectable as `algorithm.name=<name>`."""
 
     def decorate(fn: AdvantageFn) -> AdvantageFn:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = RegisteredEstimator(name, fn, needs_values, needs_step_rewards)
+        ESTIMATORS[name] = RegisteredEstimator(
+            name, fn, needs_values, needs_step_rewards, group_baseline
+        )
         return fn
 
     return decorate
@@ -167,7 +174,7 @@ def rloo(
     return _per_rollout(groups, groups - others_mean, response_mask)
 
 
-@register_adv_est("reinforce")
+@register_adv_est("reinforce", group_baseline=False)
 def reinforce(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -208,7 +215,7 @@ def process(
     return advantages, None
 
 
-@register_adv_est("ppo", needs_values=True)
+@register_adv_est("ppo", needs_values=True, group_baseline=False)
 def ppo(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]

@@ -1,4 +1,4 @@
-"""The error every value check raises (grpo_cli/config/validate.py, and checks that need the model)."""
+"""The error every value check raises (grpo_cli/validate.py, and checks that need the model)."""
 
 import os
 

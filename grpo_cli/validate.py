@@ -25,14 +25,19 @@ MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 GRPO_STD = ("population", "sample")
 PROCESS_BASELINES = ("step_group", "return_to_go")
-# estimators whose baseline is not the group's own rewards: one rollout per prompt still trains
-NO_GROUP_BASELINE = ("reinforce", "ppo")
+
+
+def _no_group_baseline() -> tuple[str, ...]:
+    """Estimators whose baseline is not the group's own rewards: one rollout per prompt still
+    trains (a property of each registered estimator)."""
+    from grpo_cli.algorithm.advantages import ESTIMATORS
+
+    return tuple(name for name, estimator in sorted(ESTIMATORS.items()) if not estimator.group_baseline)
 
 
 def _known_names() -> dict[str, tuple[str, ...]]:
     """Allowed names, read from the modules that own them (imported here, not at import time)."""
     from grpo_cli.algorithm.advantages import ESTIMATORS
-    from grpo_cli.algorithm.kinds import TOKEN_LEVEL_ESTIMATORS
     from grpo_cli.algorithm.loss import AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS
     from grpo_cli.algorithm.optim import MASTER_WEIGHTS
     from grpo_cli.models.policy import WEIGHTS
@@ -43,7 +48,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
     from grpo_cli.train.autocast import AUTOCAST_KINDS
 
     return {
-        "algorithm.name": tuple(sorted(ESTIMATORS)) + tuple(TOKEN_LEVEL_ESTIMATORS),
+        "algorithm.name": tuple(sorted(ESTIMATORS)),
         "algorithm.loss_agg": tuple(AGGREGATIONS),
         "algorithm.importance_sampling_level": tuple(IMPORTANCE_SAMPLING_LEVELS),
         "probes.gram_method": tuple(METHODS),
@@ -150,10 +155,11 @@ def config_problems(cfg: DictConfig) -> list[str]:
     estimator = value("algorithm.name")
     at_least("rollout.group_size", 1)
     group_size = value("rollout.group_size")
-    if isinstance(group_size, int) and group_size == 1 and estimator not in NO_GROUP_BASELINE:
+    no_group_baseline = _no_group_baseline()
+    if isinstance(group_size, int) and group_size == 1 and estimator not in no_group_baseline:
         problems.append(
             f"rollout.group_size=1: must be >= 2 for algorithm={estimator} (a group of one has "
-            f"zero advantage, so nothing trains; {' and '.join(NO_GROUP_BASELINE)} accept 1)"
+            f"zero advantage, so nothing trains; {' and '.join(no_group_baseline)} accept 1)"
         )
     need("rollout.temperature", lambda v: v > 0 and math.isfinite(v),
          "> 0 (at 0 every rollout of a group is the same greedy completion: zero advantages)")

@@ -129,7 +129,7 @@ def sweep_problems(config: DictConfig) -> list[str]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from grpo_cli.config.validate import config_problems
+    from grpo_cli.validate import config_problems
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))

@@ -64,10 +64,10 @@ def test_cuda_same_seed_and_resume_are_repeatable(tmp_path, cache_dir, dtype, mo
 
     original = trainer.GRPOTrainer.step
 
-    def crash_at_step_3(self, step, capture_layers=None):
+    def crash_at_step_3(self, step, capture=None):
         if step == 3:
             raise RuntimeError("simulated crash")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
     assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code != 0

@@ -98,10 +98,10 @@ def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch)
 
     original = trainer.GRPOTrainer.step
 
-    def ctrl_c_at_step_3(self, step, capture_layers=None):
+    def ctrl_c_at_step_3(self, step, capture=None):
         if step == 3:
             raise KeyboardInterrupt
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", ctrl_c_at_step_3)
     result = grpo_run(tmp_path, cache_dir)
@@ -138,10 +138,10 @@ def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, c
 
     original = trainer.GRPOTrainer.step
 
-    def crash_at_step_1(self, step, capture_layers=None):  # killed before the first checkpoint
+    def crash_at_step_1(self, step, capture=None):  # killed before the first checkpoint
         if step == 1:
             raise RuntimeError("simulated crash")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_1)
     assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
@@ -160,10 +160,10 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_d
 
     original = trainer.GRPOTrainer.step
 
-    def crash_at_step_2(self, step, capture_layers=None):
+    def crash_at_step_2(self, step, capture=None):
         if step == 2:
             raise RuntimeError("simulated crash")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_2)
     assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
@@ -189,10 +189,10 @@ def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache
 
     original = trainer.GRPOTrainer.step
 
-    def crash_at_step_3(self, step, capture_layers=None):
+    def crash_at_step_3(self, step, capture=None):
         if step == 3:
             raise RuntimeError("simulated crash")
-        return original(self, step, capture_layers)
+        return original(self, step, capture)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
     assert grpo_run(tmp_path, cache_dir).exit_code != 0

@@ -13,9 +13,11 @@ each row's prompt run by the training forward on probe steps) and `separate`
 
 A fused probe step also changes the step outside the `probes` phase (hooks on the training
 forward and backward, each row's own prompt forward), so the overhead is paired by step: the
-extra `time_step` of each probed step over the same step without probes, summed, over the total
-step time without probes (step 0 left out: it warms caches). The `probes` phase alone is given
-beside it.
+extra `time_step` of each step over the same step without probes, summed, over the total step
+time without probes (step 0 left out: it warms caches). Steps between probes count too: the
+`grad_sum` matrix adds every step's gradient (a `probes` phase on every step). Less noisy on a
+shared machine: the `probes` phase alone, and that plus the probed steps' extra forward and
+backward time (what a fused probe adds to training's own phases).
 """
 
 from __future__ import annotations
@@ -39,14 +41,18 @@ def run_mode(mode: str, steps: int, overrides: list[str]) -> dict:
     cfg = compose_config(["experiment=cpu_rank_collapse", "progress=false", "eval.every=0",
                           *overrides, *MODES[mode]])
     loop = TrainingLoop(cfg, build_setup(cfg, log=lambda *args: None))
-    step_times, probe_times = [], []
+    step_times, probe_times, train_times, probed = [], [], [], []
     for step in range(steps):
-        timings = loop.run_step(step).timings  # the phases of timings.csv
-        step_times.append(timings["time_step"])
-        probe_times.append(timings["time_probes"])
+        out = loop.run_step(step)
+        step_times.append(out.timings["time_step"])  # the phases of timings.csv
+        probe_times.append(out.timings["time_probes"])
+        train_times.append(out.timings["time_forward"] + out.timings["time_backward"])
+        probed.append(out.probe_rows is not None)
     return {
         "step_times": step_times,
         "probe_times": probe_times,
+        "train_times": train_times,
+        "probed": probed,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -73,13 +79,17 @@ def main() -> None:
     print(f"  step without probes (median)  {statistics.median(off):.3f} s")
     for mode in ("fused", "separate"):
         on = results[mode]
-        probed = [s for s in range(1, args.steps) if on["probe_times"][s] > 0]
-        extra = [on["step_times"][s] - results["off"]["step_times"][s] for s in probed]
-        phase = [on["probe_times"][s] for s in probed]
+        probed = [s for s in range(1, args.steps) if on["probed"][s]]
+        extra = [on["step_times"][s] - results["off"]["step_times"][s] for s in range(1, args.steps)]
+        phase = [on["probe_times"][s] for s in range(1, args.steps)]
         print(f"  {mode}: {len(probed)} probed steps; per probed step: extra step time "
-              f"{statistics.median(extra):.3f} s (median), probes phase {statistics.median(phase):.3f} s")
+              f"{statistics.median(extra[s - 1] for s in probed):.3f} s (median), probes phase "
+              f"{statistics.median(phase[s - 1] for s in probed):.3f} s; other steps' probes phase "
+              f"{sum(phase) - sum(phase[s - 1] for s in probed):.3f} s in all")
+        train = [on["train_times"][s] - results["off"]["train_times"][s] for s in probed]
         print(f"  {mode}: overhead of the schedule {100 * sum(extra) / total_off:.1f} % "
-              f"(probes phase alone {100 * sum(phase) / total_off:.1f} %); "
+              f"(probes phase alone {100 * sum(phase) / total_off:.1f} %, probes phase + the "
+              f"probed steps' extra forward and backward {100 * (sum(phase) + sum(train)) / total_off:.1f} %); "
               f"peak RSS {on['peak_rss_mb']:.0f} MB (off {results['off']['peak_rss_mb']:.0f} MB)")
 
 

@@ -368,10 +368,9 @@ class StepCapture:
     also run each row's prompt forward where training shares prompts (probes.fused_gram=always;
     under `auto` such steps take the separate pass: on the CPU preset, whose prompts are longer
     than its completions, the unshared forward costs what the separate pass saves, docs/speed.md).
-    `micro_batch(rows)` wraps
-    one micro-batch's forward and backward; `before_update` runs after the last backward and
-    before the optimizer: the batch gradients of the layer matrices and the per-rollout Grams,
-    all at the weights the loss was computed at.
+    `micro_batch(rows)` wraps one micro-batch's forward and backward; `before_update` runs after
+    the last backward and before the optimizer: the batch gradients of the layer matrices and the
+    per-rollout Grams, all at the weights the loss was computed at.
     """
 
     def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module, timer=None):
@@ -428,7 +427,7 @@ class StepCapture:
         blocks = (
             score_blocks_from_advantage(group_blocks(gram, size), per_rollout)
             if per_rollout is not None
-            else torch.full((len(recompute), size, size), math.nan, dtype=torch.float64)
+            else gram.new_full((len(recompute), size, size), math.nan)
         )  # [B, R, R]
         groups = recompute.nonzero().flatten()  # [G]
         if groups.numel():

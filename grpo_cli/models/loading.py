@@ -9,7 +9,6 @@ runs load in about a second and vLLM can serve the same directory.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from grpo_cli.models.cache import cached_model_dir
 
 
 class ModelLoadError(RuntimeError):
@@ -159,20 +160,14 @@ def materialize_gguf(gguf: Path, cache_dir: str, log=print) -> Path:
     A file lock keeps parallel sweep members from converting it twice.
     """
     root = Path(cache_dir) / "gguf"
-    root.mkdir(parents=True, exist_ok=True)
-    key = gguf_cache_key(gguf)
-    target = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
-            return target
+
+    def build(partial: Path) -> None:
         log(f"converting {gguf} to an HF directory (dequantised float32) under {root}")
         loaded = load_pretrained(str(gguf.parent), torch.device("cpu"), torch.float32, gguf.name)
-        partial = root / f"{key}.partial"
         loaded.model.save_pretrained(partial)
         loaded.tokenizer.save_pretrained(partial)
-        partial.rename(target)
-    return target
+
+    return cached_model_dir(root, gguf_cache_key(gguf), build)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -12,7 +12,6 @@ noise.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.models.byte_tokenizer import build_byte_tokenizer
+from grpo_cli.models.cache import cached_model_dir
 from grpo_cli.models.loading import LoadedModel, ModelLoadError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -65,15 +65,8 @@ def materialize_random_dir(model_cfg, cache_dir: str, log=print) -> Path:
     stop_tokens = list(model_cfg.stop_tokens)
     blob = json.dumps([config, str(tokenizer_dir), stop_tokens], sort_keys=True)
     key = f"{config['model_type']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-    root = Path(cache_dir) / "random"
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
-            return target
-        partial = root / f"{key}.partial"
-        partial.mkdir(exist_ok=True)
+
+    def build(partial: Path) -> None:
         if tokenizer_dir is not None:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
             log(f"model.weights=random: tokenizer from {tokenizer_dir}")
@@ -95,9 +88,9 @@ def materialize_random_dir(model_cfg, cache_dir: str, log=print) -> Path:
         config.pop("_name_or_path", None)
         (partial / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         tokenizer.save_pretrained(partial)
-        partial.rename(target)
-        log(f"model.weights=random: architecture from {config_path}, saved under {target}")
-    return target
+        log(f"model.weights=random: architecture from {config_path}, saved under {partial.parent / key}")
+
+    return cached_model_dir(Path(cache_dir) / "random", key, build)
 
 
 def build_random(model_cfg, cache_dir: str, device: torch.device, dtype: torch.dtype,

@@ -15,7 +15,6 @@ time, so without the flaw its held-out accuracy barely moves under GRPO.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import random
@@ -26,6 +25,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpo_cli.models.cache import cached_model_dir
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 
 WARM_START_SEED = 0  # fixed: the warm start is shared by every seed of a sweep
@@ -133,13 +133,8 @@ def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> 
 def warm_started_char_llama(model_cfg, task, task_cfg, cache_dir: str, log=print) -> Path:
     """Return the directory of the cached warm-started char Llama, building it if needed."""
     key = warm_start_key(model_cfg, task_cfg)
-    root = Path(cache_dir) / "warm_start"
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
-            return target
+
+    def build(partial: Path) -> None:
         torch.manual_seed(WARM_START_SEED)
         tokenizer = build_char_tokenizer()
         model = build_char_llama(
@@ -152,8 +147,7 @@ def warm_started_char_llama(model_cfg, task, task_cfg, cache_dir: str, log=print
         if model_cfg.warm_start.steps > 0:
             log(f"warm-starting {model_cfg.name} ({key}) for {model_cfg.warm_start.steps} steps")
             supervised_finetune(model, tokenizer, task, model_cfg.warm_start, torch.device("cpu"), log)
-        partial = root / f"{key}.partial"
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        partial.rename(target)
-    return target
+
+    return cached_model_dir(Path(cache_dir) / "warm_start", key, build)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from cli_helpers import grpo_run, run_dir
+from cli_helpers import failing_at_step, grpo_run, run_dir
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -86,24 +86,14 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monke
     name = "-".join(["R4-grpo-s0", ",".join(overrides)]) if overrides else "R4-grpo-s0"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
 
-    from grpo_cli.train import trainer
+    with failing_at_step(monkeypatch, 3):
+        crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides)
+        assert crashed.exit_code != 0
+        out = run_dir(tmp_path / "resumed", name)
+        record = json.loads((out / "run.json").read_text())
+        assert record["status"] == "failed" and "simulated crash" in record["error"]
+        assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
 
-    original = trainer.GRPOTrainer.step
-
-    def crash_at_step_3(self, step, capture=None):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
-    crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides)
-    assert crashed.exit_code != 0
-    out = run_dir(tmp_path / "resumed", name)
-    record = json.loads((out / "run.json").read_text())
-    assert record["status"] == "failed" and "simulated crash" in record["error"]
-    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
     assert grpo_run(tmp_path / "resumed", cache_dir, *overrides).exit_code == 0
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed" and record["resumed_from"] == 2

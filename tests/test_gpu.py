@@ -15,7 +15,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from cli_helpers import grpo_run, run_dir
+from cli_helpers import failing_at_step, grpo_run, run_dir
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,18 +60,8 @@ def test_cuda_same_seed_and_resume_are_repeatable(tmp_path, cache_dir, dtype, mo
     full = run_dir(tmp_path / "full", name)
     assert (full / "metrics.csv").read_text() == (run_dir(tmp_path / "again", name) / "metrics.csv").read_text()
 
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def crash_at_step_3(self, step, capture=None):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
-    assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code != 0
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    with failing_at_step(monkeypatch, 3):
+        assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code != 0
     assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code == 0
     resumed = run_dir(tmp_path / "resumed", name)
     assert completed(resumed)["resumed_from"] == 2

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from cli_helpers import grpo_run, run_dir
+from cli_helpers import failing_at_step, grpo_run, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # long enough to be caught mid-run, with few probes and evaluations
@@ -94,17 +94,8 @@ def test_sigterm_records_interrupted_and_resume_is_byte_identical(tmp_path, cach
 
 
 def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch):
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def ctrl_c_at_step_3(self, step, capture=None):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", ctrl_c_at_step_3)
-    result = grpo_run(tmp_path, cache_dir)
+    with failing_at_step(monkeypatch, 3, KeyboardInterrupt()):
+        result = grpo_run(tmp_path, cache_dir)
     assert result.exit_code == 130
     record = status(run_dir(tmp_path))
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGINT"
@@ -134,18 +125,8 @@ def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, c
         assert b"\r" not in (out / name).read_bytes(), name
         assert (out / name).read_bytes() == first[name], name
 
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def crash_at_step_1(self, step, capture=None):  # killed before the first checkpoint
-        if step == 1:
-            raise RuntimeError("simulated crash")
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_1)
-    assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    with failing_at_step(monkeypatch, 1):  # killed before the first checkpoint
+        assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
     assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code == 0
     crashed = run_dir(tmp_path / "crashed", "R4-grpo-s0-train.steps=2")
     for name in TABLES:
@@ -156,18 +137,8 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_d
     overrides = ("train.steps=3", "checkpoint_every=1")
     name = "R4-grpo-s0-train.steps=3"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def crash_at_step_2(self, step, capture=None):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_2)
-    assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    with failing_at_step(monkeypatch, 2):
+        assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
     out = run_dir(tmp_path / "cut", name)
     latest, previous = out / "checkpoints" / "latest.pt", out / "checkpoints" / "previous.pt"
     assert previous.exists()
@@ -185,18 +156,8 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_d
 
 
 def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache_dir, monkeypatch):
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def crash_at_step_3(self, step, capture=None):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, step, capture)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", crash_at_step_3)
-    assert grpo_run(tmp_path, cache_dir).exit_code != 0
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+    with failing_at_step(monkeypatch, 3):
+        assert grpo_run(tmp_path, cache_dir).exit_code != 0
     latest = run_dir(tmp_path) / "checkpoints" / "latest.pt"
     latest.write_bytes(b"truncated")
 

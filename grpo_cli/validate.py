@@ -23,8 +23,6 @@ ROLLOUT_BACKENDS = ("hf", "hf_static", "vllm")
 MODEL_SOURCES = ("char_llama", "hf", "gguf_package")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-GRPO_STD = ("population", "sample")
-PROCESS_BASELINES = ("step_group", "return_to_go")
 
 
 def _no_group_baseline() -> tuple[str, ...]:
@@ -37,7 +35,7 @@ def _no_group_baseline() -> tuple[str, ...]:
 
 def _known_names() -> dict[str, tuple[str, ...]]:
     """Allowed names, read from the modules that own them (imported here, not at import time)."""
-    from grpo_cli.algorithm.advantages import ESTIMATORS
+    from grpo_cli.algorithm.advantages import ESTIMATORS, GRPO_STD, PROCESS_BASELINES
     from grpo_cli.algorithm.loss import AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS
     from grpo_cli.algorithm.optim import MASTER_WEIGHTS
     from grpo_cli.models.policy import WEIGHTS
@@ -51,6 +49,8 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "algorithm.name": tuple(sorted(ESTIMATORS)),
         "algorithm.loss_agg": tuple(AGGREGATIONS),
         "algorithm.importance_sampling_level": tuple(IMPORTANCE_SAMPLING_LEVELS),
+        "algorithm.std": GRPO_STD,
+        "algorithm.process_baseline": PROCESS_BASELINES,
         "probes.gram_method": tuple(METHODS),
         "probes.matrices": tuple(KNOWN_MATRICES),
         "probes.fused_gram": tuple(FUSED_GRAM),
@@ -165,7 +165,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
          "> 0 (at 0 every rollout of a group is the same greedy completion: zero advantages)")
     # algorithm
     choice("algorithm.name", names["algorithm.name"])
-    choice("algorithm.std", GRPO_STD)
+    choice("algorithm.std", names["algorithm.std"])
     if estimator == "grpo" and value("algorithm.std") == "sample":
         need("rollout.group_size", lambda v: v >= 2, ">= 2 with algorithm.std=sample")
     at_least("algorithm.std_epsilon", 0)
@@ -188,7 +188,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     unit("algorithm.gamma")
     unit("algorithm.lam")
     at_least("algorithm.value_coef", 0)
-    choice("algorithm.process_baseline", PROCESS_BASELINES)
+    choice("algorithm.process_baseline", names["algorithm.process_baseline"])
     at_least("algorithm.dynamic_sampling_max_draws", 0)
     at_least("algorithm.overlong_penalty", 0)
     at_least("algorithm.overlong_buffer", 0)

@@ -45,6 +45,8 @@ class RegisteredEstimator:
 
 
 ESTIMATORS: dict[str, RegisteredEstimator] = {}
+GRPO_STD = ("population", "sample")  # grpo's std: ddof 0 or 1
+PROCESS_BASELINES = ("step_group", "return_to_go")  # process: per-step baselines
 
 
 def register_adv_est(
@@ -124,8 +126,8 @@ def grpo(
     (ddof=1, undefined for R=1). Zero-variance groups get exactly 0.
     """
     groups = _grouped(outcome_rewards, group_size)  # [B, R]
-    if config.std not in ("population", "sample"):
-        raise ValueError(f"grpo std must be 'population' or 'sample', got {config.std!r}")
+    if config.std not in GRPO_STD:
+        raise ValueError(f"grpo std must be one of {GRPO_STD}, got {config.std!r}")
     ddof = 0 if config.std == "population" else 1
     if group_size - ddof < 1:
         raise ValueError("grpo with std='sample' needs group_size >= 2")
@@ -287,10 +289,8 @@ def process_advantages(
 
     Every completion token must have a step index >= 0. Prompt and padding get 0.
     """
-    if baseline not in ("step_group", "return_to_go"):
-        raise ValueError(
-            f"process baseline must be 'step_group' or 'return_to_go', got {baseline!r}"
-        )
+    if baseline not in PROCESS_BASELINES:
+        raise ValueError(f"process baseline must be one of {PROCESS_BASELINES}, got {baseline!r}")
     in_completion = completion_mask > 0  # [N, L]
     if (step_index[in_completion] < 0).any():
         raise ValueError("every completion token needs a step index >= 0")

@@ -188,3 +188,11 @@ def test_warm_start_cache_key_follows_what_changes_the_weights():
     assert key() == key("task.train_size=999", "seed=3")  # shared by every seed and train size
     assert key() != key("task.eval_size=32")  # held-out problems are excluded from training draws
     assert key() != key("model.warm_start.steps=10")
+
+
+def test_probes_off_runs_no_probe_although_the_preset_sets_every(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "probes=off", "train.steps=1")  # smoke: probes.every=2
+    assert result.exit_code == 0, result.output
+    out = run_dir(tmp_path, "R4-grpo-s0-probes=off,train.steps=1")
+    assert pd.read_csv(out / "ranks.csv").empty
+    assert (pd.read_csv(out / "timings.csv")["time_probes"].fillna(0) == 0).all()

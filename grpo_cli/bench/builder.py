@@ -47,7 +47,7 @@ class BenchSetup:
     model: torch.nn.Module
     tokenizer: object
     task: object
-    probes: object | None  # ProbeSuite when probes.every > 0
+    probes: object | None  # ProbeSuite unless probes are off (probes=off or probes.every=0)
     device: torch.device
     source_path: str  # HF directory of the starting weights (TRL loads the same one)
 

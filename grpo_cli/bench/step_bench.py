@@ -36,9 +36,8 @@ import torch
 from grpo_cli.bench.table import describe, load_average, print_phase_table, write_rows
 from grpo_cli.train.loop import PHASES, TrainingLoop
 
-# probes.every=0: the experiment preset sets probes.every after the probes group's own value.
 DEFAULT_OVERRIDES = [
-    "experiment=cpu_rank_collapse", "probes=off", "probes.every=0", "eval.every=0",
+    "experiment=cpu_rank_collapse", "probes=off", "eval.every=0",
     "progress=false",
 ]
 

@@ -126,6 +126,7 @@ class AlgorithmConfig:
 
 @dataclass
 class ProbesConfig:
+    enabled: bool = True  # false (probes=off): no probe runs whatever `every` says (presets set `every`, never this)
     every: int = 5  # probe every N steps (0 disables probes); step 0 is always probed
     matrices: list[str] = field(
         default_factory=lambda: [

@@ -18,7 +18,7 @@ class RunComponents:
     loaded: object  # grpo_cli.models.loading.LoadedModel
     backend: object  # a RolloutBackend
     trainer: object  # grpo_cli.train.trainer.GRPOTrainer
-    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when probes.every == 0
+    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when probes are off (probes=off or probes.every=0)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -103,7 +103,7 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     backend = build_backend(cfg, model, loaded.tokenizer, device, loaded.source_path)
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
     probes = None
-    if cfg.probes.every > 0:
+    if cfg.probes.enabled and cfg.probes.every > 0:
         probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer)
         if "grad_sum" in probes.matrices:
             trainer.gradient_observers.append(probes.accumulate_gradients)

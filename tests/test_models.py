@@ -22,6 +22,7 @@ from grpo_cli.models.loading import (
     apply_lora,
     find_packaged_gguf,
     load_pretrained,
+    transformers_progress_bars,
 )
 from grpo_cli.models.policy import load_policy
 from grpo_cli.probes.gram import per_rollout_grams
@@ -62,6 +63,27 @@ def test_local_hf_directory_loads_through_the_policy_path(tiny_model):
     assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_transformers_loading_bars_follow_progress(tiny_model, capfd, progress):
+    directory, _ = tiny_model
+    cfg = compose_config(["model=hf", f"model.path={directory}", f"progress={progress}"])
+    load_policy(cfg, task=None, device=CPU)
+    assert ("Loading weights" in capfd.readouterr().err) == progress
+
+
+def test_gguf_conversion_bar_follows_the_switch(capfd):
+    """transformers' GGUF reader calls tqdm.auto itself; the switch reaches it too."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+    from transformers.utils import logging as hf_logging
+
+    before = gguf_reader.tqdm, hf_logging.is_progress_bar_enabled()
+    for enabled in (False, True):
+        with transformers_progress_bars(enabled):
+            list(gguf_reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        assert ("de-quantizing" in capfd.readouterr().err) == enabled
+    assert (gguf_reader.tqdm, hf_logging.is_progress_bar_enabled()) == before
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty", "hub_offline"])
 def test_unloadable_model_path_names_the_path(tmp_path, monkeypatch, kind):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -90,10 +112,12 @@ def test_packaged_smollm2_gguf_is_found_without_importing_it():
 
 @pytest.mark.slow
 @needs_smollm2
-def test_smollm2_gguf_converts_once_then_loads_and_answers(tmp_path, monkeypatch):
+def test_smollm2_gguf_converts_once_then_loads_and_answers(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = compose_config(["model=smollm2_135m", f"cache_dir={tmp_path}"])
+    cfg = compose_config(["model=smollm2_135m", f"cache_dir={tmp_path}", "progress=false"])
     first = load_policy(cfg, task=None, device=CPU)  # dequantises Q4_1 and caches an HF directory
+    bars = capfd.readouterr().err
+    assert "de-quantizing" not in bars and "Loading weights" not in bars  # progress=false
     assert (tmp_path / "gguf").is_dir() and first.source_path.startswith(str(tmp_path / "gguf"))
     clock = time.perf_counter()
     loaded = load_policy(cfg, task=None, device=CPU)

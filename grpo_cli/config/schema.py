@@ -191,7 +191,7 @@ class Config:
     cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers
     resume: bool = True  # continue from checkpoints/ if the run directory has one
     checkpoint_every: int = 10  # save a resumable checkpoint every N steps
-    progress: bool = True  # show a progress bar
+    progress: bool = True  # show progress bars: the steps' and transformers' (loading weights, GGUF conversion)
 
 
 def register_configs() -> None:

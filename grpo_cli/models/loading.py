@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,28 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ModelLoadError(
             f"model.dtype={dtype!r} is not one of auto, float32, bfloat16, float16"
         ) from error
+
+
+@contextmanager
+def transformers_progress_bars(enabled: bool):
+    """transformers' tqdm bars on or off inside the block (`progress`), as they were after it.
+
+    Its switch (transformers.utils.logging) covers "Loading weights" and hub downloads, but the
+    GGUF reader (transformers.modeling_gguf_pytorch_utils, 5.x) calls tqdm.auto directly and
+    ignores it; inside the block that module's `tqdm` is transformers' switch-aware one, so the
+    "Converting and de-quantizing GGUF tensors" bar follows the switch too.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+    from transformers.utils import logging as hf_logging
+
+    was_enabled, reader_tqdm = hf_logging.is_progress_bar_enabled(), gguf_reader.tqdm
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    gguf_reader.tqdm = hf_logging.tqdm
+    try:
+        yield
+    finally:
+        gguf_reader.tqdm = reader_tqdm
+        (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()
 
 
 def _hub_offline() -> bool:

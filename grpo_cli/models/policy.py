@@ -13,6 +13,7 @@ from grpo_cli.models.loading import (
     load_pretrained,
     materialize_gguf,
     resolve_dtype,
+    transformers_progress_bars,
 )
 
 SOURCES = ("char_llama", "hf", "gguf_package")
@@ -20,7 +21,13 @@ WEIGHTS = ("pretrained", "random")
 
 
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
-    """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory."""
+    """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory.
+    transformers' own progress bars show only with `progress=true`."""
+    with transformers_progress_bars(cfg.progress):
+        return _load_policy(cfg, task, device, log)
+
+
+def _load_policy(cfg, task, device: torch.device, log) -> LoadedModel:
     model_cfg = cfg.model
     dtype = resolve_dtype(model_cfg.dtype, device)
     if model_cfg.weights not in WEIGHTS:

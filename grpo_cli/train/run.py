@@ -133,19 +133,12 @@ def _run_held(cfg, run_dir: Path, log) -> str:
 
 
 def _train(cfg, results: RunResults, record: dict, log) -> None:
-    from transformers.utils import logging as hf_logging
-
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint
     from grpo_cli.train.loop import TrainingLoop
     from grpo_cli.train.progress import StepProgress
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects
 
-    # transformers' own tqdm bars (loading and saving weights) follow `progress` too
-    if cfg.progress:
-        hf_logging.enable_progress_bar()
-    else:
-        hf_logging.disable_progress_bar()
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
     device, trainer, probes = parts.device, parts.trainer, parts.probes
     loop = TrainingLoop(cfg, parts)

@@ -88,17 +88,29 @@ def _format(value) -> str:
 
 
 class CsvLog:
-    """An append-only CSV with a fixed header; unknown keys are a programming error."""
+    """An append-only CSV; unknown keys are a programming error.
+
+    A file written by an older version may have other columns (ranks.csv gained
+    `pred_distinct_*`): before the first row is appended, or when cut back on resume, it is
+    rewritten under the current columns, followed by any column only the file has; old rows stay
+    empty in the new columns, and new rows in the old ones.
+    """
 
     def __init__(self, path: Path, columns: Sequence[str]):
         self.path = path
         self.columns = tuple(columns)
+        self._conformed = False  # the file's header is known to equal self.columns
 
     def append(self, rows: Iterable[dict]) -> None:
         rows = list(rows)
         if not rows:
             return
         new_file = not self.path.exists() or self.path.stat().st_size == 0
+        if not new_file and not self._conformed:
+            with open(self.path, newline="") as handle:
+                header = next(csv.reader(handle), [])
+            if tuple(header) != self.columns:
+                self._rewrite(*self._read())
         with open(self.path, "a", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             if new_file:
@@ -110,6 +122,7 @@ class CsvLog:
                 writer.writerow([_format(row.get(column)) for column in self.columns])
             handle.flush()
             os.fsync(handle.fileno())
+        self._conformed = True
 
     def truncate_from(self, step: int) -> None:
         """Drop every row with step >= `step` (used when resuming from a checkpoint).
@@ -119,20 +132,34 @@ class CsvLog:
         """
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
+        header, body = self._read()
+        column = header.index("step")
+        self._rewrite(header, [
+            row for row in body if row[column].isdigit() and int(row[column]) < step
+        ])
+
+    def _read(self) -> tuple[list[str], list[list[str]]]:
+        """The file's header and its complete rows (a torn last line is left out)."""
         with open(self.path, newline="") as handle:
             text = handle.read()
         text = text[: text.rfind("\n") + 1]  # keep complete lines only
         rows = list(csv.reader(io.StringIO(text, newline="")))
         header, body = (rows[0], rows[1:]) if rows else (list(self.columns), [])
-        column = header.index("step")
-        kept = [
-            row for row in body
-            if len(row) == len(header) and row[column].isdigit() and int(row[column]) < step
-        ]
+        if "step" not in header:
+            raise ValueError(f"{self.path}: the header has no `step` column: {header}")
+        return header, [row for row in body if len(row) == len(header)]
+
+    def _rewrite(self, header: list[str], body: list[list[str]]) -> None:
+        """Write `body` (rows under the file's `header`) under the current columns, then the
+        columns only the file has; each value stays under its own column name."""
+        columns = self.columns + tuple(name for name in header if name not in self.columns)
+        where = {name: i for i, name in enumerate(header)}
+        rows = [[row[where[name]] if name in where else "" for name in columns] for row in body]
         temporary = self.path.with_suffix(".tmp")
         with open(temporary, "w", newline="") as handle:
-            csv.writer(handle, lineterminator="\n").writerows([header, *kept])
+            csv.writer(handle, lineterminator="\n").writerows([columns, *rows])
         temporary.replace(self.path)
+        self.columns, self._conformed = columns, True
 
 
 class ParquetLog:

@@ -182,7 +182,8 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert set(run.ranks.step) == {0, 2}
     assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}
     timings = pd.read_csv(run.path / "timings.csv")
-    assert timings.time_probes.gt(0).tolist() == [True, False, True]
+    probes = timings.time_probes.tolist()  # every step adds grad_sum's running sum; 0 and 2 probe
+    assert min(probes) > 0 and probes[1] < min(probes[0], probes[2])
     phases = timings[["time_rollout", "time_reward", "time_forward", "time_optimizer", "time_probes", "time_other"]]
     assert (phases.sum(axis=1) - timings.time_step).abs().max() < 1e-9  # exclusive phases add up
 
@@ -191,6 +192,52 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     verdict = result.verdicts[result.verdicts.matrix == "rollout_batch"]
     assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in ("holds", "fails", "inconclusive")
     assert set(result.summary[result.summary.matrix == "rollout_batch"]["group_size"]) == {2, 4}
+
+
+def test_grad_sum_is_the_running_sum_of_trls_batch_gradients(policy_source, tmp_path):
+    """As in grpo run: grad_sum at step t is sum_{s<=t} G_s, G_s the batch gradient before
+    clipping (lr = 0 keeps the weights, so TRL's compute_loss gives every G_s afterwards)."""
+    trainer = build_trainer(policy_source, tmp_path, loss_type="grpo", max_grad_norm=1e-3)
+    run_dir = tmp_path / "run"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    SpectraCallback(run_dir, every=1, matrices=["grad_sum"], layer_regex=r"layers\.0\.self_attn\.q_proj").attach(trainer)
+    batches = capture_batches(trainer)
+    trainer.train()
+
+    spectra = read_spectra(load_run(run_dir))
+    model = trainer.model.train()
+    weight = dict(model.named_parameters())[name]
+    total = torch.zeros_like(weight)
+    for step, output in enumerate(batches):
+        total += torch.autograd.grad(trainer.compute_loss(model, output), weight)[0]
+        rows = spectra[(spectra.step == step) & (spectra.matrix == "grad_sum") & (spectra.layer == name)]
+        recorded = torch.tensor(rows.sort_values("k")["sigma"].to_numpy(), dtype=torch.float64)
+        assert_same_spectrum(recorded, torch.linalg.svdvals(total), f"grad_sum step {step}")
+
+
+def test_a_second_writer_is_refused_and_the_lock_is_released(policy_source, tmp_path):
+    from grpo_cli.results.lock import RunLock, RunLockedError
+
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(policy_source, tmp_path, steps=1)
+    SpectraCallback(run_dir, every=1, matrices=["layer"]).attach(trainer)
+    with RunLock(run_dir), pytest.raises(RunLockedError, match=rf"{run_dir} is in use by pid \d+"):
+        trainer.train()  # another writer (a grpo run, another callback) holds the directory
+    assert not (run_dir / "run.json").exists() and "train" not in trainer.__dict__
+    with pytest.raises(RuntimeError, match="attach a new one per run"):
+        trainer.train()  # the callback is detached: it would record nothing
+
+    def failing_reward(prompts, completions, **kwargs):
+        raise RuntimeError("reward server down")
+
+    crashing = build_trainer(policy_source, tmp_path, steps=1)
+    crashing.reward_funcs = [failing_reward]
+    SpectraCallback(run_dir, every=1, matrices=["layer"]).attach(crashing)
+    with pytest.raises(RuntimeError, match="reward server down"):
+        crashing.train()
+    assert load_run(run_dir).info["status"] == "failed"
+    with RunLock(run_dir):  # released although training raised
+        pass
 
 
 def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
@@ -234,6 +281,14 @@ def test_resumed_trl_run_rewrites_its_logs_from_the_checkpoint(policy_source, tm
     SpectraCallback(run_dir, every=1).attach(first)
     first.train()
     uninterrupted = pd.read_csv(run_dir / "metrics.csv")
+    sums = pd.read_csv(run_dir / "ranks.csv").query("matrix == 'grad_sum'").reset_index(drop=True)
+    assert set(sums.step) == {0, 1, 2, 3}
+
+    (tmp_path / "trl" / "checkpoint-4" / "grpo_cli_probes.pt").unlink()  # grad_sum up to step 4 lost
+    lost = build_trainer(policy_source, tmp_path, **settings)
+    SpectraCallback(run_dir, every=1).attach(lost)
+    with pytest.raises(ValueError, match="checkpoint-4/grpo_cli_probes.pt"):
+        lost.train(resume_from_checkpoint=str(tmp_path / "trl" / "checkpoint-4"))
 
     again = build_trainer(policy_source, tmp_path, **settings)
     SpectraCallback(run_dir, every=1).attach(again)
@@ -244,3 +299,5 @@ def test_resumed_trl_run_rewrites_its_logs_from_the_checkpoint(policy_source, tm
     pd.testing.assert_series_equal(run.metrics.reward_mean, uninterrupted.reward_mean)
     assert sorted(set(run.ranks.step)) == [0, 1, 2, 3]
     assert run.ranks.groupby(["step", "matrix", "layer", "group"]).size().max() == 1  # no duplicates
+    resumed_sums = run.ranks.query("matrix == 'grad_sum'").reset_index(drop=True)
+    pd.testing.assert_frame_equal(resumed_sums[sums.columns], sums)  # sum_t G_t carried over step 2

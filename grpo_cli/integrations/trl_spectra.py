@@ -10,7 +10,7 @@
 files a TRL run writes differently are listed there under "Runs recorded inside TRL").
 
 How it sees the batch. A transformers callback is handed no batch and no trainer, so `attach`
-wraps four methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
+wraps five methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
 calls the original and only records):
 
 - `_generate_and_score_completions`: the step's rollouts before TRL shuffles them (groups
@@ -18,7 +18,10 @@ calls the original and only records):
 - `_calculate_rewards`: each rollout's rewards (TRL's reward_weights applied, as it logs them);
 - `compute_loss`: the loss value, and the entropy and clip fraction TRL records for the step;
 - `_clip_grad_norm`: called after the step's backward and before clipping and the optimizer:
-  on probe steps the probes run here, at the weights the batch's loss was computed at.
+  `grad_sum` adds the step's gradient here (every step, as `grpo run` does before clipping), and
+  on probe steps the probes run here, at the weights the batch's loss was computed at;
+- `train`: holds the run directory's lock (grpo_cli/results/lock.py, the one `grpo run` takes)
+  for the whole run, and records `failed` in run.json when training raises.
 
 The probes are grpo-cli's (`ProbeSuite`): the per-rollout rows are TRL's own per-rollout loss
 gradients (trl_batch.py says which settings make that exact and refuses the others), their Grams
@@ -46,6 +49,7 @@ from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
 from grpo_cli.probes.runner import KNOWN_MATRICES, ProbeSuite
+from grpo_cli.results.lock import RunLock
 from grpo_cli.results.writer import RunResults
 from grpo_cli.train.alarms import expected_zero_variance_fraction
 from grpo_cli.train.credit import ScoredBatch, credit_uniform_fraction, zero_variance_groups
@@ -58,6 +62,7 @@ TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # o
 # timings.csv phases a TRL step is cut into (the loop's others, e.g. backward, stay blank:
 # TRL's backward is counted in time_other)
 TIMED = ("rollout", "reward", "forward", "optimizer", "probes")
+PROBE_STATE = "grpo_cli_probes.pt"  # grad_sum, saved inside each of TRL's checkpoint-N directories
 
 
 class TrlLossForward(nn.Module):
@@ -80,7 +85,7 @@ class SpectraCallback(TrainerCallback):
     """Record grpo-cli's spectra, ranks and metrics of a TRL GRPOTrainer run into `out_dir`.
 
     every: probe when `global_step % every == 0` (and at the last step); matrices: any of
-    rollout_group, rollout_batch, score_group, group_batch, layer, update (default all); other
+    rollout_group, rollout_batch, score_group, group_batch, layer, update, grad_sum (default all); other
     keyword arguments are `probes.*` settings (grpo_cli/config/schema.py: layer_regex,
     param_regex, gram_method, rank_rtol, ...). experiment / task name the run in config.yaml;
     a rollout counts as correct (accuracy_train, group composition) when its reward exceeds
@@ -109,6 +114,7 @@ class SpectraCallback(TrainerCallback):
         self.success_threshold = success_threshold
         self.trainer = None
         self.probes: ProbeSuite | None = None
+        self._lock: RunLock | None = None  # held from on_train_begin until train returns or raises
         self._originals: dict[str, object] = {}
         self._record: dict = {}
         self._reset_step()
@@ -128,11 +134,21 @@ class SpectraCallback(TrainerCallback):
             "compute_loss": self._around_compute_loss,
             "_clip_grad_norm": self._around_clip_grad_norm,
         }
+        wrappers["train"] = self._around_train
         for name, around in wrappers.items():
             self._originals[name] = trainer.__dict__.get(name)  # None: the class's method
             setattr(trainer, name, _wrapped(around, getattr(trainer, name)))
         trainer.add_callback(self)
         return self
+
+    def _detach(self) -> None:
+        """Unwrap: the trainer is TRL's again."""
+        for name, original in self._originals.items():
+            if original is None:
+                delattr(self.trainer, name)
+            else:
+                setattr(self.trainer, name, original)
+        self._originals.clear()
 
     def _require_trainer(self):
         if self.trainer is None:
@@ -152,9 +168,24 @@ class SpectraCallback(TrainerCallback):
         self._trl_metrics: dict[str, list[float]] = {key: [] for key in TRL_METRICS}
         self._grad_norm = math.nan
         self._probe_rows = None
-        self._probed = False
+        self._before_update_done = False
 
     # ---- wrapped TRL methods --------------------------------------------------------------------
+    def _around_train(self, original, *args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except BaseException as error:
+            if self._lock is not None and self._record.get("status") == "running":
+                self._record.update(status="failed", error=f"{type(error).__name__}: {error}",
+                                    ended_at=utc_now())
+                self.results.write_status(self._record)
+            raise
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(None, None, None)
+                self._lock = None
+            self._detach()
+
     def _around_generation(self, original, *args, **kwargs):
         if not self.trainer.model.training:  # evaluation: not a training step
             return original(*args, **kwargs)
@@ -187,7 +218,7 @@ class SpectraCallback(TrainerCallback):
         return loss
 
     def _around_clip_grad_norm(self, original, *args, **kwargs):
-        self._probe_before_update()
+        self._before_update()
         with self.timer.phase("optimizer"):
             norm = original(*args, **kwargs)
         self._grad_norm = float(norm)
@@ -196,8 +227,17 @@ class SpectraCallback(TrainerCallback):
     # ---- callback events ------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._require_trainer()
-        self.results = results = RunResults(self.run_dir)
+        if not self._originals:  # detached when its train() returned
+            raise RuntimeError("SpectraCallback records one trainer.train(); attach a new one per run")
+        self._lock = RunLock(self.run_dir).__enter__()  # RunLockedError names the holder; nothing written
         start = state.global_step
+        saved_sums = _checkpoint_dir(args, start) / PROBE_STATE
+        if start and "grad_sum" in self.probe_settings.matrices and not saved_sums.exists():
+            raise ValueError(
+                f"SpectraCallback: resuming at step {start} needs {saved_sums} (grad_sum up to that "
+                "step, saved with TRL's checkpoint); without it pass matrices without grad_sum"
+            )
+        self.results = results = RunResults(self.run_dir)
         initial = results.run_dir / "checkpoints" / "initial_layers.pt"
         if start == 0:
             initial.unlink(missing_ok=True)  # W_0 of this run, not of an earlier one in out_dir
@@ -219,6 +259,8 @@ class SpectraCallback(TrainerCallback):
         results.truncate_from(start)
         results.ensure_files()
         self.probes = ProbeSuite(self.probe_settings, policy, initial)
+        if start and "grad_sum" in self.probes.matrices:
+            self.probes.load_state_dict(torch.load(saved_sums, map_location="cpu"))
         self._forward = TrlLossForward(policy, args.temperature)
         self.timer = PhaseTimer(next(policy.parameters()).device)
 
@@ -231,7 +273,7 @@ class SpectraCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         # without max_grad_norm TRL never calls _clip_grad_norm: probe and take the norm here
-        self._probe_before_update()
+        self._before_update()
         if math.isnan(self._grad_norm):
             grads = [p.grad for p in self._policy.parameters() if p.grad is not None]
             self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
@@ -258,22 +300,30 @@ class SpectraCallback(TrainerCallback):
         self._record["last_step"] = self._step
         self.results.write_status(self._record)
 
+    def on_save(self, args, state, control, **kwargs):
+        if "grad_sum" in self.probes.matrices:  # beside TRL's checkpoint, rotated away with it
+            torch.save(self.probes.state_dict(), _checkpoint_dir(args, state.global_step) / PROBE_STATE)
+
     def on_train_end(self, args, state, control, **kwargs):
         self._record.update(status="completed", ended_at=utc_now())
         self.results.write_status(self._record)
-        for name, original in self._originals.items():  # unwrap: the trainer is TRL's again
-            if original is None:
-                delattr(self.trainer, name)
-            else:
-                setattr(self.trainer, name, original)
-        self._originals.clear()
 
     # ---- probes and rows ------------------------------------------------------------------------
-    def _probe_before_update(self) -> None:
-        """On a probe step, once: batch gradients (before clipping), then the spectra."""
-        if not self._probe_now or self._probed or self._step_data is None:
+    def _before_update(self) -> None:
+        """Once per step, after TRL's backward and before clipping: grad_sum += G_t (every step,
+        like grpo run's gradient observer), then on probe steps the probes (so `grad_sum` at
+        step t is sum_{s<=t} G_s, as in grpo run)."""
+        if self._before_update_done or self._step_data is None:
             return
-        self._probed = True
+        self._before_update_done = True
+        if "grad_sum" in self.probes.matrices:
+            with self.timer.phase("probes"):
+                self.probes.accumulate_gradients()
+        if self._probe_now:
+            self._probe()
+
+    def _probe(self) -> None:
+        """Batch gradients (before clipping), then the spectra."""
         self.timer.start("probes")
         policy = self._policy
         layer_grads = self.probes.capture_layer_grads()
@@ -366,6 +416,11 @@ def _wrapped(around, original):
         return around(original, *args, **kwargs)
 
     return call
+
+
+def _checkpoint_dir(args, step: int) -> Path:
+    """TRL's checkpoint directory for `step` (transformers' PREFIX_CHECKPOINT_DIR naming)."""
+    return Path(args.output_dir) / f"checkpoint-{step}"
 
 
 def _model_name(policy: nn.Module) -> str:

@@ -43,11 +43,26 @@ def test_run_bench_times_phases_and_writes_rows(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_bench_against_trl(tmp_path):
+def test_run_bench_against_trl(tmp_path, capfd):
     pytest.importorskip("trl")
     rows = run_bench(TINY + [f"cache_dir={tmp_path}"], steps=1, vs_trl=True)
+    assert "Loading weights" not in capfd.readouterr().err  # progress=false, TRL's model too
     sides = sorted(row["side"] for row in rows)
     assert sides == ["grpo-cli", "trl"]
     assert all(row["ratio"] > 0 and row["tokens"] > 0 for row in rows)
     trl = next(row for row in rows if row["side"] == "trl")
     assert trl["rollout"] > 0 and trl["forward"] > 0 and trl["backward"] > 0 and trl["optimizer"] > 0
+
+
+@pytest.mark.parametrize("size", ["tiny", "5m", "25m", "smollm2"])
+def test_every_model_size_composes_and_builds_its_task(size):
+    from grpo_cli.bench.builder import MODEL_SIZES
+    from grpo_cli.bench.step_bench import compose_bench_config
+    from grpo_cli.tasks import build_task
+
+    assert size in MODEL_SIZES
+    cfg = compose_bench_config(parse_bench_args(["--model-size", size]))
+    assert len(build_task(cfg.task).train) > 0  # e.g. enough distinct problems for eval_size
+    if size == "smollm2":
+        assert (cfg.model.name, cfg.model.dtype, cfg.optim.lr) == ("smollm2_135m", "float32", 0.0)
+        assert cfg.task.use_chat_template and cfg.probes.enabled is False

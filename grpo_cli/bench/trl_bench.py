@@ -34,6 +34,7 @@ from grpo_cli.integrations.trl_setup import (
     task_dataset,
     task_reward,
 )
+from grpo_cli.models.loading import transformers_progress_bars
 from grpo_cli.train.loop import PHASES
 from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
 from grpo_cli.train.setup import freeze_long_lived_objects
@@ -46,7 +47,8 @@ def build_trl_trainer(setup, steps: int, options, output_dir: str, callbacks):
     from trl import GRPOConfig, GRPOTrainer
 
     cfg = setup.cfg
-    model, tokenizer = load_trl_policy(setup.source_path, setup.device)
+    with transformers_progress_bars(cfg.progress):  # the bench runs with progress=false
+        model, tokenizer = load_trl_policy(setup.source_path, setup.device)
     kwargs = grpo_config_kwargs(cfg, steps=steps + 1, output_dir=output_dir, device_type=setup.device.type)
     kwargs.update(
         bf16=options.trl_bf16,

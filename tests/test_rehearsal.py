@@ -201,3 +201,28 @@ def test_paper_rehearsal_runs_end_to_end_on_cpu(tmp_path, tiny_config):
     analysis = analyze([out], figures=False)
     assert analysis.title.startswith("REHEARSAL (not science)")
     assert analysis.notes[0].startswith("REHEARSAL, NOT SCIENCE")
+
+
+def test_plan_table_in_the_doc_is_the_modules():
+    """grpo_cli/results/rehearsal.py owns the plan's per-phase figures; docs/gpu_memory_plan.md
+    section 8 shows them, and each of its totals is the sum of its terms."""
+    import re
+
+    from grpo_cli.results.rehearsal import PLAN_STEP_S
+
+    doc = (ROOT / "docs" / "gpu_memory_plan.md").read_text()
+    section = doc[doc.index("## 8. Rehearsal"):doc.index("## 9.")]
+    phase_of = {"rollout": "rollout", "training": "train", "probes": "probes", "optimizer": "optimizer"}
+    shown = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        first = cells[0].split(" ")[0] if cells else ""
+        if len(cells) == 4 and first in phase_of:
+            plan, terms = float(cells[1]), re.sub(r"\([^)]*\)", "", cells[2])
+            shown[phase_of[first]] = plan
+            summed = sum(float(n) for n in re.findall(r"(?<![\w.])~?(\d+(?:\.\d+)?)", terms))
+            assert math.isclose(summed, plan, abs_tol=0.05), (first, terms)
+        elif cells and cells[0].startswith("step time"):
+            seconds = re.compile(r"\d+ to \d+ s")
+            assert seconds.search(cells[1])[0] == seconds.search(PLAN_STEP_S)[0], cells[1]
+    assert shown == {phase: plan for phase, (plan, _) in PLAN_GIB.items()}

@@ -3,9 +3,11 @@
 Written at the end of a run with random weights or coin-flip rewards (`experiment=
 paper_rehearsal`): the peak CUDA memory of each phase (timings.csv's `peak_<phase>_mb`, torch
 allocations only) and the step time, beside the plan's arithmetic for the paper preset (B = 8,
-R = 8, 512 new tokens, micro-batch 2, bf16, vLLM at u = 0.3, one 80 GB GPU). The plan's figures
-below are copied from docs/gpu_memory_plan.md (the section is named in each row); keep the two in
-step. Reads results only (pandas), like the analysis.
+R = 8, 512 new tokens, micro-batch 2, bf16, vLLM at u = 0.3, one 80 GB GPU). The per-phase plan
+figures live here (PLAN_GIB, PLAN_STEP_S), each naming the section of docs/gpu_memory_plan.md that
+derives it; that document's section 8 table shows them, and tests/test_rehearsal.py checks the
+table against these numbers and each total against its terms. Reads results only (pandas), like
+the analysis.
 """
 
 from __future__ import annotations

@@ -152,6 +152,10 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("rollout.max_new_tokens", 1)
     need("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     unit("rollout.vllm_gpu_memory_utilization", low_open=True)
+    if value("rollout.cuda_graphs"):  # the model and the resolved device are checked at setup
+        need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.cuda_graphs=true")
+        need("rollout.compile_decode", lambda v: not v, "false with rollout.cuda_graphs=true")
+        need("device", lambda v: v != "cpu", "cuda (or auto on a CUDA machine) with rollout.cuda_graphs=true")
     estimator = value("algorithm.name")
     at_least("rollout.group_size", 1)
     group_size = value("rollout.group_size")

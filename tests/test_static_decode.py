@@ -12,7 +12,8 @@ from grpo_cli.algorithm.logprobs import token_logprobs
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_backend import HFGenerateBackend
-from grpo_cli.rollout.static_decode import PreallocatedLayer, StaticDecodeBackend, filter_top_p
+from grpo_cli.rollout.sampling import filter_top_p
+from grpo_cli.rollout.static_decode import PreallocatedLayer, StaticDecodeBackend
 
 CPU = torch.device("cpu")
 

@@ -75,6 +75,7 @@ class TaskConfig:
 class RolloutConfig:
     backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
     compile_decode: bool = False  # hf_static: torch.compile the one-token decode step (compiles once per shape)
+    cuda_graphs: bool = False  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py; never yet run on a GPU)
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
     temperature: float = 1.0  # sampling temperature

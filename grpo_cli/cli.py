@@ -43,8 +43,8 @@ Every key and value is checked before any model is built: `grpo config OVERRIDES
 composed config, or the one-line error naming the bad key.
 
 Re-running a command resumes each run from its last checkpoint; completed runs are skipped;
-resume=false starts over. A directory held by a live run is refused. SIGTERM or Ctrl-C leaves
-run.json `interrupted` (resumable). GRPO_DEBUG=1 shows tracebacks for refused settings.
+resume=false starts over. A directory held by a live run is refused. SIGTERM or Ctrl-C finishes
+the step, saves a checkpoint and leaves run.json `interrupted` (resumable); a second one stops at once. GRPO_DEBUG=1 shows tracebacks for refused settings.
 
 Hydra's own flags: grpo run --hydra-help (--cfg job, --info, -m, --multirun, ...).
 """

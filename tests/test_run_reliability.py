@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from cli_helpers import failing_at_step, grpo_run, run_dir
+
+from grpo_cli.train.run import RunInterrupted, StopRequests
 
 ROOT = Path(__file__).resolve().parents[1]
 # long enough to be caught mid-run, with few probes and evaluations
@@ -66,24 +69,31 @@ def test_second_run_into_a_held_directory_is_refused_naming_the_holder(tmp_path,
     assert sorted(pd.read_parquet(out / "spectra.parquet")["step"].unique()) == [0, 4, 7]
 
 
-def test_sigterm_records_interrupted_and_resume_is_byte_identical(tmp_path, cache_dir):
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_is_byte_identical(
+        tmp_path, cache_dir):
+    """checkpoint_every=100: without the checkpoint taken on the signal, a re-run would start over
+    (and used to say it would resume)."""
     assert grpo_run(tmp_path / "full", cache_dir, *LONGER).exit_code == 0
-    process = spawn_run(tmp_path / "cut", cache_dir, *LONGER)
+    process = spawn_run(tmp_path / "cut", cache_dir, *LONGER, "checkpoint_every=100")
     out = run_dir(tmp_path / "cut", LONGER_NAME)
-    wait_until(lambda: (out / "checkpoints" / "latest.pt").exists(), process)
+    wait_until(lambda: status(out).get("last_step") is not None, process)
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=120)[0]
 
     assert process.returncode == 143, output
     record = status(out)
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGTERM", record
-    assert 1 <= record["last_step"] < 7
-    assert f"interrupted by SIGTERM after step {record['last_step']}" in output
+    last = record["last_step"]
+    assert 0 <= last < 7 and record["checkpoint_step"] == last + 1, record
+    assert "SIGTERM received: stopping after the step in progress" in output
+    assert (f"interrupted by SIGTERM after step {last}; re-run the same command to resume at "
+            f"step {last + 1}") in output
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == list(range(last + 1))
 
-    resumed = grpo_run(tmp_path / "cut", cache_dir, *LONGER)
+    resumed = grpo_run(tmp_path / "cut", cache_dir, *LONGER, "checkpoint_every=100")
     assert resumed.exit_code == 0, resumed.output
     record = status(out)
-    assert record["status"] == "completed" and record["resumed_from"] >= 2
+    assert record["status"] == "completed" and record["resumed_from"] == last + 1
     assert f"results: {out}" in resumed.output
     full = run_dir(tmp_path / "full", LONGER_NAME)
     for name in TABLES:
@@ -93,6 +103,19 @@ def test_sigterm_records_interrupted_and_resume_is_byte_identical(tmp_path, cach
     )
 
 
+def test_a_second_signal_stops_at_once():
+    messages = []
+    stops = StopRequests(log=messages.append)
+    stops.stop_now_if_requested()  # nothing asked yet: carries on
+    stops._handle(signal.SIGINT, None)
+    assert stops.requested == "SIGINT" and "send it again to stop at once" in messages[0]
+    with pytest.raises(RunInterrupted) as second:
+        stops._handle(signal.SIGTERM, None)
+    assert second.value.signal_name == "SIGTERM"
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C's exit path (cli.py: exit 130)
+        stops.stop_now_if_requested()
+
+
 def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch):
     with failing_at_step(monkeypatch, 3, KeyboardInterrupt()):
         result = grpo_run(tmp_path, cache_dir)
@@ -100,8 +123,18 @@ def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch)
     record = status(run_dir(tmp_path))
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGINT"
     assert record["last_step"] == 2 and record["error"] is None
-    assert "interrupted by SIGINT after step 2" in result.output
+    assert ("interrupted by SIGINT after step 2; re-run the same command to resume at step 2"
+            in result.output)  # smoke: checkpoint_every=2
     assert "it/s]" not in result.output  # progress=false: no tqdm bar from transformers either
+
+
+def test_interrupt_before_any_checkpoint_says_a_rerun_starts_over(tmp_path, cache_dir, monkeypatch):
+    with failing_at_step(monkeypatch, 1, KeyboardInterrupt()):
+        result = grpo_run(tmp_path, cache_dir, "checkpoint_every=100")
+    assert result.exit_code == 130
+    assert status(run_dir(tmp_path))["checkpoint_step"] is None
+    assert ("interrupted by SIGINT after step 0; no checkpoint yet: re-running the same command "
+            "starts over") in result.output
 
 
 def test_param_regex_matching_nothing_is_refused_before_training(tmp_path, cache_dir):

@@ -2,7 +2,9 @@
 
 `run.json` says `running` while the loop goes, `completed` at the end, `interrupted` (with the
 signal and the last step) on SIGTERM or SIGINT, and `failed` (with the error) on any exception,
-including a NaN loss; every row written before stays readable. The run holds its directory
+including a NaN loss; every row written before stays readable. The first SIGTERM or Ctrl-C lets
+the step in progress finish and saves a checkpoint there (a re-run resumes at the next step); a
+second one stops at once, and a re-run resumes from the last checkpoint (`checkpoint_step`). The run holds its directory
 (grpo_cli/results/lock.py) from its first write to its last, so two runs never share one.
 """
 
@@ -41,26 +43,46 @@ def versions() -> dict:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """SIGTERM (what SLURM and most schedulers send) ends a run like Ctrl-C: resumable."""
+    """SIGTERM (what SLURM and most schedulers send) or Ctrl-C: the run stops, resumable."""
 
-    signal_name = "SIGTERM"
+    def __init__(self, signal_name: str = "SIGTERM"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
-@contextmanager
-def sigterm_interrupts():
-    """Turn SIGTERM into RunInterrupted for the duration (main thread only, where signals land)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class StopRequests:
+    """The first SIGTERM or SIGINT asks the loop to stop after the step in progress, with a
+    checkpoint, so a re-run resumes exactly there (`checkpoint_every` may be far away); a second
+    one stops at once (a re-run then resumes from the last checkpoint). Main thread only, where
+    signals land; elsewhere the default handlers stay."""
 
-    def interrupt(signum, frame):
-        raise RunInterrupted("SIGTERM")
+    def __init__(self, log=print):
+        self.log = log
+        self.requested: str | None = None  # the first signal's name
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.requested is not None:
+            raise RunInterrupted(name)
+        self.requested = name
+        self.log(f"{name} received: stopping after the step in progress, with a checkpoint "
+                 f"(send it again to stop at once)")
+
+    def stop_now_if_requested(self) -> None:
+        if self.requested is not None:
+            raise RunInterrupted(self.requested)
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def run_experiment(cfg, run_dir: Path, log=print) -> str:
@@ -68,11 +90,12 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 
     Raises RunLockedError, before touching anything, if another live run holds `run_dir`.
     """
-    with RunLock(run_dir), sigterm_interrupts():
-        return _run_held(cfg, Path(run_dir), log)
+    stops = StopRequests(log)
+    with RunLock(run_dir), stops.installed():
+        return _run_held(cfg, Path(run_dir), log, stops)
 
 
-def _run_held(cfg, run_dir: Path, log) -> str:
+def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     results = RunResults(run_dir)
     previous = results.read_status()
     if previous and previous.get("status") == "completed" and cfg.resume:
@@ -99,6 +122,7 @@ def _run_held(cfg, run_dir: Path, log) -> str:
         "task": cfg.task.name,
         "experiment": cfg.experiment.name,
         "resumed_from": None,
+        "checkpoint_step": None,
         "gram_params": cfg.probes.param_regex,
         # Random weights or coin-flip rewards: a rehearsal of memory and time, never evidence
         "rehearsal": cfg.model.weights == "random" or cfg.task.reward == "random",
@@ -108,14 +132,17 @@ def _run_held(cfg, run_dir: Path, log) -> str:
     }
     results.write_status(record)
     try:
-        _train(cfg, results, record, log)
+        _train(cfg, results, record, log, stops)
         record["status"] = "completed"
         log(f"results: {run_dir}")
     except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM: resumable, not a failure
         record["status"] = "interrupted"
         record["stopped_by"] = getattr(error, "signal_name", "SIGINT")
+        resume_at = record["checkpoint_step"]
+        where = (f"re-run the same command to resume at step {resume_at}" if resume_at
+                 else "no checkpoint yet: re-running the same command starts over")
         log(f"interrupted by {record['stopped_by']} after step {record['last_step']}; "
-            f"re-run the same command to resume ({run_dir})")
+            f"{where} ({run_dir})")
         raise
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised
         record["status"] = "failed"
@@ -132,7 +159,7 @@ def _run_held(cfg, run_dir: Path, log) -> str:
     return record["status"]
 
 
-def _train(cfg, results: RunResults, record: dict, log) -> None:
+def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests) -> None:
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint
     from grpo_cli.train.loop import TrainingLoop
@@ -152,13 +179,14 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
     if cfg.resume:
         resumed = resume_checkpoint(results.checkpoint_path, trainer, monitor, probes, log=log)
     if resumed is not None:
-        start = record["resumed_from"] = resumed
+        start = record["resumed_from"] = record["checkpoint_step"] = resumed
         log(f"resuming {results.run_dir} at step {start}")
     freeze_long_lived_objects()
     results.truncate_from(start)
     results.ensure_files()
     results.write_status(record)
 
+    stops.stop_now_if_requested()  # a signal during set-up: nothing to save
     steps = cfg.train.steps
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:
@@ -184,9 +212,13 @@ def _train(cfg, results: RunResults, record: dict, log) -> None:
             record["last_step"] = step
             progress.advance(output.metrics["reward_mean"], accuracy)
             finished = step + 1
-            if finished % cfg.checkpoint_every == 0 or finished == steps or events:
+            if (finished % cfg.checkpoint_every == 0 or finished == steps or events
+                    or stops.requested):
                 save_checkpoint(results.checkpoint_path, finished, trainer, monitor, probes)
+                record["checkpoint_step"] = finished
             results.write_status(record)
+            if finished < steps:
+                stops.stop_now_if_requested()
             if events and cfg.alarms.stop_on_alarm:
                 record["stopped_by"] = events[0].alarm
                 log(f"stopping at step {step}: alarms.stop_on_alarm=true")

@@ -40,28 +40,21 @@ SIZES = {  # name -> (hidden, layers, heads, kv heads, intermediate, vocab or 0 
 BACKENDS = ("hf_generate", "hf_static", "hf_static_graphs", "vllm")
 
 
-def build_char_llama(directory: str, hidden: int, layers: int, heads: int, kv_heads: int,
-                     intermediate: int, vocab: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def save_char_llama(directory: str, hidden: int, layers: int, heads: int, kv_heads: int,
+                    intermediate: int, vocab: int):
+    """grpo-cli's char Llama builder (models/warm_start.py) at this shape, random weights, saved
+    with the char tokenizer as an HF directory (vLLM loads it from there)."""
+    from grpo_cli.config.schema import ModelConfig
     from grpo_cli.models.char_tokenizer import build_char_tokenizer
+    from grpo_cli.models.warm_start import build_char_llama
 
     tokenizer = build_char_tokenizer()  # the tokenizer grpo-cli's own char models use
     tokenizer.save_pretrained(directory)
-    config = LlamaConfig(
-        vocab_size=max(vocab, len(tokenizer)),
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    shape = ModelConfig(name="bench_rollout", hidden_size=hidden, num_layers=layers,
+                        num_heads=heads, intermediate_size=intermediate, max_positions=512)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = build_char_llama(shape, max(vocab, len(tokenizer)), tokenizer.pad_token_id,
+                             tokenizer.bos_token_id, tokenizer.eos_token_id, num_key_value_heads=kv_heads)
     model.save_pretrained(directory)
     return tokenizer, model.eval()
 
@@ -138,7 +131,7 @@ def main() -> None:
     device = torch.device(args.device)
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        tokenizer, model = build_char_llama(directory, *SIZES[args.size])
+        tokenizer, model = save_char_llama(directory, *SIZES[args.size])
         model = model.to(device, getattr(torch, args.dtype))
         params = sum(p.numel() for p in model.parameters())
         prompts = make_prompts(tokenizer, args.prompts)

@@ -48,14 +48,17 @@ def warm_start_key(model_cfg, task_cfg) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_char_llama(model_cfg, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
+def build_char_llama(model_cfg, vocab_size: int, pad_id: int | None, bos_id: int, eos_id: int,
+                     num_key_value_heads: int | None = None):
+    """A randomly initialised Llama of `model_cfg`'s shape (untied lm_head); key/value heads =
+    query heads unless `num_key_value_heads` is given (benchmarks of GQA shapes)."""
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=model_cfg.hidden_size,
         intermediate_size=model_cfg.intermediate_size,
         num_hidden_layers=model_cfg.num_layers,
         num_attention_heads=model_cfg.num_heads,
-        num_key_value_heads=model_cfg.num_heads,
+        num_key_value_heads=num_key_value_heads or model_cfg.num_heads,
         max_position_embeddings=model_cfg.max_positions,
         pad_token_id=pad_id,
         bos_token_id=bos_id,

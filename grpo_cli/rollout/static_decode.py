@@ -373,8 +373,10 @@ class StaticDecodeBackend:
         width = int(completion_mask.sum(dim=1).max().item()) if completion_ids.numel() else 0
         completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
         logprobs = logprobs[:, :width]
+        ids, keep = completion_ids.tolist(), completion_mask.bool().tolist()  # one copy to the host
         texts = self.tokenizer.batch_decode(
-            [row[mask.bool()] for row, mask in zip(completion_ids, completion_mask, strict=True)],
+            [[token for token, kept in zip(row, flags, strict=True) if kept]
+             for row, flags in zip(ids, keep, strict=True)],
             skip_special_tokens=True,
         )
         return assemble_batch(

@@ -15,7 +15,8 @@ Without vLLM, name the backends; on a GPU, e.g. the SmolLM2-135M shape at 64 row
         --group-size 8 --backends hf_generate,hf_static,hf_static_graphs
 
 `smollm2` has SmolLM2-135M's shape and vocabulary size (49,152; ids past the char tokenizer's
-decode to nothing), random weights. `hf_static_graphs` is `rollout.cuda_graphs=true`
+decode to nothing), random weights, and an untied output head (163M parameters, not 135M: one
+more 49,152 x 576 matrix read per token). `hf_static_graphs` is `rollout.cuda_graphs=true`
 (grpo_cli/rollout/graph_decode.py; `--tokens-per-replay` tokens per graph replay); off CUDA it
 runs the same step eagerly.
 """

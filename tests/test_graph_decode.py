@@ -200,9 +200,11 @@ def test_race_draws_follow_the_tempered_top_p_distribution(top_p):
 
 
 class HostReads(TorchDispatchMode):
-    """Counts the ops that copy a tensor value to the host (a device sync on CUDA)."""
+    """Counts the ops that copy a tensor value to the host, or size their output by the data
+    (a device sync on CUDA either way)."""
 
-    READS = ("_local_scalar_dense", "is_nonzero", "item")
+    READS = ("_local_scalar_dense", "is_nonzero", "item", "nonzero", "masked_select", "_unique2",
+             "unique_dim", "unique_consecutive")
 
     def __init__(self):
         super().__init__()

@@ -13,6 +13,7 @@ from transformers import LlamaForCausalLM
 
 from grpo_cli.probes.chunked_gram import row_spans, stack_chunk_terms
 from grpo_cli.probes.gram import (
+    distinct_rollouts,
     ghost_gram,
     gram_for_method,
     group_blocks,
@@ -519,3 +520,65 @@ def test_rollout_objectives_skip_prompt_logits_exactly(model64, batch):
     torch.testing.assert_close(trimmed, full, rtol=1e-6, atol=1e-7)
     for got, want in zip(grads, reference, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+
+
+# ---- duplicate rollouts: one pass per distinct (tokens, mask, coefficients) ---------------------
+def duplicated_batch(batch):
+    """The 6-row batch with rows 0 and 2 repeated (twice and once) and row 1's tokens repeated
+    with other coefficients (a distinct objective): 10 rows, 7 distinct."""
+    ids, mask, completion_mask, coeff = batch
+    order = torch.tensor([0, 1, 0, 2, 3, 2, 4, 0, 5, 1])
+    ids, mask, completion_mask, coeff = ids[order], mask[order], completion_mask[order], coeff[order].clone()
+    coeff[9] = 2.0 * coeff[9]
+    return ids, mask, completion_mask, coeff
+
+
+def test_distinct_rollouts_keeps_first_copies_in_order():
+    ids = torch.tensor([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4]])
+    mask = torch.ones_like(ids)
+    coeff = torch.tensor([[0.0, 1.0]] * 4 + [[0.0, 2.0]])
+    kept, index = distinct_rollouts(ids, mask, [coeff])
+    assert kept.tolist() == [0, 1, 3, 4] and index.tolist() == [0, 1, 0, 2, 3]  # row 4: other coeff
+    assert distinct_rollouts(ids[:2], mask[:2], [coeff[:2]]) is None
+    other_mask = mask.clone()
+    other_mask[2, 0] = 0  # same tokens, another mask: another objective
+    assert distinct_rollouts(ids, other_mask, [coeff[:, :1] * 0 + 1])[0].tolist() == [0, 1, 2, 3]
+
+
+def batch_rows_seen(model):
+    """Context: the batch sizes the model's forward is called with."""
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    return seen, handle
+
+
+@pytest.mark.parametrize(("method", "row_chunk"), [("auto", 0), ("auto", 3), ("per_sample", 0)])
+def test_duplicate_rollouts_run_once_and_expand_exactly(model64, batch, method, row_chunk):
+    ids, mask, _, coeff = duplicated_batch(batch)
+    reference = naive_gram(model64, ids, mask, coeff, per_param=True)  # every row, one at a time
+    seen, handle = batch_rows_seen(model64)
+    try:
+        result = per_rollout_grams(model64, ids, mask, {"k": coeff}, method=method,
+                                   per_param=True, row_chunk=row_chunk)["k"]
+    finally:
+        handle.remove()
+    assert sum(seen) == 7  # the 7 distinct rows ran, the 3 copies did not
+    assert result.gram.shape == (10, 10)
+    assert max_rel(result.gram, reference.gram) < 1e-10
+    for name, gram in reference.per_param.items():
+        assert torch.allclose(result.per_param[name], gram, rtol=1e-9, atol=1e-12 * float(gram.abs().max()))
+    assert torch.equal(result.gram[0], result.gram[2]) and torch.equal(result.gram[0], result.gram[7])
+    assert max_rel(result.gram[9], result.gram[1]) > 0.1  # same tokens, other coefficients
+
+
+def test_duplicate_rollouts_sketch_equals_unmerged(model64, batch):
+    """A copy's sketch is its original's (projections depend on the parameter only)."""
+    ids, mask, completion_mask, coeff = duplicated_batch(batch)
+    coeffs = {"adv": coeff, "score": completion_mask.double()}
+    merged = per_rollout_grams(model64, ids, mask, coeffs, method="sketch", sketch_dim=64, seed=3)
+    every = per_rollout_grams(model64, ids, mask, coeffs, method="sketch", sketch_dim=64, seed=3,
+                              merge_duplicates=False)
+    for key in coeffs:
+        assert max_rel(merged[key].gram, every[key].gram) < 1e-10

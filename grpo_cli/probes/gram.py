@@ -46,8 +46,16 @@ Frobenius errors: 0.13 at k = 1024 and 0.09 at k = 4096 (bound 0.53 / 0.37) on t
 Llama of scripts/bench_gram.py; near the bound on the 2-layer test model, whose G_i have rank
 <= 11. `auto` (exact) is usually affordable; sketch when N^2 T^2 and N T a b both are not.
 
+Duplicate rollouts (`per_rollout_grams`, on by default): rows with the same tokens, attention
+mask and coefficients have the same objective f_i, hence the same gradient G_i. The pass runs
+on the distinct rows only and K [N, N] is read off their Gram by index, K_ij = K'_{u(i) u(j)}.
+A low-entropy policy repeats completions (the CPU preset: ~half of a group's R rows at R = 8,
+docs/speed.md), so this skips that share of the forward, backward and per-rollout gradients and
+more of the Gram products. The values are the same up to rounding (the distinct rows run as a
+smaller batch); `naive_gram`, the reference, runs every row.
+
 Note: the model's dropout (if any) acts in each chunk's forward, and a fallback to `per_sample`
-may run a chunk forward again; run probes in eval mode.
+may run a chunk forward again; run probes in eval mode (with dropout, duplicates would differ).
 """
 
 from __future__ import annotations
@@ -103,6 +111,40 @@ def group_sum_gram(gram: torch.Tensor, group_size: int) -> torch.Tensor:  # [B, 
     n = gram.shape[0]
     b = n // group_size
     return gram.reshape(b, group_size, b, group_size).sum(dim=(1, 3))
+
+
+def distinct_rollouts(
+    input_ids: torch.Tensor,  # [N, L]
+    attention_mask: torch.Tensor,  # [N, L]
+    coeffs: list[torch.Tensor],  # each [N, L]
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # ([U] rows kept, [N] each row's index in them)
+    """Rows whose (tokens, mask, coefficients) appear first, in order, and for every row the
+    position of its copy among them; None when all N rows are distinct (module docstring)."""
+    n = input_ids.shape[0]
+    key = torch.cat(
+        [input_ids.double(), attention_mask.double()] + [c.double() for c in coeffs], dim=1
+    )  # [N, L (2 + S)]: token ids and 0/1 masks are exact in float64
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)  # [N] in sorted-key order
+    distinct = int(inverse.max()) + 1 if n else 0
+    if distinct == n:
+        return None
+    rows = torch.arange(n, device=inverse.device)
+    first = torch.full((distinct,), n, dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # [U] first row of each key
+    order = first.argsort()  # keys by first appearance
+    position = torch.empty_like(order)
+    position[order] = torch.arange(distinct, device=order.device)
+    return first[order], position[inverse]
+
+
+def _expand(result: GramResult, index: torch.Tensor) -> GramResult:  # index [N] into [U]
+    """K [N, N] from the distinct rows' K' [U, U]: K_ij = K'_{index_i, index_j}."""
+    rows, cols = index.unsqueeze(1), index.unsqueeze(0)
+    return GramResult(
+        result.gram[rows, cols], result.methods,
+        per_param={name: gram[rows, cols] for name, gram in result.per_param.items()},
+        sketch_dims=result.sketch_dims,
+    )
 
 
 def _resolve(model: nn.Module, params: ParamSpec) -> dict[str, nn.Parameter]:
@@ -191,6 +233,7 @@ def naive_gram(
         params,
         method="per_sample",
         per_param=per_param,
+        merge_duplicates=False,
     )["k"]
 
 
@@ -207,6 +250,7 @@ def per_rollout_grams(
     per_param: bool = False,
     row_chunk: int = 0,
     check: bool = True,
+    merge_duplicates: bool = True,
 ) -> dict[str, GramResult]:
     """Grams for several coefficient sets (e.g. {"adv": A*w, "score": w}) from one forward
     per row chunk (row_chunk rollouts at a time; 0: all at once).
@@ -215,6 +259,8 @@ def per_rollout_grams(
     its parameters, which does not change between calls, so a caller that has seen it pass on
     one batch may skip it afterwards and save the parameter gradients in the backward.
 
+    `merge_duplicates`: run identical rollouts once (module docstring); False runs every row.
+
     K_adv = diag(a) K_score diag(a) only when advantages are constant per rollout; per-token
     advantages need their own coefficient set, hence this general form.
     """
@@ -222,6 +268,11 @@ def per_rollout_grams(
         raise ValueError(f"unknown gram method {method!r}; expected one of {METHODS}")
     params = _resolve(model, params)
     names, coeffs = list(token_coeffs), list(token_coeffs.values())
+    merged = distinct_rollouts(input_ids, attention_mask, coeffs) if merge_duplicates else None
+    if merged is not None:
+        kept, index = merged  # [U], [N]
+        input_ids, attention_mask = input_ids[kept], attention_mask[kept]
+        coeffs = [c[kept.to(c.device)] for c in coeffs]
     n, device = input_ids.shape[0], input_ids.device
     if method == "per_sample":
         grams = per_sample_grams(
@@ -233,7 +284,10 @@ def per_rollout_grams(
             model, input_ids, attention_mask, coeffs, params,
             route=method, sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk, check=check,
         )
-    return {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
+    results = {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
+    if merged is not None:
+        results = {name: _expand(result, index.to(device)) for name, result in results.items()}
+    return results
 
 
 def gram_for_method(

@@ -86,6 +86,12 @@ def erank_entropy_sq(sigma) -> float:
     return _entropy_rank(_spectrum(sigma) ** 2)
 
 
+def _stable_rank(s: np.ndarray, energy: np.ndarray) -> float:  # s descending, energy = s^2
+    if s.size == 0 or s[0] <= 0:
+        return 0.0
+    return float(energy.sum() / s[0] ** 2)
+
+
 def stable_rank(sigma) -> float:
     """sum sigma^2 / sigma_1^2 = ||A||_F^2 / ||A||_2^2.
 
@@ -93,23 +99,22 @@ def stable_rank(sigma) -> float:
     1.0
     """
     s = _spectrum(sigma)
-    if s.size == 0 or s[0] <= 0:
-        return 0.0
-    return float((s**2).sum() / s[0] ** 2)
+    return _stable_rank(s, s**2)
 
 
-def participation_ratio(sigma) -> float:
-    """(sum sigma^2)^2 / sum sigma^4."""
-    energy = _spectrum(sigma) ** 2
+def _participation_ratio(energy: np.ndarray) -> float:
     fourth = (energy**2).sum()
     if fourth <= 0:
         return 0.0
     return float(energy.sum() ** 2 / fourth)
 
 
-def energy_rank(sigma, fraction: float) -> int:
-    """Fewest k with sum_{j<=k} sigma_j^2 >= fraction * sum sigma^2 (descending sigma)."""
-    energy = _spectrum(sigma) ** 2
+def participation_ratio(sigma) -> float:
+    """(sum sigma^2)^2 / sum sigma^4."""
+    return _participation_ratio(_spectrum(sigma) ** 2)
+
+
+def _energy_rank_of(energy: np.ndarray, fraction: float) -> int:  # energy descending
     total = energy.sum()
     if total <= 0:
         return 0
@@ -118,24 +123,34 @@ def energy_rank(sigma, fraction: float) -> int:
     return int(reached.argmax()) + 1
 
 
-def numerical_rank(sigma, rtol: float = 1e-6) -> int:
-    """Count of sigma_k > rtol * sigma_1."""
-    s = _spectrum(sigma)
+def energy_rank(sigma, fraction: float) -> int:
+    """Fewest k with sum_{j<=k} sigma_j^2 >= fraction * sum sigma^2 (descending sigma)."""
+    return _energy_rank_of(_spectrum(sigma) ** 2, fraction)
+
+
+def _numerical_rank(s: np.ndarray, rtol: float) -> int:  # s descending
     if s.size == 0:
         return 0
     return int((s > rtol * s[0]).sum())
 
 
+def numerical_rank(sigma, rtol: float = 1e-6) -> int:
+    """Count of sigma_k > rtol * sigma_1."""
+    return _numerical_rank(_spectrum(sigma), rtol)
+
+
 def rank_measures(sigma, rtol: float = 1e-6) -> dict[str, float]:
-    """Every measure of `RANK_MEASURES`, as floats, in that order."""
+    """Every measure of `RANK_MEASURES`, as floats, in that order (one sort of the spectrum)."""
+    s = _spectrum(sigma)
+    energy = s**2
     return {
-        "erank_entropy": erank_entropy(sigma),
-        "erank_entropy_sq": erank_entropy_sq(sigma),
-        "stable_rank": stable_rank(sigma),
-        "participation_ratio": participation_ratio(sigma),
-        "energy_rank_90": float(energy_rank(sigma, 0.90)),
-        "energy_rank_99": float(energy_rank(sigma, 0.99)),
-        "numerical_rank": float(numerical_rank(sigma, rtol)),
+        "erank_entropy": _entropy_rank(s),
+        "erank_entropy_sq": _entropy_rank(energy),
+        "stable_rank": _stable_rank(s, energy),
+        "participation_ratio": _participation_ratio(energy),
+        "energy_rank_90": float(_energy_rank_of(energy, 0.90)),
+        "energy_rank_99": float(_energy_rank_of(energy, 0.99)),
+        "numerical_rank": float(_numerical_rank(s, rtol)),
     }
 
 

@@ -1,12 +1,17 @@
 """One probe step, configuration by configuration, interleaved on the same batch: where fusing
 the probes into the training pass moves time (docs/speed.md, "Probes against a faster step").
 
-    python scripts/bench_probe_step.py [--repeats 8]
+    python scripts/bench_probe_step.py [--repeats 8] [--after-steps 40] [--only "shared prompts"]
 
 All configurations live in one process (the CPU preset's model, R = 8) and take turns step by
-step, so a change of the machine's load hits them alike. Each repetition runs `trainer.step(0)`
-(the same rollouts every time; the weights move on) and, on probe configurations, the probes'
-`record`. Prints the median forward, backward, probes-phase, rollout and total seconds.
+step, so a change of the machine's load hits them alike. Each repetition runs `trainer.step(S)`
+(the same prompts and seed every time; the weights move on) and, on probe configurations, the
+probes' `record`; S = 0 unless `--after-steps S` first trains every configuration S steps without
+probes (a later, more collapsed policy: more repeated completions). Prints the median forward,
+backward, probes-phase, rollout and total seconds, and for each probed configuration its
+schedule overhead: what a probe adds (the probes phase plus its forward and backward over the
+same training forward's probe-free ones; the rollout is left out, its time moves with the load)
+over `--every` (the preset's 5) probe-free steps.
 """
 
 from __future__ import annotations
@@ -32,30 +37,48 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--after-steps", type=int, default=0, help="train this many steps first")
+    parser.add_argument("--only", default="", help="configurations whose name contains this")
+    parser.add_argument("--every", type=int, default=5, help="probe schedule for the overhead")
     args, overrides = parser.parse_known_args()
+    configs = {name: spec for name, spec in CONFIGS.items() if args.only in name}
     base = ["experiment=cpu_rank_collapse", "progress=false", "eval.every=0",
             "rollout.group_size=8", "threads=1", "probes.every=1", *overrides]
     setups = {name: build_setup(compose_config(base + extra), log=lambda *a: None)
-              for name, (extra, _) in CONFIGS.items()}
-    times = {name: {phase: [] for phase in PHASES} for name in CONFIGS}
+              for name, (extra, _) in configs.items()}
+    step = args.after_steps
+    for setup in setups.values():
+        for earlier in range(step):
+            setup.trainer.step(earlier)
+    times = {name: {phase: [] for phase in PHASES} for name in configs}
     for _ in range(args.repeats):
-        for name, (_, probed) in CONFIGS.items():
+        for name, (_, probed) in configs.items():
             setup = setups[name]
             timer = setup.trainer.timer
             timer.clear()
-            capture = setup.probes.step_capture(0, setup.model, timer) if probed else None
-            output = setup.trainer.step(0, capture=capture)
+            capture = setup.probes.step_capture(step, setup.model, timer) if probed else None
+            output = setup.trainer.step(step, capture=capture)
             if probed:
                 with timer.phase("probes"):
-                    setup.probes.record(0, output, setup.model)
+                    setup.probes.record(step, output, setup.model)
             seconds = timer.take()
             seconds["total"] = sum(seconds.values())
             for phase in PHASES:
                 times[name][phase].append(seconds.get(phase, 0.0))
-    print(f"load average {os.getloadavg()[0]:.1f}; medians of {args.repeats} repetitions, seconds")
-    for name, by_phase in times.items():
-        cells = " ".join(f"{phase} {statistics.median(values):.3f}" for phase, values in by_phase.items())
+    print(f"load average {os.getloadavg()[0]:.1f}; step {step}; medians of {args.repeats} "
+          "repetitions, seconds")
+    median = {name: {phase: statistics.median(values) for phase, values in by_phase.items()}
+              for name, by_phase in times.items()}
+    for name, by_phase in median.items():
+        cells = " ".join(f"{phase} {seconds:.3f}" for phase, seconds in by_phase.items())
         print(f"  {name:32s} {cells}")
+    for name, (_, probed) in configs.items():
+        plain = name.split(",")[0] + ", no probe"
+        if probed and plain in median:
+            probe, free = median[name], median[plain]
+            added = probe["probes"] + sum(probe[p] - free[p] for p in ("forward", "backward"))
+            print(f"  overhead at every={args.every}, {name}: {100 * added / (args.every * free['total']):.1f}%"
+                  f" (probes phase alone: {100 * probe['probes'] / (args.every * free['total']):.1f}%)")
 
 
 if __name__ == "__main__":

@@ -53,3 +53,16 @@ def test_one_over_k_spectrum_has_small_stable_rank_and_participation_ratio():
     assert participation_ratio(sigma) == pytest.approx(second**2 / fourth, abs=1e-12)
     assert participation_ratio(sigma) == pytest.approx(2.4531, abs=1e-4)
     assert 2.0 < participation_ratio(sigma) < 3.0
+
+
+def test_matches_a_least_squares_reference_on_a_generic_spectrum():
+    generator = torch.Generator().manual_seed(2)
+    sigma = torch.rand(40, generator=generator, dtype=torch.float64) ** 3  # no power law
+    s = sigma.sort(descending=True).values
+    x, y = RANKS[:40].log(), s.log()
+    design = torch.stack([torch.ones_like(x), x], dim=1)  # [40, 2]
+    intercept, slope = torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
+    r2 = 1 - ((y - intercept - slope * x) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    alpha, fitted_r2 = fit_power_law(sigma)
+    assert alpha == pytest.approx(-float(slope), rel=1e-10)
+    assert fitted_r2 == pytest.approx(float(r2), rel=1e-10)

@@ -108,6 +108,36 @@ def test_gram_route_matches_svdvals():
     assert numerical_rank(sigma) == 6
 
 
+def test_stacked_grams_give_each_spectrum_as_if_alone():
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randn(5, 4, 9, generator=generator, dtype=torch.float64)  # 5 groups of 4 rows
+    rows[2, 3] = rows[2, 0]  # a repeated row: rank 3
+    grams = rows @ rows.mT  # [5, 4, 4]
+    stacked = singular_values_from_gram(grams)  # [5, 4]
+    assert stacked.shape == (5, 4)
+    for index in range(5):
+        assert torch.equal(stacked[index], singular_values_from_gram(grams[index]))
+    assert stacked[2, 3] < 1e-6 * stacked[2, 0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_all_measures_at_once_equal_each_measure_alone(seed):
+    """rank_measures sorts the spectrum once; every value equals its own function's exactly."""
+    generator = torch.Generator().manual_seed(seed)
+    sigma = (torch.rand(11, generator=generator, dtype=torch.float64) ** 4).numpy()
+    sigma[[2, 5]] = [0.0, -1e-17]  # unsorted, a zero and a round-off negative
+    alone = {
+        "erank_entropy": measures_module.erank_entropy(sigma),
+        "erank_entropy_sq": measures_module.erank_entropy_sq(sigma),
+        "stable_rank": measures_module.stable_rank(sigma),
+        "participation_ratio": measures_module.participation_ratio(sigma),
+        "energy_rank_90": float(energy_rank(sigma, 0.90)),
+        "energy_rank_99": float(energy_rank(sigma, 0.99)),
+        "numerical_rank": float(numerical_rank(sigma, 1e-3)),
+    }
+    assert measures_module.rank_measures(sigma, 1e-3) == alone
+
+
 def test_doctests_of_the_measures_module_pass():
     result = doctest.testmod(measures_module)
     assert result.attempted >= 5 and result.failed == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -19,15 +20,16 @@ def fit_power_law(
     determination in log-log space (1.0 for a perfectly flat spectrum). Fewer than 3 points give
     (nan, nan).
     """
-    s = sigma.detach().reshape(-1).double().sort(descending=True).values  # [K]
+    # numpy: a layer's spectrum is short, and torch's per-op overhead dominated the fit
+    s = np.sort(sigma.detach().reshape(-1).double().cpu().numpy())[::-1]  # [K] descending
     s = s[s > 0]
-    ranks = torch.arange(1, s.numel() + 1, dtype=torch.float64)  # [K'] 1-based
+    ranks = np.arange(1, s.size + 1, dtype=np.float64)  # [K'] 1-based
     keep = ranks >= k_min
     if k_max is not None:
         keep &= ranks <= k_max
     if int(keep.sum()) < 3:
         return math.nan, math.nan
-    x, y = ranks[keep].log(), s[keep].log()  # [K'']
+    x, y = np.log(ranks[keep]), np.log(s[keep])  # [K'']
     x_centered, y_centered = x - x.mean(), y - y.mean()
     slope = (x_centered * y_centered).sum() / (x_centered**2).sum()
     residual = ((y_centered - slope * x_centered) ** 2).sum()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
@@ -128,6 +129,8 @@ class ProbeSuite:
             raise ConfigError(
                 f"probes.fused_gram: {analysis_cfg.fused_gram!r}; known: {', '.join(FUSED_GRAM)}"
             )
+        if isinstance(analysis_cfg, DictConfig):  # a ProbesConfig: record reads it per group and layer
+            analysis_cfg = OmegaConf.to_object(analysis_cfg)  # (~25 us an attribute as a DictConfig)
         self.cfg = analysis_cfg
         self.matrices = set(analysis_cfg.matrices)
         self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
@@ -229,10 +232,17 @@ class ProbeSuite:
         if "group_batch" in self.matrices:
             self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
         score_blocks = grams.get("score_blocks")  # [B, R, R]
+        if not self.needs_score:
+            return
+        completion = batch.input_ids.reshape(-1, size, batch.input_ids.shape[-1])  # [B, R, L]
+        completion_mask = batch.completion_mask.reshape(-1, size, batch.completion_mask.shape[-1])
+        inverses = [distinct_rows(tokens, mask) for tokens, mask in zip(completion, completion_mask,
+                                                                          strict=True)]  # [R] each
         if "rollout_group" in self.matrices:
-            self._groups(step, "rollout_group", group_blocks(full, size), output, rows, score_blocks)
+            self._groups(step, "rollout_group", group_blocks(full, size), output, rows, score_blocks,
+                         inverses)
         if "score_group" in self.matrices:
-            self._groups(step, "score_group", score_blocks, output, rows, None)
+            self._groups(step, "score_group", score_blocks, output, rows, None, inverses)
 
     @property
     def needs_score(self) -> bool:
@@ -278,30 +288,31 @@ class ProbeSuite:
         )["score"]
         return result.gram
 
-    def _groups(self, step, matrix, blocks, output: ProbedStep, rows: ProbeRows, score_blocks) -> None:
+    def _groups(self, step, matrix, blocks, output: ProbedStep, rows: ProbeRows, score_blocks,
+                inverses: list[torch.Tensor]) -> None:
         """One row per informative group, then mean/median aggregates over them."""
         batch = output.batch
         size = batch.group_size
         advantages = output.advantages.reshape(-1, size, output.advantages.shape[-1])  # [B, R, L]
         correct = output.scored.correct.reshape(-1, size)  # [B, R]
-        completion = batch.input_ids.reshape(-1, size, batch.input_ids.shape[-1])  # [B, R, L]
-        completion_mask = batch.completion_mask.reshape(-1, size, batch.completion_mask.shape[-1])
         per_rollout = per_rollout_advantage(output.advantages, batch.completion_mask)  # [N] | None
         rollout_advantages = None if per_rollout is None else per_rollout.reshape(-1, size)  # [B, R]
-        group_rows, zero_groups = [], 0
-        for index, block in enumerate(blocks):
-            if matrix == "rollout_group" and not bool(advantages[index].abs().gt(0).any()):
-                zero_groups += 1  # zero-advantage group: a zero matrix, kept out of the SVD
-                continue
-            sigma = singular_values_from_gram(block)
+        kept = [  # zero-advantage groups have a zero matrix in rollout_group, kept out of the SVD
+            index for index in range(blocks.shape[0])
+            if matrix != "rollout_group" or bool(advantages[index].abs().gt(0).any())
+        ]
+        zero_groups = blocks.shape[0] - len(kept)
+        sigmas = singular_values_from_gram(blocks[kept]) if kept else None  # [G, R]
+        group_rows = []
+        for sigma, index in zip(sigmas if kept else [], kept, strict=True):
             minority, majority = group_composition(correct[index])
-            inverse = distinct_rows(completion[index], completion_mask[index])  # [R]
+            inverse = inverses[index]  # [R]
             extras = {
                 "minority": minority,
                 "majority": majority,
                 "distinct": int(inverse.max()) + 1 if inverse.numel() else 0,
                 "mean_abs_cosine": mean_abs_cosine(
-                    score_blocks[index] if score_blocks is not None else block
+                    score_blocks[index] if score_blocks is not None else blocks[index]
                 ),
             }
             # closed forms only where their assumptions hold (grpo_cli/probes/composition.py)

@@ -9,13 +9,12 @@ them).
 
 from __future__ import annotations
 
-import collections
 import math
 
 import pytest
 import torch
 from conftest import tiny_llama
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_reads import HostReads
 
 from grpo_cli.algorithm.logprobs import token_logprobs
 from grpo_cli.config.compose import compose_config
@@ -197,28 +196,6 @@ def test_race_draws_follow_the_tempered_top_p_distribution(top_p):
     assert chi_square(counts[support], probs) < CHI2_999[dof]
     untempered = logits[support].double().softmax(-1)  # the wrong law: the test can tell
     assert chi_square(counts[support], untempered) > 10 * CHI2_999[dof]
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the ops that copy a tensor value to the host, or size their output by the data
-    (a device sync on CUDA either way)."""
-
-    READS = ("_local_scalar_dense", "is_nonzero", "item", "nonzero", "masked_select", "_unique2",
-             "unique_dim", "unique_consecutive")
-
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in self.READS:
-            self.counts[name] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
 
 
 @pytest.mark.parametrize("max_new", [16, 32])

@@ -51,12 +51,11 @@ def test_shared_prompt_forward_with_kl_and_several_iterations(tmp_path):
 def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
     setup = setup_for(tmp_path)
     batch = setup.trainer.rollout(0, draw=0)
-    first, inverse = distinct_prompts(batch)
-    assert first.numel() == batch.num_groups
-    by_group = inverse.reshape(batch.num_groups, batch.group_size)  # [B, R]
-    assert (by_group == by_group[:, :1]).all()  # a group's rows share their prompt
-    assert torch.equal(inverse[first], torch.arange(first.numel()))
-    assert torch.equal(inverse, torch.arange(batch.num_groups).repeat_interleave(batch.group_size))
+    first, inverse = distinct_prompts(batch)  # read from the batch's prompt columns
+    assert first == list(range(0, batch.num_rollouts, batch.group_size))
+    assert inverse == [row // batch.group_size for row in range(batch.num_rollouts)]
+    # the trainer's keys (each row's problem's prompt tokens) say the same without a read
+    assert distinct_prompts(batch, setup.trainer.prompt_keys(batch)) == (first, inverse)
     plain = plain_forward(setup.model, batch)
     shared = shared_prefix_forward(setup.model, batch)
     assert shared is not None

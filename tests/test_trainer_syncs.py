@@ -1,46 +1,74 @@
-"""The update reads nothing back per micro-batch, and a non-finite loss still stops the step
-before the optimizer applies it."""
+"""A training step reads back to the host a fixed number of times, whatever the number of
+micro-batches or rows, and a non-finite loss still stops the step before the optimizer applies it.
+
+Host reads (device syncs on CUDA) are counted on CPU by tests/host_reads.py over a whole
+`TrainingLoop.run_step`, rollout and held-out evaluation set apart (their decode loops have their
+own tests).
+"""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
+from host_reads import HostReads, sites
 from step_parity import setup_for
 
 from grpo_cli.train import trainer as trainer_module
-from grpo_cli.train.trainer import NonFiniteLossError
+from grpo_cli.train.loop import TrainingLoop
+from grpo_cli.train.trainer import GRPOTrainer, NonFiniteLossError
 
-# Tensor methods that copy a value to the host (a device sync on CUDA)
-READS = ("item", "tolist", "__bool__", "__float__", "__int__")
-
-
-def trainer_reads(setup, monkeypatch) -> int:
-    """Host reads made by grpo_cli/train/trainer.py itself during one step."""
-    count = 0
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def counting(self, *args, _original=original, **kwargs):
-            nonlocal count
-            if sys._getframe(1).f_code.co_filename == trainer_module.__file__:
-                count += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counting)
-    setup.trainer.step(0)
-    monkeypatch.undo()
-    return count
+# grpo-cli's own reads in a step of one pass (docs/speed.md): the token counts, the pass's
+# logged terms (the non-finite check), the gradient norm, and the metrics row.
+OWN_READS_PER_STEP = 4
 
 
-def test_host_reads_do_not_grow_with_micro_batches(tmp_path, monkeypatch):
-    """12 rollouts in one micro-batch or in four: the same number of reads per step."""
-    reads = {
-        size: trainer_reads(setup_for(tmp_path, f"train.micro_batch_size={size}"), monkeypatch)
-        for size in (12, 3)
-    }
-    assert reads[3] == reads[12] > 0
+def step_reads(tmp_path, *overrides) -> dict[str, list]:
+    """The host reads of one `run_step` (the second; the first builds what is built once), by
+    source: rollout, eval, optimizer, transformers, and grpo-cli's own."""
+    setup = setup_for(tmp_path, "train.shared_prompt_forward=true", *overrides)
+    loop = TrainingLoop(setup.cfg, setup)
+    loop.run_step(0)
+    with HostReads() as reads:
+        loop.run_step(1)
+    rollout, evaluation = reads.within(GRPOTrainer.rollout), reads.within(TrainingLoop.evaluate)
+    sources: dict[str, list] = {"own": [], "optimizer": [], "transformers": []}
+    for read in reads.outside(GRPOTrainer.rollout):
+        if read in evaluation:
+            continue
+        files = [code.co_filename for code in read.codes]
+        if any("/torch/optim/" in name for name in files):
+            source = "optimizer"  # torch's AdamW reads its step count, a host tensor unless capturable
+        elif any("/transformers/" in name for name in files):
+            source = "transformers"
+        else:
+            source = "own"
+        sources[source].append(read)
+    return {"rollout": rollout, "eval": evaluation, **sources}
+
+
+@pytest.mark.parametrize("rows", [
+    ["rollout.prompts_per_step=3", "train.micro_batch_size=12"],  # 12 rows, one micro-batch
+    ["rollout.prompts_per_step=3", "train.micro_batch_size=3"],  # four, each within a group
+    ["rollout.prompts_per_step=6", "train.micro_batch_size=5"],  # 24 rows, five, splitting groups
+], ids=["1x12", "4x3", "5x5"])
+def test_host_reads_do_not_grow_with_micro_batches_or_rows(tmp_path, rows):
+    reads = step_reads(tmp_path, *rows)
+    own = sites(reads["own"])
+    assert len(reads["own"]) == OWN_READS_PER_STEP, own
+    assert all("grpo_cli/train/trainer.py" in site for site in own), own
+    assert len(reads["rollout"]) > 0  # the counter sees the sampler's reads, set apart here
+    # transformers' SDPA mask builder checks each forward's padding (masking_utils
+    # `_ignore_causal_mask_sdpa`): one read per model call, the training forward's only ones
+    micro_batches = -(-int(rows[0].split("=")[1]) * 4 // int(rows[1].split("=")[1]))
+    assert all(any("masking_utils" in code.co_filename for code in read.codes)
+               for read in reads["transformers"])
+    assert len(reads["transformers"]) <= 2 * micro_batches  # prompt and completion forwards
+
+
+def test_a_second_pass_adds_its_own_two_reads(tmp_path):
+    """num_iterations=2: each pass reads its logged terms and its gradient norm once."""
+    reads = step_reads(tmp_path, "algorithm.num_iterations=2", "train.micro_batch_size=5")
+    assert len(reads["own"]) == OWN_READS_PER_STEP + 2, sites(reads["own"])
 
 
 @pytest.mark.parametrize("micro_batch_size", [12, 5])

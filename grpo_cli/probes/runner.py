@@ -393,14 +393,14 @@ class StepCapture:
         self._factors: TrainingPassFactors | None = None
 
     @contextmanager
-    def micro_batch(self, rows: torch.Tensor):  # [n] contiguous row indices, in order
+    def micro_batch(self, rows: slice):  # the micro-batch's rows start:stop, in order
         if self._factors is None:
             cfg = self.suite.cfg
             device = next(self.model.parameters()).device
             builder = ShareBuilder(cfg.gram_method, check_rtol(self.model), device, cfg.sketch_dim,
                                    self.step, CHUNK_ELEMS)
             self._factors = TrainingPassFactors(self.model, self.suite.gram_params, builder)
-        with self._factors.micro_batch(rows.numel()):
+        with self._factors.micro_batch(rows.stop - rows.start):
             yield
             if self.timer is not None:  # turning the factors into Gram shares is probe time
                 self.timer.start("probes")

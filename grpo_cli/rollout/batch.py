@@ -100,15 +100,20 @@ def replace_tensors(
     return dataclasses.replace(batch, **tensors, **changes)
 
 
-def select_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
+def select_rows(batch: RolloutBatch, rows: torch.Tensor | list[int] | slice) -> RolloutBatch:
     """Rows `rows` (in that order) with their completions and the problems of their groups.
 
     A subset that splits a group (a micro-batch) keeps the problem index of every group it
     touches, in order of first appearance; `num_groups` is only meaningful for whole groups.
+    A slice (a micro-batch's rows start:stop) gives views and reads nothing back to the host.
     """
-    rows = torch.as_tensor(rows, dtype=torch.long)  # [n]
-    row_list = rows.tolist()
-    index = rows.to(batch.input_ids.device)  # [n]
+    if isinstance(rows, slice):
+        row_list = list(range(batch.num_rollouts)[rows])
+        index = rows
+    else:
+        rows = torch.as_tensor(rows, dtype=torch.long)  # [n]
+        row_list = rows.tolist()
+        index = rows.to(batch.input_ids.device)  # [n]
     groups = list(dict.fromkeys(row // batch.group_size for row in row_list))
     return replace_tensors(
         batch,

@@ -96,9 +96,15 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
 
 
-def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """Fraction of rollouts whose completion tokens all received the same advantage."""
+def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of rollouts whose completion tokens all received the same advantage (0-d, on
+    the advantages' device: nothing read back)."""
     low, high, has_tokens = advantage_range(advantages, completion_mask)
     scale = advantages.abs().max().clamp(min=1e-12)
     uniform = ((high - low) <= 1e-6 * scale) | ~has_tokens
-    return uniform.float().mean().item()
+    return uniform.float().mean()
+
+
+def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """`credit_uniform_share` as a float."""
+    return credit_uniform_share(advantages, completion_mask).item()

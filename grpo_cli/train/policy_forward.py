@@ -19,6 +19,8 @@ grpo_cli/algorithm/logprobs.py), so the [N, L, V] logits never exist at once.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 import torch
 from transformers.cache_utils import DynamicCache
 
@@ -31,35 +33,53 @@ from grpo_cli.algorithm.logprobs import (
 from grpo_cli.rollout.batch import RolloutBatch
 
 
-def distinct_prompts(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first row of each distinct prompt [U], row -> distinct prompt index [n]).
+def distinct_prompts(batch: RolloutBatch, prompt_keys: Sequence[Hashable] | None = None
+                     ) -> tuple[list[int], list[int]]:
+    """(first row of each distinct prompt [U], row -> distinct prompt index [n]), on the host.
 
     Distinct prompts are numbered in order of first appearance, so a batch of contiguous groups
-    gets inverse = [0]*R + [1]*R + ... (see `expand_rows`).
+    gets inverse = [0]*R + [1]*R + ... (see `expand_rows`). `prompt_keys` [n] (one hashable per
+    row, equal exactly where the rows' prompt columns are equal; the trainer's come from the
+    problem each row answers) spares the one read of the prompt columns back to the host.
     """
-    prompt = batch.input_ids[:, : batch.prompt_length]  # [n, P]
-    keyed = torch.where(batch.attention_mask[:, : batch.prompt_length] > 0, prompt, -1)  # [n, P]
-    _, inverse = torch.unique(keyed, dim=0, return_inverse=True)  # [n], numbered by sort order
-    count = int(inverse.max()) + 1 if inverse.numel() else 0
-    rows = torch.arange(inverse.numel(), device=inverse.device)
-    first = torch.full((count,), inverse.numel(), dtype=torch.long, device=inverse.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # [U]
-    order = torch.argsort(first)  # renumber by first appearance
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(count, device=order.device)
-    return first[order], rank[inverse]
+    if prompt_keys is None:
+        prompt = batch.input_ids[:, : batch.prompt_length]  # [n, P]
+        keyed = torch.where(batch.attention_mask[:, : batch.prompt_length] > 0, prompt, -1)  # [n, P]
+        prompt_keys = [tuple(row) for row in keyed.tolist()]  # one read (a device sync on CUDA)
+    if len(prompt_keys) != batch.num_rollouts:
+        raise ValueError(f"{len(prompt_keys)} prompt keys for {batch.num_rollouts} rows")
+    number: dict[Hashable, int] = {}
+    first, inverse = [], []
+    for row, key in enumerate(prompt_keys):
+        if key not in number:
+            number[key] = len(first)
+            first.append(row)
+        inverse.append(number[key])
+    return first, inverse
 
 
-def expand_rows(tensor: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def take_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """tensor[rows] along dim 0 for host row indices: a strided slice when they are evenly
+    spaced (no index copied to the device), else an index copied without a device sync; a
+    contiguous result either way, as advanced indexing gives."""
+    if not rows:
+        return tensor[:0].contiguous()
+    step = rows[1] - rows[0] if len(rows) > 1 else 1
+    if step > 0 and rows == list(range(rows[0], rows[-1] + 1, step)):
+        return tensor[rows[0] : rows[-1] + 1 : step].contiguous()
+    index = torch.tensor(rows, dtype=torch.long).to(tensor.device, non_blocking=True)  # [len(rows)]
+    return tensor[index]
+
+
+def expand_rows(tensor: torch.Tensor, inverse: list[int]) -> torch.Tensor:
     """tensor[inverse] along dim 0; a repeat (whose backward is a sum, not a scatter) when the
     rows come in equal contiguous groups."""
     count = tensor.shape[0]
-    if count and inverse.numel() % count == 0:
-        repeats = inverse.numel() // count
-        expected = torch.arange(count, device=inverse.device).repeat_interleave(repeats)
-        if torch.equal(inverse, expected):
+    if count and len(inverse) % count == 0:
+        repeats = len(inverse) // count
+        if inverse == [row // repeats for row in range(len(inverse))]:
             return tensor.repeat_interleave(repeats, dim=0)
-    return tensor[inverse]
+    return take_rows(tensor, inverse)
 
 
 def checkpointing(model) -> bool:
@@ -107,14 +127,14 @@ def predicted_logprobs(
 
 
 def shared_prefix_forward(
-    model, batch: RolloutBatch, chunk_mb: float = 0.0
+    model, batch: RolloutBatch, chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(logprobs [n, L], entropy [n, L]) like `forward_policy`, or None when no prompt is shared
     (or the model keeps no KV cache); the caller then runs the plain forward."""
     if not can_share(model, batch, want_hidden=False):
         return None
-    first, inverse = distinct_prompts(batch)
-    if first.numel() == batch.num_rollouts:
+    first, inverse = distinct_prompts(batch, prompt_keys)
+    if len(first) == batch.num_rollouts:
         return None
     prompt_length = batch.prompt_length
     positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
@@ -122,9 +142,9 @@ def shared_prefix_forward(
     common = {"past_key_values": cache, "use_cache": True}
     prompt_scores, _, head = final_columns(
         model, 1,
-        input_ids=batch.input_ids[first, :prompt_length],
-        attention_mask=batch.attention_mask[first, :prompt_length],
-        position_ids=positions[first, :prompt_length], **common,
+        input_ids=take_rows(batch.input_ids[:, :prompt_length], first),
+        attention_mask=take_rows(batch.attention_mask[:, :prompt_length], first),
+        position_ids=take_rows(positions[:, :prompt_length], first), **common,
     )  # [U, 1, H or V]
     for layer in cache.layers:  # [U, H, P, D] -> [n, H, P, D], differentiable
         layer.keys, layer.values = expand_rows(layer.keys, inverse), expand_rows(layer.values, inverse)
@@ -165,14 +185,15 @@ def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,
 
 
 def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False,
-                   chunk_mb: float = 0.0):
+                   chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None):
     """(logprobs [N, L], entropy [N, L], hidden [N, L, H] or None) for a batch of rollouts.
 
     `share_prompts` runs each distinct prompt once where that is exact (`can_share`); the value
     head (`want_hidden`) and activation checkpointing always take the plain forward.
+    `prompt_keys`: see `distinct_prompts`.
     """
     if share_prompts and not want_hidden:
-        shared = shared_prefix_forward(model, batch, chunk_mb)
+        shared = shared_prefix_forward(model, batch, chunk_mb, prompt_keys)
         if shared is not None:
             return (*shared, None)
     return plain_forward(model, batch, want_hidden, chunk_mb)

@@ -31,7 +31,7 @@ from grpo_cli.train.alarms import (
 from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
 from grpo_cli.train.credit import (
     ScoredBatch,
-    credit_uniform_fraction,
+    credit_uniform_share,
     overlong_penalty,
     step_tensors,
     token_advantages,
@@ -65,8 +65,8 @@ class ProbeCapture(Protocol):
     training_pass: bool  # wants the per-rollout factors of the training forward and backward
     unshare_prompts: bool  # ... even where that means each row's own prompt forward
 
-    def micro_batch(self, rows: torch.Tensor) -> AbstractContextManager:
-        """Around one micro-batch's forward and backward (rows [n], contiguous, in order)."""
+    def micro_batch(self, rows: slice) -> AbstractContextManager:
+        """Around one micro-batch's forward and backward (rows start:stop, in order)."""
 
     def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
         """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams)."""
@@ -165,7 +165,7 @@ class GRPOTrainer:
         else:
             values = [self.task.reward(text, problem)
                       for text, problem in zip(batch.completions, problems, strict=True)]
-        correct = torch.tensor(values, device=self.device)
+        correct = torch.tensor(values).to(self.device, non_blocking=True)  # [N] no device sync
         rewards = correct + overlong_penalty(
             batch.completion_lengths(), self.settings.max_new_tokens,
             algorithm.overlong_buffer, algorithm.overlong_penalty,
@@ -209,23 +209,32 @@ class GRPOTrainer:
         return batch, self.score(batch), dropped
 
     # ---- update -------------------------------------------------------------------------------
-    def micro_batches(self, num_rows: int) -> list[torch.Tensor]:
+    def micro_batches(self, num_rows: int) -> list[slice]:
+        """Contiguous row ranges: indexing with them is a view (no index tensor, no host read)."""
         size = max(1, self.cfg.train.micro_batch_size)
-        return [  # on the batch's device: indexing with them copies nothing to the device
-            torch.arange(start, min(start + size, num_rows), device=self.device)
-            for start in range(0, num_rows, size)
-        ]
+        return [slice(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+    def prompt_keys(self, batch: RolloutBatch) -> list[tuple[int, ...]] | None:
+        """Each row's prompt tokens [N] (rows of a group answer its problem), so the shared
+        prompt forward finds the distinct prompts without reading the batch back (None when the
+        batch does not say which problems it holds)."""
+        if len(batch.problem_indices) != batch.num_groups:
+            return None
+        return [tuple(self.prompt_ids[batch.problem_indices[row // batch.group_size]])
+                for row in range(batch.num_rollouts)]
 
     def old_logprobs_and_values(self, batch: RolloutBatch):
         """Log-probs of the policy that sampled (and, for ppo, values) before any update."""
         with torch.no_grad():
             parts_lp, parts_v = [], []
+            keys = self.prompt_keys(batch)
             for rows in self.micro_batches(batch.num_rollouts):
                 part = select_rows(batch, rows)
                 with self.autocast():
                     logprobs, _, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
                         share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                        prompt_keys=None if keys is None else keys[rows],
                     )
                 parts_lp.append(logprobs)
                 if self.value_head is not None:
@@ -236,10 +245,12 @@ class GRPOTrainer:
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         if self.reference_model is None:
             return None
+        keys = self.prompt_keys(batch)
         with torch.no_grad():
             return torch.cat(
                 [forward_policy(self.reference_model, select_rows(batch, rows),
-                                share_prompts=self.share_prompts, chunk_mb=self.chunk_mb)[0]
+                                share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                                prompt_keys=None if keys is None else keys[rows])[0]
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
 
@@ -287,9 +298,14 @@ class GRPOTrainer:
         timer.start("update")
         constant = algorithm.loss_constant or self.settings.max_new_tokens
         micro = self.micro_batches(batch.num_rollouts)
-        token_counts = torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro]).tolist()
+        in_completion = mask > 0  # [N, L]
+        # one read: the batch's tokens, each micro-batch's, and the completion positions
+        token_counts = torch.stack(
+            [mask.sum()] + [mask[rows].sum() for rows in micro] + [in_completion.sum().float()]
+        ).tolist()
         batch_tokens = float(token_counts[0])
-        shares = [count / max(batch_tokens, 1.0) for count in token_counts[1:]]  # micro-batch token shares
+        shares = [count / max(batch_tokens, 1.0) for count in token_counts[1:-1]]  # micro-batch token shares
+        completion_positions = int(token_counts[-1])
         weights = aggregation_weights(
             mask, algorithm.loss_agg, constant, batch_tokens=batch_tokens,
             batch_sequences=batch.num_rollouts,
@@ -303,6 +319,7 @@ class GRPOTrainer:
             and (capture.unshare_prompts or not self.share_prompts)
         )
         share_prompts = self.share_prompts and not fused
+        keys = self.prompt_keys(batch)
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
         grad_norm = 0.0
         self.model.train()
@@ -321,6 +338,7 @@ class GRPOTrainer:
                         logprobs, entropy, hidden = forward_policy(
                             self.model, part, want_hidden=self.value_head is not None,
                             share_prompts=share_prompts, chunk_mb=self.chunk_mb,
+                            prompt_keys=None if keys is None else keys[rows],
                         )
                     if iteration == 0:
                         policy_logprobs[rows] = logprobs.detach()
@@ -389,20 +407,34 @@ class GRPOTrainer:
         with timer.phase("sync_weights"):
             self.backend.sync_weights(self.model)
 
-        batch_rate = scored.correct.mean().item()
+        # ---- metrics: every logged scalar in one read ----
+        lengths = batch.completion_lengths()  # [N]
+        # the sampler's and the policy's log-probs on completion tokens, in row-major order
+        # (what boolean-mask indexing gives, without sizing the result by reading the mask)
+        positions = torch.nonzero_static(in_completion.flatten(), size=completion_positions)  # [T, 1]
+        logprob_diff = (batch.sampler_logprobs - policy_logprobs).abs().flatten()[positions[:, 0]]  # [T]
+        if not completion_positions:
+            logprob_diff = mask.new_zeros(1)  # both logged as 0.0
+        summary = [
+            scored.correct.mean(), scored.rewards.mean(), scored.rewards.std(correction=0),
+            zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
+            lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
+            credit_uniform_share(advantages, mask),
+        ]
+        read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
+        (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
+         diff_max, credit_uniform), correct = read[: len(summary)], read[len(summary):]
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
-            batch.problem_indices, scored.correct.reshape(-1, batch.group_size).tolist()
+            batch.problem_indices,
+            [correct[start : start + batch.group_size] for start in range(0, len(correct), batch.group_size)],
         )
-        lengths = batch.completion_lengths()
-        in_completion = mask > 0
-        logprob_diff = (batch.sampler_logprobs - policy_logprobs).abs()[in_completion]
         metrics = {
             "step": step,
-            "reward_mean": scored.rewards.mean().item(),
-            "reward_std": scored.rewards.std(correction=0).item(),
-            "accuracy_train": scored.correct.mean().item(),
-            "zero_variance_frac": zero_variance_groups(scored.rewards, batch.group_size).float().mean().item(),
+            "reward_mean": reward_mean,
+            "reward_std": reward_std,
+            "accuracy_train": batch_rate,
+            "zero_variance_frac": zero_variance,
             "expected_zero_variance_frac": mean_expected_zero_variance_fraction(
                 prompt_rates, batch.group_size
             ),
@@ -416,13 +448,13 @@ class GRPOTrainer:
             "entropy": totals["entropy"],
             "clip_frac": totals["clip"],
             "grad_norm": grad_norm,
-            "completion_len_mean": lengths.float().mean().item(),
-            "completion_len_max": int(lengths.max().item()),
+            "completion_len_mean": length_mean,
+            "completion_len_max": int(length_max),
             "tokens": int(batch_tokens),
-            "logprob_diff_mean": logprob_diff.mean().item() if logprob_diff.numel() else 0.0,
-            "logprob_diff_max": logprob_diff.max().item() if logprob_diff.numel() else 0.0,
+            "logprob_diff_mean": diff_mean,
+            "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
-            "credit_uniform_frac": credit_uniform_fraction(advantages, mask),
+            "credit_uniform_frac": credit_uniform,
         }
         return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 

@@ -71,6 +71,17 @@ def test_a_second_pass_adds_its_own_two_reads(tmp_path):
     assert len(reads["own"]) == OWN_READS_PER_STEP + 2, sites(reads["own"])
 
 
+@pytest.mark.parametrize("prompts", [3, 6])
+def test_process_rewards_add_two_reads_whatever_the_rows(tmp_path, prompts):
+    """algorithm=process: `step_tensors` reads the batch once (not twice per row) and the
+    estimator reads its step count and index check once."""
+    reads = step_reads(tmp_path, "algorithm=process", f"rollout.prompts_per_step={prompts}",
+                       "train.micro_batch_size=5")
+    own = sites(reads["own"])
+    assert len(reads["own"]) == OWN_READS_PER_STEP + 2, own
+    assert sum(count for site, count in own.items() if "step_tensors" in site) == 1
+
+
 @pytest.mark.parametrize("micro_batch_size", [12, 5])
 def test_non_finite_loss_stops_the_step_before_the_update(tmp_path, monkeypatch, micro_batch_size):
     setup = setup_for(tmp_path, f"train.micro_batch_size={micro_batch_size}")

@@ -292,12 +292,16 @@ def process_advantages(
     if baseline not in PROCESS_BASELINES:
         raise ValueError(f"process baseline must be one of {PROCESS_BASELINES}, got {baseline!r}")
     in_completion = completion_mask > 0  # [N, L]
-    if (step_index[in_completion] < 0).any():
+    # one read: a completion token without a step, and the largest step index
+    unindexed, last_step = torch.stack(
+        [((step_index < 0) & in_completion).any().long(), step_index.max().clamp(min=0)]
+    ).tolist()
+    if unindexed:
         raise ValueError("every completion token needs a step index >= 0")
     num_rows, length = step_rewards.shape
     if num_rows % group_size:
         raise ValueError(f"{num_rows} rollouts do not split into groups of {group_size}")
-    num_steps = int(step_index.max().clamp(min=0)) + 1  # K
+    num_steps = last_step + 1  # K
     token_step = step_index.clamp(min=0)  # [N, L]
     rewards = torch.where(in_completion, step_rewards.double(), 0.0)  # [N, L]
 

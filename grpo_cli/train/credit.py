@@ -46,27 +46,37 @@ def step_tensors(
 
     A correct step earns `step_weight`, a wrong one 0; the outcome reward lands on the last
     completion token. Tokens up to the end of step k have step index k; tokens after the last
-    step form one more segment.
+    step form one more segment. The batch is read back once; the tensors are built on the host
+    and copied to the device without a sync.
     """
-    step_rewards = torch.zeros_like(batch.completion_mask)  # [N, L]
-    step_index = torch.full_like(batch.input_ids, -1)  # [N, L]
+    mask = batch.completion_mask  # [N, L]
+    on_mask, token_ids = torch.stack([(mask != 0).long(), batch.input_ids]).tolist()  # [N, L] each
+    width = mask.shape[1]
+    step_rewards = [[0.0] * width for _ in on_mask]  # [N, L]
+    step_index = [[-1] * width for _ in on_mask]  # [N, L]
+    last = [[False] * width for _ in on_mask]  # [N, L] each row's last completion token
     for row, checks in enumerate(step_checks):
-        columns = batch.completion_mask[row].nonzero().flatten().tolist()
+        columns = [column for column, flag in enumerate(on_mask[row]) if flag]
         if not columns:
             continue
-        ids = batch.input_ids[row, columns].tolist()
-        ends = token_char_ends(tokenizer, ids)
+        ends = token_char_ends(tokenizer, [token_ids[row][column] for column in columns])
         segment = 0
         check_iter = iter(sorted(checks, key=lambda check: check.end_char))
         current = next(check_iter, None)
         for column, end in zip(columns, ends, strict=True):
-            step_index[row, column] = segment
+            step_index[row][column] = segment
             if current is not None and end >= current.end_char:
-                step_rewards[row, column] += step_weight if current.correct else 0.0
+                step_rewards[row][column] = step_weight if current.correct else 0.0
                 segment += 1
                 current = next(check_iter, None)
-        step_rewards[row, columns[-1]] += final_rewards[row]
-    return step_rewards, step_index
+        last[row][columns[-1]] = True
+
+    def on_device(values, dtype):
+        return torch.tensor(values, dtype=dtype).to(mask.device, non_blocking=True)
+
+    final = torch.where(on_device(last, torch.bool), final_rewards[:, None], 0.0)  # [N, L]
+    return (on_device(step_rewards, mask.dtype) + final.to(mask.dtype),
+            on_device(step_index, batch.input_ids.dtype))
 
 
 def token_advantages(

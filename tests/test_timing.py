@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from grpo_cli.results.writer import TIMING_COLUMNS
 from grpo_cli.train.loop import PHASES, timing_row
@@ -58,3 +59,32 @@ def test_an_exception_inside_open_phases_propagates_unchanged():
             timer.start("forward")  # explicit phases left open by the error
             raise ValueError("the real error")
     assert set(timer.take()) == {"other", "update", "forward"}  # closed, nothing left open
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_phase_boundaries_do_not_wait_and_take_reads_the_events():
+    """On CUDA a boundary records an event and returns: the host passes a phase holding a long
+    kernel at once, and `take()` (the one sync) charges the kernel's time to that phase.
+    Not run in the session that wrote it (no GPU)."""
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    timer = PhaseTimer(device)
+    start = time.perf_counter()
+    with timer.phase("other"):
+        with timer.phase("forward"):
+            torch.cuda._sleep(2_000_000_000)  # a kernel spinning ~1 s (clock cycles)
+        with timer.phase("optimizer"):
+            pass
+    host = time.perf_counter() - start  # the boundaries did not wait for the kernel
+    seconds = timer.take()
+    wall = time.perf_counter() - start
+    assert set(seconds) == {"other", "forward", "optimizer"}
+    assert host < 0.2 * seconds["forward"]
+    assert seconds["forward"] == pytest.approx(wall, rel=0.2)
+    assert seconds["optimizer"] < 0.05 and seconds["other"] < 0.05
+    assert sum(seconds.values()) <= wall
+    # the events are reused: a second step's totals are its own
+    with timer.phase("other"):
+        pass
+    assert set(timer.take()) == {"other"}

@@ -367,8 +367,14 @@ class GRPOTrainer:
                     loss.detach(), pg_loss.detach(), stats["clip_frac"],
                     (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
                 ]).double())  # exact: .item() would give the same doubles
-            # one read per pass: a non-finite loss stops the run here, before any update
-            values = torch.stack(logged).tolist()  # [micro-batches, 6]
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
+                norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            # one read per pass, the logged terms and the gradient norm: a non-finite loss or
+            # norm stops the run here, before any update
+            read = torch.cat([torch.stack(logged).flatten(), norm_tensor.double().reshape(1)]).tolist()
+            values = [read[start : start + 6] for start in range(0, len(read) - 1, 6)]  # [micro-batches, 6]
+            norm = read[-1]
             bad = next((row for row in values if not math.isfinite(row[0])), None)
             if bad is not None:
                 timer.stop("update")
@@ -376,7 +382,11 @@ class GRPOTrainer:
                     f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); "
                     "lower optim.lr or check the rewards"
                 )
+            if not math.isfinite(norm):
+                timer.stop("update")
+                raise NonFiniteLossError(f"step {step}: gradient norm is {norm}")
             if iteration == 0:  # summed in micro-batch order, as the per-micro-batch reads did
+                grad_norm = norm
                 for (loss_v, pg_v, clip_v, entropy_v, kl_v, value_v), share in zip(values, shares, strict=True):
                     totals["loss"] += loss_v
                     totals["pg_loss"] += pg_v
@@ -391,18 +401,11 @@ class GRPOTrainer:
                 with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
                     for observe in self.gradient_observers:
                         observe()
-            with timer.phase("optimizer"):  # clipping and the optimizer step
-                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
                 max_norm = self.cfg.optim.max_grad_norm
                 max_norm = max_norm if max_norm > 0 else math.inf
-                norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-                if iteration == 0:
-                    grad_norm = norm
-                if math.isfinite(norm):
-                    self.optimizer.step()
-            if not math.isfinite(norm):
-                timer.stop("update")
-                raise NonFiniteLossError(f"step {step}: gradient norm is {norm}")
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
+                self.optimizer.step()
         timer.stop("update")
         with timer.phase("sync_weights"):
             self.backend.sync_weights(self.model)

@@ -7,7 +7,13 @@ import torch
 from step_parity import assert_same_update, relative_gap, setup_for, step_loss_and_grads
 
 from grpo_cli.rollout.batch import select_rows
-from grpo_cli.train.policy_forward import distinct_prompts, plain_forward, shared_prefix_forward
+from grpo_cli.train.policy_forward import (
+    distinct_prompts,
+    expand_rows,
+    plain_forward,
+    shared_prefix_forward,
+    take_rows,
+)
 
 SHARED = "train.shared_prompt_forward=true"
 
@@ -87,3 +93,27 @@ def test_bf16_autocast_step_deviation_is_rounding_only(tmp_path):
 def test_unknown_autocast_kind_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="model.autocast='fp8'"):
         setup_for(tmp_path, "model.autocast=fp8")
+
+
+@pytest.mark.parametrize("rows", [[0, 4, 8], [3], [0, 0, 0, 1, 1], [2, 0, 1], [1, 3, 5, 6], []])
+def test_take_and_expand_rows_equal_advanced_indexing(rows):
+    """Host row lists become strided slices or a copied index; either way tensor[rows], contiguous,
+    with the gradient of tensor[rows] (a sum over repeated rows)."""
+    source = torch.randn(9, 3, 2, requires_grad=True)
+    expected = source[torch.tensor(rows, dtype=torch.long)]
+    taken = take_rows(source, rows)
+    assert torch.equal(taken, expected) and taken.is_contiguous()
+    groups = torch.randn(3, 2, requires_grad=True)
+    inverse = [row % 3 for row in rows] if rows else []
+    expanded = expand_rows(groups, inverse)
+    assert torch.equal(expanded, groups[torch.tensor(inverse, dtype=torch.long)])
+    if rows:
+        weights = torch.randn_like(expanded)
+        (grad,) = torch.autograd.grad((expanded * weights).sum(), groups)
+        reference = torch.zeros_like(groups).index_add_(0, torch.tensor(inverse), weights)
+        torch.testing.assert_close(grad, reference)
+
+
+def test_expand_rows_repeats_contiguous_groups():
+    groups = torch.arange(6.0).reshape(3, 2)
+    assert torch.equal(expand_rows(groups, [0, 0, 1, 1, 2, 2]), groups.repeat_interleave(2, dim=0))

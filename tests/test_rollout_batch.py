@@ -79,6 +79,17 @@ def test_select_rows_keeps_every_field():
     assert (part.group_size, part.prompt_length) == (2, 2)
 
 
+def test_select_rows_by_slice_equals_by_index():
+    """A micro-batch's slice gives views with the same values and host fields as its indices."""
+    batch = two_groups()
+    by_slice, by_index = select_rows(batch, slice(1, 3)), select_rows(batch, torch.tensor([1, 2]))
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(by_slice, name), getattr(by_index, name)), name
+    assert by_slice.input_ids.data_ptr() == batch.input_ids[1].data_ptr()  # a view, no copy
+    assert by_slice.completions == by_index.completions == batch.completions[1:3]
+    assert by_slice.problem_indices == by_index.problem_indices == [10, 20]
+
+
 def test_select_groups_keeps_whole_groups_in_order():
     batch = two_groups()
     part = select_groups(batch, [1])

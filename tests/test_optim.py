@@ -144,3 +144,149 @@ def test_master_params_choice():
     assert master_params(named, "none", ".*") == []
     with pytest.raises(ValueError, match="model.master_weights='fp16'"):
         master_params(named, "fp16", ".*")
+
+
+def mixed_model(seed: int = 0, device: str = "cpu"):
+    """Every kind of parameter the optimizer groups: bf16 with a master, bf16 with stochastic
+    rounding, float32; a matrix larger than a slice, a non-contiguous weight, two param groups."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def param(*shape, dtype=torch.bfloat16):
+        return torch.nn.Parameter((torch.randn(*shape, generator=generator) * 0.02).to(device, dtype))
+
+    transposed = torch.nn.Parameter(param(24, 10).detach().t())  # [10, 24], non-contiguous
+    params = {"big_master": param(40, 30), "small_master": param(7), "big_rounded": param(50, 9),
+              "small_rounded": param(5), "transposed": transposed,
+              "fp32": param(13, 11, dtype=torch.float32), "late": param(17)}
+    assert not params["transposed"].is_contiguous()
+    master = [params[name] for name in ("big_master", "small_master", "transposed")]
+    groups = [{"params": [params[name] for name in ("big_master", "big_rounded", "fp32", "late")]},
+              {"params": [params[name] for name in ("small_master", "small_rounded", "transposed")],
+               "lr": 3e-3, "weight_decay": 0.0}]
+    return params, groups, master
+
+
+def run_steps(optimizer, params, steps, first_step=0):
+    for step in range(first_step, first_step + steps):
+        generator = torch.Generator().manual_seed(100 + step)
+        for name, param in params.items():
+            if name == "late" and step < 2:
+                param.grad = None  # no gradient yet: skipped, its step count lags the others
+                continue
+            param.grad = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+        optimizer.step()
+
+
+def assert_same_state(ours, reference, ours_params, reference_params):
+    for name, param in ours_params.items():
+        other = reference_params[name]
+        assert torch.equal(param.detach(), other.detach()), name
+        state, other_state = ours.state[param], reference.state[other]
+        assert state.keys() == other_state.keys(), name
+        for key, value in state.items():
+            if key == "step":
+                assert value == other_state[key], name
+            else:
+                assert value.dtype == other_state[key].dtype, (name, key)
+                assert torch.equal(value, other_state[key]), (name, key)
+    assert set(ours._generators) == set(reference._generators)
+    for key, generator in ours._generators.items():
+        assert torch.equal(generator.get_state(), reference._generators[key].get_state())
+
+
+@pytest.mark.parametrize("slice_elements", [2**24, 64, 7])
+def test_multi_tensor_update_equals_the_per_parameter_loop_bit_for_bit(slice_elements):
+    """On CPU the chunked foreach path runs the per-parameter loop's elementwise kernels and
+    draws the same rounding noise (one draw per chunk = one per slice: CPU draws are serial):
+    parameters, moments, masters, step counts and the generator agree exactly after 4 steps."""
+    optimizers, all_params = [], []
+    for foreach in (True, False):
+        params, groups, master = mixed_model()
+        optimizers.append(MixedPrecisionAdamW(groups, lr=1e-2, weight_decay=0.1, seed=5,
+                                              master_params=master, foreach=foreach,
+                                              slice_elements=slice_elements))
+        all_params.append(params)
+        run_steps(optimizers[-1], params, steps=4)
+    assert optimizers[0].state[all_params[0]["late"]]["step"] == 2
+    start, _, _ = mixed_model()
+    for name, param in all_params[0].items():  # every parameter moved, bf16 ones included
+        assert not torch.equal(param.detach(), start[name].detach()), name
+    assert_same_state(optimizers[0], optimizers[1], all_params[0], all_params[1])
+
+
+def test_chunks_cover_every_element_once_within_the_bound():
+    """Small tensors share a chunk whole, larger ones are cut into slices; no chunk exceeds
+    `slice_elements` and every element of every parameter lies in exactly one piece."""
+    params, groups, master = mixed_model()
+    optimizer = MixedPrecisionAdamW(groups, master_params=master, slice_elements=64, foreach=True)
+    run_steps(optimizer, params, steps=3)
+    contiguous = [p for name, p in params.items() if name != "transposed"]
+    with torch.no_grad():
+        for param in params.values():
+            param.zero_()
+        chunks = list(optimizer._chunks(contiguous))
+        for chunk in chunks:
+            assert sum(piece.param.numel() for piece in chunk) <= 64
+            for piece in chunk:
+                piece.param.add_(1)  # the parameter or a view of it: writes through
+        whole = list(optimizer._chunks([params["transposed"]]))  # no flat view: one piece
+    for param in contiguous:
+        assert torch.equal(param, torch.ones_like(param))
+    pieces = [piece.param for chunk in chunks for piece in chunk]
+    assert any(piece is params["small_rounded"] for piece in pieces)  # fits: not cut
+    assert sum(piece.numel() == 64 for piece in pieces) == 1200 // 64 + 450 // 64 + 143 // 64
+    assert len(chunks) < len(pieces)  # small tensors packed together
+    assert len(whole) == 1 and whole[0][0].param is params["transposed"]
+
+
+@pytest.mark.parametrize("saved_with", [False, True], ids=["per_parameter", "foreach"])
+def test_checkpoint_from_either_path_resumes_the_uninterrupted_run(saved_with):
+    """The state dict is the same for both paths: a checkpoint written by the per-parameter loop
+    (older runs) resumes under the foreach path exactly as the run would have continued."""
+    params, groups, master = mixed_model()
+    optimizer = MixedPrecisionAdamW(groups, lr=1e-2, seed=5, master_params=master,
+                                    foreach=saved_with, slice_elements=64)
+    run_steps(optimizer, params, steps=3)
+    saved_params = {name: p.detach().clone() for name, p in params.items()}
+    saved_state = copy.deepcopy(optimizer.state_dict())
+    run_steps(optimizer, params, steps=2, first_step=3)
+
+    resumed, groups, master = mixed_model(seed=1)  # other initial values, overwritten below
+    with torch.no_grad():
+        for name, param in resumed.items():
+            param.copy_(saved_params[name])
+    fresh = MixedPrecisionAdamW(groups, lr=1e-2, seed=5, master_params=master, slice_elements=64,
+                                foreach=True)
+    fresh.load_state_dict(saved_state)
+    run_steps(fresh, resumed, steps=2, first_step=3)
+    assert_same_state(fresh, optimizer, resumed, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_multi_tensor_update_on_cuda_agrees_with_the_per_parameter_loop():
+    """On CUDA the foreach kernels may round float32 differently by ulps, and the rounding noise
+    is drawn once per chunk (other Philox offsets than one draw per slice): float32 values agree
+    to float32 round-off, bf16 ones within one bf16 step per update."""
+    runs = []
+    for foreach in (True, False):
+        params, groups, master = mixed_model(device="cuda")
+        optimizer = MixedPrecisionAdamW(groups, lr=1e-2, weight_decay=0.1, seed=5,
+                                        master_params=master, foreach=foreach, slice_elements=64)
+        run_steps(optimizer, params, steps=4)
+        runs.append((optimizer, params))
+    (ours, ours_params), (reference, reference_params) = runs
+    bf16_step = 2.0**-7  # bf16 keeps 8 significant bits: neighbours lie 2^-7 |w| apart or closer
+    for name, param in ours_params.items():
+        other = reference_params[name]
+        state, other_state = ours.state[param], reference.state[other]
+        for key in ("exp_avg", "exp_avg_sq", "master"):
+            if key in state and state[key].dtype == torch.float32:
+                torch.testing.assert_close(state[key], other_state[key], rtol=1e-5, atol=1e-7)
+        if "master" in state:
+            assert torch.equal(param.detach(), state["master"].to(param.dtype)), name
+        if param.dtype == torch.float32:
+            torch.testing.assert_close(param.detach(), other.detach(), rtol=1e-5, atol=1e-7)
+        else:  # stochastic rounding, or a master rounded to nearest
+            a, b = param.detach().float(), other.detach().float()
+            assert ((a - b).abs() <= 4 * bf16_step * torch.maximum(a.abs(), b.abs())).all(), name

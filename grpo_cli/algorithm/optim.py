@@ -14,14 +14,23 @@ most of them. `MixedPrecisionAdamW` computes every step in float32 and, per bf16
   (`model.master_weights=none`).
 
 For float32 parameters both are plain AdamW. The rounding generators' states are part of the
-optimizer's state dict, so a resumed run draws the same rounding as an uninterrupted one. The
-update is elementwise, so it runs over flat slices of each parameter (`slice_elements`), which
-bounds its float32 temporaries whatever the largest matrix is.
+optimizer's state dict, so a resumed run draws the same rounding as an uninterrupted one.
+
+The update is elementwise, so it runs on flat pieces of the parameters, packed into chunks of at
+most `slice_elements` elements: a large matrix is cut into slices and small tensors share a chunk,
+which bounds the float32 temporaries whatever the largest matrix is. Each chunk holds parameters
+of one device, dtype and kind (master or not) and is updated with multi-tensor `torch._foreach_*`
+ops: ~15 kernel launches per chunk where a per-parameter loop made ~10 per tensor (SmolLM2-135M:
+272 tensors, 9 chunks). `foreach=False` keeps the per-parameter loop, the reference the
+multi-tensor path is tested against: on CPU the two agree bit for bit (the same elementwise
+kernels; CPU random draws are serial, so one draw per chunk equals one per slice).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -37,18 +46,35 @@ def stochastic_round_to_bf16(values: torch.Tensor, generator: torch.Generator | 
     return truncated.view(torch.float32).to(torch.bfloat16)
 
 
+class _Piece(NamedTuple):
+    """Matching flat slices [n] of one parameter's tensors (whole tensors if non-contiguous)."""
+
+    param: torch.Tensor
+    grad: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    master: torch.Tensor | None
+    step: int
+
+
 class MixedPrecisionAdamW(torch.optim.Optimizer):
     """AdamW (Loshchilov & Hutter 2019) in float32; bf16 weights in `master_params` get fp32
     masters and fp32 moments, other bf16 weights stochastic rounding (module docstring)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0,
-                 slice_elements: int = 2**24, master_params=()):
+                 slice_elements: int = 2**24, master_params=(), foreach: bool | None = None):
+        if slice_elements < 1:
+            raise ValueError(f"slice_elements={slice_elements}: must be >= 1")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.seed = seed
         # Elements updated at a time: the float32 temporaries (gradient, both moments, the
         # denominator, the new weight and the rounding's int32 noise, ~8 copies) then take
         # 8 x 4 B x 2^24 = 0.5 GiB, where a whole 256000 x 3072 embedding would take ~23 GiB.
         self.slice_elements = slice_elements
+        # True: multi-tensor ops over chunks of parameters; False: a loop over parameters;
+        # None: multi-tensor on CUDA, where the loop is bound by kernel launches, the loop
+        # elsewhere (torch's optimizers decide so too; CPU timings: docs/speed.md)
+        self.foreach = foreach
         self._master_ids = {id(p) for p in master_params if p.dtype != torch.float32}
         self._generators: dict[str, torch.Generator] = {}
 
@@ -70,12 +96,11 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            for param in params:
                 state = self.state[param]
-                master = self.keeps_master(param)
                 if not state:
+                    master = self.keeps_master(param)
                     state["step"] = 0
                     moments_dtype = torch.float32 if master else param.dtype
                     state["exp_avg"] = torch.zeros_like(param, dtype=moments_dtype)
@@ -83,17 +108,105 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                     if master:
                         state["master"] = param.float()  # exact: every bf16 value is an fp32 one
                 state["step"] += 1
-                tensors = [param, param.grad, state["exp_avg"], state["exp_avg_sq"]]
-                if master:
-                    tensors.append(state["master"])
-                if not all(t.is_contiguous() for t in tensors):  # no flat view: one piece
-                    self._update(*tensors[:4], group, state["step"], *tensors[4:])
+            kinds: dict[tuple, list[torch.Tensor]] = {}  # same device, dtype, master or not
+            for param in params:
+                kind = (param.device, param.dtype, "master" in self.state[param])
+                kinds.setdefault(kind, []).append(param)
+            for (device, _, _), same_kind in kinds.items():
+                if self.uses_foreach(device):
+                    for chunk in self._chunks(same_kind):
+                        self._update_chunk(chunk, group)
                     continue
-                flat = [t.view(-1) for t in tensors]  # [numel] views: slices write through
-                for start in range(0, param.numel(), self.slice_elements):
-                    pieces = [t[start : start + self.slice_elements] for t in flat]
-                    self._update(*pieces[:4], group, state["step"], *pieces[4:])
+                for param in same_kind:
+                    self._update_param(param, group)
         return loss
+
+    def uses_foreach(self, device: torch.device) -> bool:
+        """Multi-tensor ops for parameters on `device`: `foreach`, or if None on CUDA only."""
+        return self.foreach if self.foreach is not None else device.type == "cuda"
+
+    def _update_param(self, param: torch.Tensor, group) -> None:
+        """The per-parameter path: `_update` on flat slices of one parameter's tensors."""
+        state = self.state[param]
+        tensors = [param, param.grad, state["exp_avg"], state["exp_avg_sq"]]
+        tensors += [state["master"]] if "master" in state else []
+        if not all(t.is_contiguous() for t in tensors):  # no flat view: one piece
+            self._update(*tensors[:4], group, state["step"], *tensors[4:])
+            return
+        flat = [t.view(-1) for t in tensors]  # [numel] views: slices write through
+        for start in range(0, param.numel(), self.slice_elements):
+            pieces = [t[start : start + self.slice_elements] for t in flat]
+            self._update(*pieces[:4], group, state["step"], *pieces[4:])
+
+    def _chunks(self, params) -> Iterator[list[_Piece]]:
+        """`params`' tensors as pieces, packed in order into chunks of at most `slice_elements`
+        elements: a tensor that fits goes whole, a larger one in the flat slices `_update_param`
+        takes (a non-contiguous one has no flat view: it goes whole, in a chunk of its own)."""
+        chunk, room = [], self.slice_elements
+        for param in params:
+            state = self.state[param]
+            tensors = (param, param.grad, state["exp_avg"], state["exp_avg_sq"], state.get("master"))
+            pieces = [_Piece(*tensors, state["step"])]
+            present = [t for t in tensors if t is not None]
+            if param.numel() > self.slice_elements and all(t.is_contiguous() for t in present):
+                flat = [None if t is None else t.view(-1) for t in tensors]  # [numel] views
+                pieces = [_Piece(*(None if t is None else t[start : start + self.slice_elements]
+                                   for t in flat), state["step"])
+                          for start in range(0, param.numel(), self.slice_elements)]
+            for piece in pieces:
+                size = piece.param.numel()
+                if chunk and size > room:
+                    yield chunk
+                    chunk, room = [], self.slice_elements
+                chunk.append(piece)
+                room -= size
+        if chunk:
+            yield chunk
+
+    def _update_chunk(self, pieces: list[_Piece], group) -> None:
+        """`_update` on a chunk of pieces of one device, dtype and kind: the same float32
+        arithmetic, each line one multi-tensor op over the chunk. Float32 copies of bf16
+        values are views of one flat buffer [n], n = the chunk's elements."""
+        beta1, beta2 = group["betas"]
+        sizes = [piece.param.numel() for piece in pieces]
+
+        def float32(tensors):  # (float32 values, their flat buffer or None if in place)
+            if tensors[0].dtype == torch.float32:
+                return tensors, None
+            flat = torch.empty(sum(sizes), dtype=torch.float32, device=tensors[0].device)
+            copies = [c.view(t.shape) for c, t in zip(flat.split(sizes), tensors, strict=True)]
+            torch._foreach_copy_(copies, tensors)
+            return copies, flat
+
+        params = [piece.param for piece in pieces]
+        grads, _ = float32([piece.grad for piece in pieces])
+        exp_avg_stores = [piece.exp_avg for piece in pieces]
+        exp_avg_sq_stores = [piece.exp_avg_sq for piece in pieces]
+        exp_avgs, copied = float32(exp_avg_stores)
+        exp_avg_sqs, _ = float32(exp_avg_sq_stores)
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        if copied is not None:  # bf16 moments: round the float32 values back to nearest
+            torch._foreach_copy_(exp_avg_stores, exp_avgs)
+            torch._foreach_copy_(exp_avg_sq_stores, exp_avg_sqs)
+        denom = torch._foreach_div(exp_avg_sqs, [1 - beta2**piece.step for piece in pieces])
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, group["eps"])
+        if pieces[0].master is not None:
+            updated, flat = [piece.master for piece in pieces], None
+        else:
+            updated, flat = float32(params)
+        torch._foreach_mul_(updated, 1 - group["lr"] * group["weight_decay"])
+        step_sizes = [-group["lr"] / (1 - beta1**piece.step) for piece in pieces]
+        torch._foreach_addcdiv_(updated, exp_avgs, denom, step_sizes)
+        if updated is params:
+            return  # float32 parameters, updated in place
+        if flat is not None and params[0].dtype == torch.bfloat16:
+            rounded = stochastic_round_to_bf16(flat, self._generator(params[0].device))  # [n]
+            updated = [r.view(p.shape) for r, p in zip(rounded.split(sizes), params, strict=True)]
+        torch._foreach_copy_(params, updated)  # rounded, or masters rounded to nearest
 
     def _update(self, param, grad, exp_avg_store, exp_avg_sq_store, group, step: int,
                 master=None) -> None:

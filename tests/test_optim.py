@@ -287,6 +287,7 @@ def test_multi_tensor_update_on_cuda_agrees_with_the_per_parameter_loop():
             assert torch.equal(param.detach(), state["master"].to(param.dtype)), name
         if param.dtype == torch.float32:
             torch.testing.assert_close(param.detach(), other.detach(), rtol=1e-5, atol=1e-7)
-        else:  # stochastic rounding, or a master rounded to nearest
+        else:  # stochastic rounding (other draws), or a master rounded to nearest
             a, b = param.detach().float(), other.detach().float()
-            assert ((a - b).abs() <= 4 * bf16_step * torch.maximum(a.abs(), b.abs())).all(), name
+            scale = torch.maximum(a.abs().max(), b.abs().max())  # values may cross zero
+            assert (a - b).abs().max() <= 4 * bf16_step * scale, name  # <= a step per update

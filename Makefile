@@ -15,7 +15,7 @@ SWEEP_R ?= 2,4,8
 SEEDS ?= 0,1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle smollm2-cpu analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -67,6 +67,10 @@ rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no do
 settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
+
+smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 at 32 rollouts per step (B = 32/R), 20 steps each, then analyze (~1-1.5 h)
+	for R in 2 4 8; do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) || exit 1; done
+	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
 
 analyze: $(STAMP) ## Re-analyse every sweep under results/
 	@for sweep in results/*/; do $(GRPO) analyze $$sweep; done

@@ -113,9 +113,14 @@ def analyze(
     tolerance: Annotated[float, typer.Option(help="Verdict: |rank - 2| allowed.")] = 0.5,
     trend: Annotated[float, typer.Option(help="Verdict: max |slope| of rank vs log2 R.")] = 0.25,
     last_fraction: Annotated[float, typer.Option(help="Part of training averaged for summaries.")] = 0.25,
+    follows_r: Annotated[list[str] | None, typer.Option(
+        "--follows-r", help="A config key that changes with R by design (e.g. "
+        "rollout.prompts_per_step for a fixed number of rollouts per step): part of the R axis, "
+        "not a variant. Repeatable.")] = None,
 ) -> None:
     """Turn results into plots, summary.csv/summary.md and a self-contained report.html."""
     from grpo_cli.analysis import analyze as run_analysis
+    from grpo_cli.analysis.grouping import GroupingError
     from grpo_cli.analysis.pipeline import NoUsableRuns
 
     try:
@@ -127,10 +132,14 @@ def analyze(
             tolerance=tolerance,
             trend_threshold=trend,
             last_fraction=last_fraction,
+            follows_r=follows_r or (),
         )
     except NoUsableRuns as error:
         typer.secho(f"nothing analysed: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=1) from None
+    except GroupingError as error:
+        typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
     for run in result.runs:
         for problem in run.contradictions:
             typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)

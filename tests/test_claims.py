@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from results_factory import write_run, write_sweep
 
 from grpo_cli.analysis import analyze
 from grpo_cli.analysis.claims import ClaimRules, combine, credit_claim, mann_kendall, sparsity_claim
-from grpo_cli.analysis.grouping import group_runs
+from grpo_cli.analysis.grouping import GroupingError, group_runs
 from grpo_cli.analysis.load import load_runs
 
 MATRICES = ("rollout_group", "rollout_batch")
@@ -189,3 +190,36 @@ def test_incomplete_claim_rows_do_not_break_analysis(tmp_path):
     write_run(tmp_path, group_size=2, seed=0, status="running", steps_done=3, matrices=MATRICES)
     result = analyze([tmp_path], figures=False)
     assert [c.verdict for c in result.claims][3] == "not measured"
+
+
+# ---- keys that follow R ----------------------------------------------------------------------------
+def _budget_sweep(root, seeds=(0,)):
+    """R = 2, 4, 8 at a fixed 32 rollouts per step: prompts_per_step = 32 / R."""
+    _sweep(root, rank=lambda r, seed, step: float(r), seeds=seeds)
+    for path in root.glob("**/config.yaml"):
+        config = yaml.safe_load(path.read_text())
+        config["rollout"]["prompts_per_step"] = 32 // config["rollout"]["group_size"]
+        path.write_text(yaml.safe_dump(config))
+
+
+def test_a_key_that_follows_r_joins_the_r_axis_instead_of_splitting_variants(tmp_path):
+    _budget_sweep(tmp_path)
+    assert _claims(tmp_path)[2].verdict == "undetermined"  # three variants, one R each
+    result = analyze([tmp_path], figures=False, follows_r=["rollout.prompts_per_step"])
+    claims = {claim.number: claim for claim in result.claims}
+    assert claims[2].verdict == "fails"  # rank = R across the one variant
+    assert "rollout.prompts_per_step (follows R: R=2: 16, R=4: 8, R=8: 4)" in result.grouping.describe()
+    assert result.grouping.variant_keys == []
+
+
+def test_a_key_with_two_values_at_one_r_cannot_follow_r(tmp_path):
+    _budget_sweep(tmp_path, seeds=(0, 1))
+    path = next(p for p in tmp_path.glob("**/config.yaml") if "R4" in str(p) and "s1" in str(p))
+    config = yaml.safe_load(path.read_text())
+    config["rollout"]["prompts_per_step"] = 5
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(GroupingError, match=r"--follows-r rollout.prompts_per_step: runs with R=4 "
+                                            r"have several values \(5, 8\)"):
+        analyze([tmp_path], figures=False, follows_r=["rollout.prompts_per_step"])
+    with pytest.raises(GroupingError, match="no run's config has this key"):
+        analyze([tmp_path], figures=False, follows_r=["rollout.no_such_key"])

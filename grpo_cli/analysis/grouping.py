@@ -3,12 +3,14 @@
 The group size R (`rollout.group_size`) is the x-axis of the claim and `seed` is the replicate
 axis; every other differing key (typically `algorithm.name`, the estimator) defines a *variant*,
 and each variant gets its own curves and its own verdict. Bookkeeping keys (paths, devices,
-progress bars) never define a variant.
+progress bars) never define a variant. Keys that change with R by design (`follows_r`, e.g.
+`rollout.prompts_per_step` = 32 / R for a fixed budget of rollouts per step) belong to the R
+axis instead: each must take one value per R, or the grouping is refused naming the key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grpo_cli.analysis.load import GROUP_SIZE_KEY, SEED_KEY, Run
 
@@ -33,10 +35,21 @@ _ABSENT = "<absent>"
 @dataclass(frozen=True)
 class Grouping:
     differing: list[str]  # every key that differs, R and seed included ("runs differ in: ...")
-    variant_keys: list[str]  # differing keys other than R and seed
+    variant_keys: list[str]  # differing keys other than R, seed and those that follow R
+    follows_r: dict[str, dict[int, object]] = field(default_factory=dict)  # key -> {R: value}
 
     def describe(self) -> str:
-        return ", ".join(self.differing) if self.differing else "nothing (identical configs)"
+        if not self.differing:
+            return "nothing (identical configs)"
+        return ", ".join(
+            key + (" (follows R: " + ", ".join(f"R={r}: {v}" for r, v in sorted(self.follows_r[key].items()))
+                   + ")" if key in self.follows_r else "")
+            for key in self.differing
+        )
+
+
+class GroupingError(ValueError):
+    """A key said to follow R takes several values at one R, or is in no run's config."""
 
 
 def display_name(key: str) -> str:
@@ -76,12 +89,37 @@ def variant_label(run: Run, variant_keys: list[str]) -> str:
     return ", ".join(f"{display_name(k)}={run.config.get(k, _ABSENT)}" for k in variant_keys)
 
 
-def group_runs(runs: list[Run], basis: list[Run] | None = None) -> Grouping:
+def values_by_r(runs: list[Run], key: str) -> dict[int, object]:
+    """{R: value of `key`} when every run with the same R has the same value, else GroupingError."""
+    if not any(key in run.config for run in runs):
+        raise GroupingError(f"--follows-r {key}: no run's config has this key")
+    seen: dict[int, set[str]] = {}
+    values: dict[int, object] = {}
+    for run in runs:
+        value = run.config.get(key, _ABSENT)
+        seen.setdefault(run.group_size, set()).add(repr(value))
+        values[run.group_size] = value
+    mixed = {r: sorted(v) for r, v in seen.items() if len(v) > 1}
+    if mixed:
+        r, found = next(iter(sorted(mixed.items())))
+        raise GroupingError(
+            f"--follows-r {key}: runs with R={r} have several values ({', '.join(found)}); "
+            "a key that follows R takes one value per R"
+        )
+    return values
+
+
+def group_runs(runs: list[Run], basis: list[Run] | None = None,
+               follows_r: list[str] | tuple[str, ...] = ()) -> Grouping:
     """Find the keys that differ within `basis` (default: all runs) and label every run with
     its variant (in place). The pipeline passes the analysed runs as basis, so that a failed
-    run launched with other settings does not split the runs that are averaged."""
-    differing = differing_keys(basis if basis and len(basis) > 1 else runs)
-    variant_keys = [k for k in differing if k not in (GROUP_SIZE_KEY, SEED_KEY)]
+    run launched with other settings does not split the runs that are averaged. Keys in
+    `follows_r` are part of the R axis (checked: one value per R within `basis`)."""
+    basis = basis if basis and len(basis) > 1 else runs
+    differing = differing_keys(basis)
+    follows = {key: values_by_r(basis, key) for key in follows_r}
+    variant_keys = [k for k in differing if k not in (GROUP_SIZE_KEY, SEED_KEY) and k not in follows]
     for run in runs:
         run.variant = variant_label(run, variant_keys)
-    return Grouping(differing=differing, variant_keys=variant_keys)
+    return Grouping(differing=differing, variant_keys=variant_keys,
+                    follows_r={k: v for k, v in follows.items() if k in differing})

@@ -133,12 +133,14 @@ def analyze(
     include_incomplete: bool = False,
     progress_bins: int = 8,
     figures: bool = True,
+    follows_r: list[str] | tuple[str, ...] = (),
 ) -> AnalysisResult:
     """Analyse run or sweep directories; write summary.csv/.md, figures and report.html.
 
     Output goes to `out`, or `<first path>/analysis/`. `measure` is "all" or one ranks.csv
     measure; `align` ("step" | "reward" | "accuracy") is the x-axis of the rank and dynamics
     figures; matched-progress verdicts use `align`, or the training reward when align="step".
+    `follows_r`: config keys that change with R by design (grouping.py), not variants.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -160,7 +162,7 @@ def analyze(
             for r in runs
         )
         raise NoUsableRuns(f"no run to analyse among {len(runs)}: {states}")
-    grouping = group_runs(runs, basis=analysed)
+    grouping = group_runs(runs, basis=analysed, follows_r=follows_r)
     measures = measures_present(analysed, measure)
     rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
 

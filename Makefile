@@ -13,12 +13,13 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 PIP_INSTALL = $(PY) -m pip install --quiet
 SWEEP_R ?= 2,4,8
 SEEDS ?= 0,1
+comma := ,
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle smollm2-cpu analyze bench bench-probes trl-example clean
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,8 +69,8 @@ settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) 
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
-smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 at 32 rollouts per step (B = 32/R), 20 steps each, then analyze (~1-1.5 h)
-	for R in 2 4 8; do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) || exit 1; done
+smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds $(SEEDS) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
+	for S in $(subst $(comma), ,$(SEEDS)); do for R in 2 4 8; do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
 
 analyze: $(STAMP) ## Re-analyse every sweep under results/

@@ -69,7 +69,7 @@ settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) 
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
-smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds $(SEEDS) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
+smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds 0,1 (SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
 	for S in $(subst $(comma), ,$(SEEDS)); do for R in 2 4 8; do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
 

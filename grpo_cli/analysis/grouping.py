@@ -41,11 +41,13 @@ class Grouping:
     def describe(self) -> str:
         if not self.differing:
             return "nothing (identical configs)"
-        return ", ".join(
-            key + (" (follows R: " + ", ".join(f"R={r}: {v}" for r, v in sorted(self.follows_r[key].items()))
-                   + ")" if key in self.follows_r else "")
-            for key in self.differing
-        )
+        return ", ".join(self._describe_key(key) for key in self.differing)
+
+    def _describe_key(self, key: str) -> str:
+        if key not in self.follows_r:
+            return key
+        values = ", ".join(f"R={r}: {v}" for r, v in sorted(self.follows_r[key].items()))
+        return f"{key} (follows R: {values})"
 
 
 class GroupingError(ValueError):
@@ -93,20 +95,17 @@ def values_by_r(runs: list[Run], key: str) -> dict[int, object]:
     """{R: value of `key`} when every run with the same R has the same value, else GroupingError."""
     if not any(key in run.config for run in runs):
         raise GroupingError(f"--follows-r {key}: no run's config has this key")
-    seen: dict[int, set[str]] = {}
-    values: dict[int, object] = {}
+    by_r: dict[int, dict[str, object]] = {}  # R -> {repr(value): value}
     for run in runs:
         value = run.config.get(key, _ABSENT)
-        seen.setdefault(run.group_size, set()).add(repr(value))
-        values[run.group_size] = value
-    mixed = {r: sorted(v) for r, v in seen.items() if len(v) > 1}
-    if mixed:
-        r, found = next(iter(sorted(mixed.items())))
-        raise GroupingError(
-            f"--follows-r {key}: runs with R={r} have several values ({', '.join(found)}); "
-            "a key that follows R takes one value per R"
-        )
-    return values
+        by_r.setdefault(run.group_size, {})[repr(value)] = value
+    for r, found in sorted(by_r.items()):
+        if len(found) > 1:
+            raise GroupingError(
+                f"--follows-r {key}: runs with R={r} have several values "
+                f"({', '.join(sorted(found))}); a key that follows R takes one value per R"
+            )
+    return {r: next(iter(found.values())) for r, found in by_r.items()}
 
 
 def group_runs(runs: list[Run], basis: list[Run] | None = None,

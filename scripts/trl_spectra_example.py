@@ -48,8 +48,11 @@ def train_one(cfg, task, source_path: str, run_dir: Path, args) -> None:
 
 def probe_overhead(run_dir: Path) -> str:
     timings = pd.read_csv(run_dir / "timings.csv").iloc[1:]  # step 0 warms up
-    probed = timings[timings.time_probes > 0]
-    plain = timings[timings.time_probes == 0]
+    # a probe step is one that wrote spectra; plain steps still record a tiny time_probes
+    # (the grad_sum observer), so time_probes > 0 cannot tell them apart
+    probe_steps = set(pd.read_csv(run_dir / "ranks.csv", usecols=["step"])["step"])
+    is_probe = timings.step.isin(probe_steps)
+    probed, plain = timings[is_probe], timings[~is_probe]
     if probed.empty or plain.empty:
         return f"{run_dir.name}: too few steps to compare probe and plain steps"
     probe_step, plain_step = statistics.median(probed.time_step), statistics.median(plain.time_step)

@@ -63,7 +63,7 @@ def run_figures(step: str, root: Path, expected_steps: int | None = None) -> lis
                 figures.append(Figure(f"{prefix}.probes_s", f"{label}: median probes time, probe steps",
                                       float(probed.median()), "s", f"{len(probed)} probe steps"))
         if "peak_memory_mb" in timings:
-            figures.append(Figure(f"{prefix}.peak_mb", f"{label}: peak CUDA memory",
+            figures.append(Figure(f"{prefix}.peak_mb", f"{label}: peak memory (peak_memory_mb)",
                                   float(timings["peak_memory_mb"].max()), "MB"))
         figures.append(Figure(f"{prefix}.steps", f"{label}: steps done", float(len(timings)), "",
                               f"of {expected_steps}" if expected_steps else ""))

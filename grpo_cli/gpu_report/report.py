@@ -122,9 +122,9 @@ def render_markdown(environment: dict[str, str], records: list[dict], rows: list
               "| step | figure | value | unit | target | meets | previous | note |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        previous = format_value(row["previous"])
+        previous = ""
         if row["previous_source"]:
-            previous += f" ({row['previous_source']})"
+            previous = f"{format_value(row['previous'])} ({row['previous_source']})"
         lines.append(f"| {row['step']} | {row['figure']} | {format_value(row['value'])} | {row['unit']} | "
                      f"{row['target']} | {row['meets_target']} | {previous} | {row['note']} |")
     return "\n".join(lines) + "\n"

@@ -129,7 +129,7 @@ def test_report_puts_each_figure_beside_target_and_previous(tmp_path):
     markdown = write_report(tmp_path, environment, records, docs).read_text()
     assert "- gpu: NVIDIA H100 80GB HBM3" in markdown
     assert "| rollout | graphs | 61,234 | tok/s | >= 50,000 | yes |  |  |" in markdown
-    assert "| rollout | generate | 2,000 | tok/s | >= 50,000 | no | 1,721 (H100 2026-11-22" in markdown
+    assert "| rollout | generate | 2,000 | tok/s | >= 50,000 | no | 1,721 (H100 2026-11-22, 5212bb0) |" in markdown
     assert "| rollout | pass | 120 | ms | <= 100 | no |" in markdown
     assert "| bench_25m | 4 | timeout: stopped at 120 s |" in markdown
     with open(tmp_path / "gpu_report.csv", newline="") as handle:
@@ -175,3 +175,12 @@ def test_one_real_step_on_cuda(tmp_path):
     assert figures["rank_collapse_fp32.R2.steps"] == 2
     assert figures["rank_collapse_fp32.R2.step_s"] > 0
     assert not list((tmp_path / "runs").glob("**/checkpoints"))  # deleted after the step
+
+
+def test_docs_list_every_step_with_its_limit(tmp_path):
+    text = (Path(__file__).parents[1] / "docs" / "speed.md").read_text()
+    section = text.split("## Every GPU figure in one command")[1].split("\n## ")[0]
+    for step in plan(settings(tmp_path)):
+        row = next((line for line in section.splitlines() if f"`{step.name}`" in line), None)
+        assert row is not None, f"docs/speed.md's gpu-report table lacks {step.name}"
+        assert f"{step.timeout_s} s" in row, f"{step.name}: limit {step.timeout_s} s not in {row!r}"

@@ -26,7 +26,7 @@ TARGETS: dict[str, tuple[str, float]] = {
 
 # The first GPU visit (one H100 80GB, 2026-11-22, code at 5212bb0, ../shared/FINDINGS.md and
 # issue 16), used until a report is committed under docs/.
-FIRST_VISIT = "H100 2026-11-22 (5212bb0)"
+FIRST_VISIT = "H100 2026-11-22, 5212bb0"
 FIRST_VISIT_VALUES: dict[str, tuple[float, str]] = {
     "bench_25m.ratio": (0.853, ""),
     "bench_25m.grpo_step_s": (0.358, ""),

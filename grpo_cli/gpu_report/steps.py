@@ -39,7 +39,8 @@ class Step:
     scratch: Path | None = None  # run directories (checkpoints deleted after the step)
 
     def command(self) -> str:
-        return " ".join(self.argv)
+        """The command line as printed (this interpreter shown as `python`)."""
+        return " ".join("python" if arg == sys.executable else arg for arg in self.argv)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def tests_steps(settings: Settings) -> list[Step]:
     workers = ["-n", str(settings.pytest_workers)] if settings.pytest_workers else []
     pyproject = REPO / "pyproject.toml"
     return [
-        Step("tests_fast", 1, "fast suite with CUDA visible", pytest + workers, 240,
+        Step("tests_fast", 1, "fast suite with CUDA visible", pytest + workers, 180,
              lambda: checks.check_tests([REPO / "tests"], None, pyproject),
              lambda log: collect.pytest_figures("tests_fast", log)),
         Step("tests_gpu", 1, "gpu tier (`-m gpu`)", pytest + ["-m", "gpu", "tests"], 150,
@@ -86,7 +87,7 @@ def rank_collapse_step(settings: Settings, dtype: str) -> Step:
     sizes = ",".join(str(size) for size in settings.group_sizes)
     return Step(
         name, 2, f"cpu_rank_collapse on CUDA, {dtype}, R = {sizes}, {settings.rank_steps} steps, probes",
-        grpo(settings, "run", "-m", *base, f"rollout.group_size={sizes}"), 120,
+        grpo(settings, "run", "-m", *base, f"rollout.group_size={sizes}"), 150,
         lambda: checks.check_overrides([base + [f"rollout.group_size={size}"]
                                         for size in settings.group_sizes]),
         lambda log: collect.run_figures(name, settings.scratch_dir / name, settings.rank_steps),

@@ -54,6 +54,8 @@ class Settings:
     smollm2_steps: int = 4  # steps of the gpu_smollm2 run
     rehearsal_backend: str = field(default_factory=lambda: (
         "vllm" if importlib.util.find_spec("vllm") else "hf_static"))
+    gsm8k_dir: Path | None = field(default_factory=lambda: next(  # offline GSM8K (no hub)
+        (path for path in [REPO.parent / "shared" / "data" / "gsm8k"] if (path / "test.jsonl").exists()), None))
     pytest_workers: int = field(default_factory=lambda: 8 if importlib.util.find_spec("xdist") else 0)
 
 
@@ -125,6 +127,8 @@ def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -
 def rehearsal_step(settings: Settings) -> Step:
     overrides = ["experiment=paper_rehearsal", f"rollout.backend={settings.rehearsal_backend}",
                  *run_overrides(settings, "rehearsal")]
+    if settings.gsm8k_dir is not None:  # the preset's prompts; a GPU machine has no hub
+        overrides.append(f"task.path={settings.gsm8k_dir}")
     return Step(
         "rehearsal", 5, f"paper rehearsal at full size, rollout.backend={settings.rehearsal_backend}",
         grpo(settings, "run", *overrides), 360,

@@ -184,3 +184,11 @@ def test_docs_list_every_step_with_its_limit(tmp_path):
         row = next((line for line in section.splitlines() if f"`{step.name}`" in line), None)
         assert row is not None, f"docs/speed.md's gpu-report table lacks {step.name}"
         assert f"{step.timeout_s} s" in row, f"{step.name}: limit {step.timeout_s} s not in {row!r}"
+
+
+def test_environment_names_gpu_and_versions():
+    from grpo_cli.gpu_report.runner import environment
+
+    env = environment()
+    assert {"date", "gpu", "cuda", "torch", "transformers", "trl", "vllm", "commit"} <= set(env)
+    assert env["torch"].split("+")[0].count(".") == 2

@@ -214,7 +214,10 @@ def main(argv: list[str] | None = None, cuda_available: Callable[[], bool] | Non
         print("gpu-report: no CUDA device (torch.cuda.is_available() is False); on a CPU machine "
               "use --dry-run (or GPU_REPORT_DRY=1) to check the plan")
         return 2
-    run_steps(steps, out_dir, args.budget_min * 60)
+    ran = run_steps(steps, out_dir, args.budget_min * 60)
+    not_ok = [f"{record['name']} ({record['status']})" for record in ran if record["status"] != "ok"]
+    print(f"{len(ran) - len(not_ok)} of {len(ran)} steps ok" + (f"; {', '.join(not_ok)}: see "
+          f"{out_dir / 'logs'}" if not_ok else ""))
     records = saved_records(out_dir, plan(settings) + list(extra_steps or []))
     env = environment()
     path = report.write_report(out_dir, env, records, REPO / "docs")

@@ -192,3 +192,27 @@ def test_environment_names_gpu_and_versions():
     env = environment()
     assert {"date", "gpu", "cuda", "torch", "transformers", "trl", "vllm", "commit"} <= set(env)
     assert env["torch"].split("+")[0].count(".") == 2
+
+
+def test_bench_rollout_train_pass_updates_every_parameter(tmp_path):
+    """The rollout step's training pass does the whole update: forward, backward, AdamW."""
+    import importlib.util
+
+    import torch
+
+    from grpo_cli.rollout.base import SamplingSettings
+    from grpo_cli.rollout.static_decode import StaticDecodeBackend
+
+    path = Path(__file__).parents[1] / "scripts" / "bench_rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    bench_rollout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_rollout)
+    tokenizer, model = bench_rollout.save_char_llama(str(tmp_path), *bench_rollout.SIZES["tiny"])
+    prompts = bench_rollout.make_prompts(tokenizer, 2)
+    settings = SamplingSettings(group_size=3, max_new_tokens=6, temperature=1.0, top_p=1.0)
+    batch = StaticDecodeBackend(model, tokenizer, torch.device("cpu")).generate(prompts, settings, 0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    seconds = bench_rollout.train_pass(model, batch, [row // 3 for row in range(6)], repeats=2)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
+    assert unchanged == []

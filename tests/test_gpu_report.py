@@ -216,3 +216,22 @@ def test_bench_rollout_train_pass_updates_every_parameter(tmp_path):
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
     unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
     assert unchanged == []
+
+
+def test_rehearsal_reader_puts_each_phase_beside_its_plan(tmp_path):
+    import pandas as pd
+
+    from grpo_cli.results.rehearsal import PLAN_GIB, rehearsal_table
+
+    run_dir = tmp_path / "paper_rehearsal" / "R8-grpo-s0"
+    run_dir.mkdir(parents=True)
+    timings = pd.DataFrame({"step": [0, 1, 2], "time_step": [30.0, 20.0, 22.0],
+                            "peak_memory_mb": [40960.0, 51200.0, 50000.0],
+                            **{f"peak_{phase}_mb": [10240.0, 20480.0, 15360.0] for phase in PLAN_GIB}})
+    timings.to_csv(run_dir / "timings.csv", index=False)
+    rehearsal_table(timings).to_csv(run_dir / "rehearsal.csv", index=False)
+    figures = {f.key: f for f in collect.rehearsal_figures("rehearsal", tmp_path)}
+    assert figures["rehearsal.rollout.peak_gib"].value == 20.0
+    assert figures["rehearsal.rollout.peak_gib"].note == f"plan {PLAN_GIB['rollout'][0]} GiB"
+    assert figures["rehearsal.whole_step.peak_gib"].value == 50.0
+    assert figures["rehearsal.step_s"].value == 21.0  # median after step 0

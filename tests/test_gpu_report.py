@@ -235,3 +235,21 @@ def test_rehearsal_reader_puts_each_phase_beside_its_plan(tmp_path):
     assert figures["rehearsal.rollout.peak_gib"].note == f"plan {PLAN_GIB['rollout'][0]} GiB"
     assert figures["rehearsal.whole_step.peak_gib"].value == 50.0
     assert figures["rehearsal.step_s"].value == 21.0  # median after step 0
+
+
+def test_run_reader_tells_probe_steps_by_ranks_csv(tmp_path):
+    """Plain steps record a tiny time_probes (the grad_sum observer): probe steps are those
+    that wrote ranks.csv."""
+    import pandas as pd
+
+    run_dir = tmp_path / "cpu_rank_collapse" / "R4-grpo-s0-model.dtype=float32"
+    run_dir.mkdir(parents=True)
+    pd.DataFrame({"step": range(6), "time_step": [9.0, 0.2, 0.4, 0.3, 0.5, 1.0],
+                  "time_probes": [5.0, 1e-4, 1e-4, 1e-4, 1e-4, 0.6],
+                  "peak_memory_mb": [100.0, 120.0, 110.0, 110.0, 110.0, 130.0]}
+                 ).to_csv(run_dir / "timings.csv", index=False)
+    pd.DataFrame({"step": [0, 0, 5], "matrix": ["a", "b", "a"]}).to_csv(run_dir / "ranks.csv", index=False)
+    pd.DataFrame({"step": [0, 6], "accuracy": [0.25, 0.5]}).to_csv(run_dir / "eval.csv", index=False)
+    figures = {f.key: f.value for f in collect.run_figures("rank", tmp_path, 30)}
+    assert figures == {"rank.R4.step_s": 0.35, "rank.R4.probes_s": 2.8, "rank.R4.peak_mb": 130.0,
+                       "rank.R4.steps": 6.0, "rank.R4.accuracy": 0.5}

@@ -45,23 +45,30 @@ def run_label(run_dir: Path) -> str:
     return f"R{match.group(1)}" if match else run_dir.name
 
 
+def probe_steps(run_dir: Path) -> set[int]:
+    """Steps that wrote ranks.csv rows. Plain steps record a tiny time_probes too (the grad_sum
+    observer), so time_probes > 0 does not tell them apart."""
+    ranks = run_dir / "ranks.csv"
+    return set(pd.read_csv(ranks, usecols=["step"])["step"]) if ranks.exists() else set()
+
+
 def run_figures(step: str, root: Path, expected_steps: int | None = None) -> list[Figure]:
-    """Per run: median step time after step 0, median probes time on probe steps, peak memory,
-    steps done, last held-out accuracy."""
+    """Per run: median plain step time after step 0, median probes time on probe steps, peak
+    memory, steps done, last held-out accuracy."""
     figures = []
     for run_dir in run_directories(root):
         label = run_label(run_dir)
         timings = pd.read_csv(run_dir / "timings.csv")
-        later = timings[timings["step"] > timings["step"].min()]
-        steady = later if len(later) else timings
+        is_probe = timings["step"].isin(probe_steps(run_dir))
+        plain = timings[~is_probe & (timings["step"] > timings["step"].min())]
         prefix = f"{step}.{label}"
-        figures.append(Figure(f"{prefix}.step_s", f"{label}: median step time after step 0",
-                              float(steady["time_step"].median()), "s"))
-        if "time_probes" in timings:
-            probed = timings[timings["time_probes"] > 0]["time_probes"]
-            if len(probed):
-                figures.append(Figure(f"{prefix}.probes_s", f"{label}: median probes time, probe steps",
-                                      float(probed.median()), "s", f"{len(probed)} probe steps"))
+        if len(plain):
+            figures.append(Figure(f"{prefix}.step_s", f"{label}: median step time, plain steps after step 0",
+                                  float(plain["time_step"].median()), "s", f"{len(plain)} steps"))
+        if is_probe.any() and "time_probes" in timings:
+            probed = timings[is_probe]
+            figures.append(Figure(f"{prefix}.probes_s", f"{label}: median probes time, probe steps",
+                                  float(probed["time_probes"].median()), "s", f"{len(probed)} probe steps"))
         if "peak_memory_mb" in timings:
             figures.append(Figure(f"{prefix}.peak_mb", f"{label}: peak memory (peak_memory_mb)",
                                   float(timings["peak_memory_mb"].max()), "MB"))

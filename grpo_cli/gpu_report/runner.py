@@ -175,10 +175,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", help="comma list of step names or issue step numbers (1-6)")
     parser.add_argument("--skip", help="comma list of step names or issue step numbers to leave out")
     parser.add_argument("--budget-min", type=float, default=25.0, help="whole run, minutes")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "gpu_report",
-                        help="report directory (small: copy it back)")
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")  # parts of one visit add up, not visits
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "gpu_report" / today,
+                        help="report directory (small: copy it back); default results/gpu_report/DATE")
     parser.add_argument("--scratch", type=Path, default=None,
-                        help="run directories (default: <out>/../gpu_report_runs)")
+                        help="run directories, checkpoints deleted after each step (default: <out>-runs)")
     return parser.parse_args(argv)
 
 
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None, cuda_available: Callable[[], bool] | Non
     args = parse_args(argv)
     out_dir = args.out.resolve()
     settings = Settings(out_dir=out_dir,
-                        scratch_dir=(args.scratch or out_dir.parent / "gpu_report_runs").resolve())
+                        scratch_dir=(args.scratch or out_dir.parent / f"{out_dir.name}-runs").resolve())
     steps = plan(settings) + list(extra_steps or [])
     try:
         steps = select(steps, args.only, args.skip)

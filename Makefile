@@ -16,7 +16,7 @@ SEEDS ?= 0,1
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper settle smollm2-cpu analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLL
 
 rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no download: memory per phase, step time
 	$(GRPO) run experiment=paper_rehearsal $(ARGS)
+
+gpu-report: $(STAMP) ## Every GPU figure in one run (~25 min on one H100): tests, CUDA runs, rollout tok/s, --vs-trl, rehearsal; DRY=1 checks the plan on CPU (ARGS=--only 3,4 ...)
+	$(PY) -m grpo_cli.gpu_report $(if $(DRY),--dry-run) $(ARGS)
 
 settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel

@@ -19,6 +19,12 @@ decode to nothing), random weights, and an untied output head (163M parameters, 
 more 49,152 x 576 matrix read per token). `hf_static_graphs` is `rollout.cuda_graphs=true`
 (grpo_cli/rollout/graph_decode.py; `--tokens-per-replay` tokens per graph replay); off CUDA it
 runs the same step eagerly.
+
+`--train-pass` also times the training pass on the last hf_static batch (or a fresh one): the
+training forward `grpo run` uses (grpo_cli/train/policy_forward.py, shared prompts), the clipped
+GRPO loss, backward, gradient clipping and the optimizer `grpo run` builds (AdamW, or the
+mixed-precision AdamW with fp32 masters for bf16 weights): issue 16's "64 x ~100 tokens" pass.
+`--dry-run` checks the arguments and prints what would run, without importing torch.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import torch  # noqa: E402
 
 SIZES = {  # name -> (hidden, layers, heads, kv heads, intermediate, vocab or 0 = the tokenizer's)
     "tiny": (128, 2, 4, 4, 256, 0),  # head_dim 32 or 64 (vLLM CPU attention)
@@ -45,6 +54,8 @@ def save_char_llama(directory: str, hidden: int, layers: int, heads: int, kv_hea
                     intermediate: int, vocab: int):
     """grpo-cli's char Llama builder (models/warm_start.py) at this shape, random weights, saved
     with the char tokenizer as an HF directory (vLLM loads it from there)."""
+    import torch
+
     from grpo_cli.config.schema import ModelConfig
     from grpo_cli.models.char_tokenizer import build_char_tokenizer
     from grpo_cli.models.warm_start import build_char_llama
@@ -67,6 +78,8 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
 
 def hf_rollout(model, prompts, settings, pad_id: int, seed: int) -> tuple[int, torch.Tensor]:
     """Sample with model.generate (left-padded batch) plus the sampled tokens' log-probs."""
+    import torch
+
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     attention_mask = (
@@ -97,7 +110,52 @@ def hf_rollout(model, prompts, settings, pad_id: int, seed: int) -> tuple[int, t
     return int(counted.sum()), logprobs * counted
 
 
-def main() -> None:
+def train_pass(model, batch, prompt_keys: list[int], repeats: int) -> list[float]:
+    """Seconds of each of `repeats` training passes (after one warm-up) over `batch`: forward
+    with shared prompts, the clipped GRPO loss at ratio 1, backward, clipping, optimizer step."""
+    import torch
+
+    from grpo_cli.algorithm.loss import policy_loss
+    from grpo_cli.algorithm.optim import build_optimizer, master_params
+    from grpo_cli.config.schema import ModelConfig, OptimConfig, TrainConfig
+    from grpo_cli.train.policy_forward import forward_policy
+
+    optim_cfg = OptimConfig()
+    named = list(model.named_parameters())
+    master = master_params(named, ModelConfig().master_weights, "")  # bf16 weights: fp32 masters
+    optimizer = build_optimizer([p for _, p in named], optim_cfg, seed=0, master=master)
+    generator = torch.Generator().manual_seed(0)
+    advantages = torch.randn(batch.num_rollouts, 1, generator=generator).to(batch.input_ids.device)
+    advantages = advantages.expand_as(batch.completion_mask)  # [N, L]: one value per rollout
+    model.train()
+    seconds = []
+    for repeat in range(repeats + 1):  # the first pass is a warm-up
+        if batch.input_ids.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        logprobs, _, _ = forward_policy(model, batch, share_prompts=True,
+                                        chunk_mb=TrainConfig().logits_chunk_mb,
+                                        prompt_keys=prompt_keys)  # [N, L]
+        loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, batch.completion_mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim_cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if batch.input_ids.is_cuda:
+            torch.cuda.synchronize()
+        if repeat:
+            seconds.append(time.perf_counter() - start)
+    model.eval()
+    return seconds
+
+
+def device_name(value: str) -> str:
+    if value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not cpu, cuda or cuda:N")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny", choices=sorted(SIZES))  # one engine per process
     parser.add_argument("--prompts", type=int, default=8)  # B
@@ -107,18 +165,34 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu")  # cpu | cuda (vLLM picks its own)
+    parser.add_argument("--device", default="cpu", type=device_name)  # vLLM picks its own
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--backends", default="hf_generate,hf_static,vllm",
                         help="comma-separated, from " + ", ".join(BACKENDS))
     parser.add_argument("--tokens-per-replay", type=int, default=8)  # hf_static_graphs: k
+    parser.add_argument("--train-pass", action="store_true",
+                        help="also time forward + backward + optimizer over one hf_static batch")
     parser.add_argument("--out", default=None, help="CSV file to append the rows to")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    chosen = args.backends.split(",")
-    unknown = sorted(set(chosen) - set(BACKENDS))
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the arguments, print the plan, run nothing")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.backends.split(",")) - set(BACKENDS))
     if unknown:
         parser.error(f"--backends: unknown {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    chosen = args.backends.split(",")
+    if args.dry_run:
+        print(f"bench_rollout: {args.size} on {args.device} ({args.dtype}), {args.prompts} prompts x "
+              f"{args.group_size}, {args.max_new_tokens} new tokens, {args.repeats} repeats: "
+              + ", ".join(chosen + (["train_pass"] if args.train_pass else [])))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from grpo_cli.rollout.base import SamplingSettings
     from grpo_cli.rollout.static_decode import StaticDecodeBackend
@@ -139,8 +213,9 @@ def main() -> None:
         runs, init_s, sync_s = {}, 0.0, 0.0
         if "hf_generate" in chosen:
             runs["hf_generate"] = lambda seed: hf_rollout(model, prompts, settings, 0, seed)[0]
-        if "hf_static" in chosen:
+        if "hf_static" in chosen or args.train_pass:
             static = StaticDecodeBackend(model, tokenizer, device)
+        if "hf_static" in chosen:
             runs["hf_static"] = lambda seed: int(static.generate(prompts, settings, seed).completion_mask.sum())
         if "hf_static_graphs" in chosen:
             graphs = StaticDecodeBackend(model, tokenizer, device, cuda_graphs=True,
@@ -158,6 +233,17 @@ def main() -> None:
             backend.sync_weights(model)  # what the trainer pays after every optimizer step
             sync_s = time.perf_counter() - start
             runs["vllm"] = lambda seed: int(backend.generate(prompts, settings, seed).completion_mask.sum())
+        common = {
+            "model": args.size,
+            "params": params,
+            "device": str(device),
+            "dtype": args.dtype,
+            "prompts": args.prompts,
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "threads": args.threads,
+        }
         for name, run in runs.items():
             run(10_000)  # warm-up (and, for hf_static_graphs on CUDA, the graph capture)
             tokens, seconds = 0, 0.0
@@ -170,23 +256,33 @@ def main() -> None:
             rows.append(
                 {
                     "backend": name,
-                    "model": args.size,
-                    "params": params,
-                    "device": str(device),
-                    "dtype": args.dtype,
-                    "prompts": args.prompts,
-                    "group_size": args.group_size,
-                    "max_new_tokens": args.max_new_tokens,
-                    "temperature": args.temperature,
-                    "threads": args.threads,
+                    **common,
                     "tokens": tokens,
                     "seconds": round(seconds, 3),
+                    "seconds_per_repeat": round(seconds / args.repeats, 4),
                     "tokens_per_s": round(tokens / seconds, 1),
                     "engine_init_s": round(init_s, 1) if name == "vllm" else "",
                     "sync_weights_s": round(sync_s, 3) if name == "vllm" else "",
                 }
             )
             print(rows[-1], flush=True)
+        if args.train_pass:
+            batch = static.generate(prompts, settings, 0)
+            keys = [row // args.group_size for row in range(batch.num_rollouts)]  # row -> prompt
+            seconds = train_pass(model, batch, keys, args.repeats)
+            tokens = int(batch.attention_mask.sum())  # prompt and completion tokens of one pass
+            rows.append({
+                "backend": "train_pass",
+                **common,
+                "tokens": tokens * args.repeats,
+                "seconds": round(sum(seconds), 3),
+                "seconds_per_repeat": round(statistics.median(seconds), 4),
+                "tokens_per_s": round(tokens * args.repeats / sum(seconds), 1),
+                "engine_init_s": "",
+                "sync_weights_s": "",
+            })
+            print(rows[-1], f"({batch.num_rollouts} rows x {batch.input_ids.shape[1]} columns)",
+                  flush=True)
     if args.out:
         new = not os.path.exists(args.out)
         with open(args.out, "a", newline="") as handle:

@@ -65,8 +65,8 @@ reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLL
 rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no download: memory per phase, step time
 	$(GRPO) run experiment=paper_rehearsal $(ARGS)
 
-settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
-	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
+settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R, then analyze
+	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
 smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds 0,1 (SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze

@@ -183,7 +183,8 @@ def test_step_tensors_equal_the_per_token_loop():
 
 @pytest.mark.parametrize(
     ("estimator", "uniform"),
-    [("grpo", True), ("dr_grpo", True), ("rloo", True), ("ppo", False), ("process", False)],
+    [("grpo", True), ("dr_grpo", True), ("rloo", True), ("ppo", False), ("process", False),
+     ("otb", False)],
 )
 def test_credit_check_separates_outcome_from_token_level_estimators(
     tmp_path, cache_dir, estimator, uniform

@@ -255,7 +255,7 @@ class ProbeSuite:
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
-        serves both; per-token advantages (ppo, process) need their own pass.
+        serves both; per-token advantages (ppo, process, otb) need their own pass.
         """
         per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
         coeffs = {"score": weights}

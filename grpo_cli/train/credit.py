@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.algorithm.advantages import advantage_range, get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.advantages import (
+    TokenProbs,
+    advantage_range,
+    get_estimator,
+    outcome_on_last_token,
+)
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -84,6 +89,7 @@ def token_advantages(
     batch: RolloutBatch,
     scored: ScoredBatch,
     values: torch.Tensor | None = None,  # [N, L] value of the state before each token (needs_values)
+    token_probs: TokenProbs | None = None,  # the policy's per-token probabilities (needs_token_probs)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Advantages [N, L] of the configured estimator, and its value targets [N, L] (or None)."""
     estimator = get_estimator(algorithm_cfg.name)
@@ -98,6 +104,7 @@ def token_advantages(
     return estimator.compute(
         token_rewards, mask, batch.group_size, algorithm_cfg,
         outcome_rewards=scored.rewards, values=values, step_index=scored.step_index,
+        token_probs=token_probs,
     )
 
 

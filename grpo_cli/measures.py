@@ -154,6 +154,19 @@ def rank_measures(sigma, rtol: float = 1e-6) -> dict[str, float]:
     }
 
 
+def top1_energy_share(sigma) -> float:
+    """sigma_1^2 / sum sigma^2: the share of ||A||_F^2 that the best rank-1 approximation keeps
+    (Eckart-Young); 1 / stable_rank, 0 for a zero spectrum. The "rank-1" notion of the update
+    (docs/interpreting.md).
+
+    >>> top1_energy_share([3.0, 1.0, 1.0, 1.0])
+    0.75
+    """
+    s = _spectrum(sigma)
+    total = float((s**2).sum())
+    return float(s[0] ** 2 / total) if total > 0 else 0.0
+
+
 # ---- closed forms from the group composition (module docstring) --------------------------------
 def _check(minority: int, majority: int) -> None:
     if minority < 0 or majority < minority:

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
-from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
+from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures, top1_energy_share
 from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
@@ -48,10 +48,19 @@ from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
-from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
+from grpo_cli.probes.sparsity import (
+    changed_entries,
+    combined_sparsity,
+    gradient_sparsity,
+    hoyer_sparsity,
+)
 from grpo_cli.rollout.batch import RolloutBatch
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
+# entries of W_t that differ from W_0: in the weights as the model holds them (bf16 when it is
+# bf16), in the fp32 masters (empty without them), and in a bf16 round-to-nearest copy of the
+# full-precision weights (what bf16 weights would show; arXiv 2511.08567)
+CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
@@ -212,10 +221,16 @@ class ProbeSuite:
             for name, grad in output.layer_grads.items():
                 self._layer_row(step, "layer", name, grad, rows)
         if "update" in self.matrices:
+            changed_total = dict.fromkeys(CHANGED_COLUMNS, 0.0)  # entries, over every layer
             for name, param in self.layer_params.items():
                 current = master_weight(self.optimizer, param).detach()
                 delta = current.to("cpu", torch.float64) - self.initial[name].double()
-                self._layer_row(step, "update", name, delta, rows)
+                changed = self._changed(param, name)
+                for column, fraction in changed.items():  # NaN (no master somewhere) stays NaN
+                    changed_total[column] += fraction * param.numel()
+                self._layer_row(step, "update", name, delta, rows, **changed)
+            size = sum(p.numel() for p in self.layer_params.values())
+            rows.metrics.update({f"update_{column}": total / size for column, total in changed_total.items()})
         if "grad_sum" in self.matrices:
             for name, total in self.grad_sum.items():
                 self._layer_row(step, "grad_sum", name, total, rows)
@@ -344,7 +359,19 @@ class ProbeSuite:
             rows.ranks.append(row)
 
     # ---- layer matrices ------------------------------------------------------------------------
-    def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows):
+    def _changed(self, param: torch.Tensor, name: str) -> dict[str, float]:
+        """Fraction of `name`'s entries changed since W_0, per CHANGED_COLUMNS (NaN: no master)."""
+        initial, size = self.initial[name], max(param.numel(), 1)
+        master = master_weight(self.optimizer, param) if keeps_master(self.optimizer, param) else None
+        full = param if master is None else master  # the full-precision weights
+        return {
+            "changed_frac": changed_entries(param, initial) / size,
+            "changed_frac_master": math.nan if master is None else changed_entries(master, initial) / size,
+            "changed_frac_bf16": changed_entries(full, initial, torch.bfloat16) / size,
+        }
+
+    def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows,
+                   **extras):
         device = tensor.device if tensor.is_cuda else "cpu"
         sigma = torch.linalg.svdvals(tensor.to(device, torch.float64)).cpu()
         alpha, r2 = fit_power_law(sigma)
@@ -353,6 +380,7 @@ class ProbeSuite:
             sparsity=gradient_sparsity(tensor, self.cfg.sparsity_rtol),
             hoyer=hoyer_sparsity(tensor),
             powerlaw_alpha=alpha, powerlaw_r2=r2,
+            top1_energy_share=top1_energy_share(sigma.numpy()), **extras,
         )
 
     def _add(self, rows: ProbeRows, step, matrix, group, sigma, layer="", spectrum=True, **extras):

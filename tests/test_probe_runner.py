@@ -171,6 +171,18 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     rows = suite.record(0, step_output(batch, rewards), model).ranks
     g0 = next(r for r in rows if r["group"] == "g0")
     assert g0["pred_erank_entropy"] == 2.0  # m = M = 1: 2 sqrt(mM)
+    # rows g_i = -a_i s_i with a = (c, -c): coherence (K11 + K22 - 2 K12) / (2 (K11 + K22)) of
+    # the score Gram K, and the closed form at a zero-sum pair: (1 - cos) / 2
+    output = step_output(batch, rewards)
+    score = suite._grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
+    k11, k22, k12 = float(score[0, 0]), float(score[1, 1]), float(score[0, 1])
+    assert g0["coherence"] == pytest.approx((k11 + k22 - 2 * k12) / (2 * (k11 + k22)), rel=1e-6)
+    assert g0["score_cosine"] == pytest.approx(k12 / math.sqrt(k11 * k22), rel=1e-6)
+    assert g0["pred_coherence"] == pytest.approx((1 - g0["score_cosine"]) / 2, rel=1e-6)
+    mean_row = next(r for r in rows if r["group"] == "mean")
+    assert mean_row["coherence"] == pytest.approx(
+        sum(r["coherence"] for r in rows if r["group"].startswith("g"))
+        / sum(1 for r in rows if r["group"].startswith("g")))
     assert g0["distinct"] == 2 and g0["pred_distinct_numerical_rank"] == 2.0
     output = step_output(batch, rewards)
     output.advantages = broadcast_to_tokens(

@@ -31,7 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
-from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures, top1_energy_share
+from grpo_cli.measures import (
+    RANK_MEASURES,
+    predicted_coherence,
+    predicted_rank_measures,
+    top1_energy_share,
+)
+from grpo_cli.probes.cancellation import coherence, mean_cosine
 from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
@@ -61,6 +67,9 @@ PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_
 # bf16), in the fp32 masters (empty without them), and in a bf16 round-to-nearest copy of the
 # full-precision weights (what bf16 weights would show; arXiv 2511.08567)
 CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
+# rollout_group rows (and their mean/median): 1^T G 1 / (R tr G), its closed form at the group's
+# advantages and mean score cosine (grpo_cli/measures.py: predicted_coherence), that cosine
+CANCELLATION_COLUMNS = ("coherence", "pred_coherence", "score_cosine")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
@@ -243,7 +252,8 @@ class ProbeSuite:
         grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         if "rollout_batch" in self.matrices:
-            self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full))
+            self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
+                      coherence=coherence(full))
         if "group_batch" in self.matrices:
             self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
         score_blocks = grams.get("score_blocks")  # [B, R, R]
@@ -330,6 +340,14 @@ class ProbeSuite:
                     score_blocks[index] if score_blocks is not None else blocks[index]
                 ),
             }
+            if matrix == "rollout_group":  # cancellation (grpo_cli/probes/cancellation.py)
+                extras["coherence"] = coherence(blocks[index])
+                if rollout_advantages is not None and score_blocks is not None:
+                    extras["score_cosine"] = mean_cosine(score_blocks[index])
+                    extras["pred_coherence"] = predicted_coherence(
+                        rollout_advantages[index].cpu().numpy(),
+                        0.0 if math.isnan(extras["score_cosine"]) else extras["score_cosine"],
+                    )
             # closed forms only where their assumptions hold (grpo_cli/probes/composition.py)
             if (
                 matrix == "rollout_group"
@@ -356,6 +374,10 @@ class ProbeSuite:
             for column in RANK_MEASURES:
                 values = [r[column] for r in group_rows]
                 row[column] = reduce(values) if values else float("nan")
+            for column in CANCELLATION_COLUMNS:
+                values = [r[column] for r in group_rows if not math.isnan(r.get(column, math.nan))]
+                if values:
+                    row[column] = reduce(values)
             rows.ranks.append(row)
 
     # ---- layer matrices ------------------------------------------------------------------------

@@ -79,6 +79,7 @@ RANK_COLUMNS = (
     + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")
     + ("top1_energy_share", "changed_frac", "changed_frac_master", "changed_frac_bf16")
+    + ("coherence", "pred_coherence", "score_cosine")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")
 

@@ -44,6 +44,9 @@ METRIC_COLUMNS = (
     "grad_sparsity",
     "grad_hoyer",
     "credit_uniform_frac",
+    "groups_all_wrong",  # share of groups whose rollouts are all wrong (final answer)
+    "groups_all_right",  # ... all right
+    "groups_mixed",  # ... some right, some wrong
     "update_changed_frac",  # probe steps: entries of the update's weights changed since W_0
     "update_changed_frac_master",  # ... in the fp32 masters (empty without them)
     "update_changed_frac_bf16",  # ... in a bf16 round-to-nearest copy of the weights

@@ -113,6 +113,14 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
 
 
+def group_outcome_shares(correct: torch.Tensor, group_size: int) -> torch.Tensor:  # [3]
+    """Shares of groups whose rollouts are all wrong, all right, or mixed (NeMo-RL's split), by
+    the final answer (correct > 0.5), as one tensor on correct's device (nothing read back)."""
+    right = correct.reshape(-1, group_size) > 0.5  # [B, R]
+    all_right, all_wrong = right.all(dim=1), (~right).all(dim=1)  # [B] each
+    return torch.stack([all_wrong, all_right, ~(all_wrong | all_right)]).float().mean(dim=1)
+
+
 def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """Fraction of rollouts whose completion tokens all received the same advantage (0-d, on
     the advantages' device: nothing read back)."""

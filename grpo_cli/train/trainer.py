@@ -32,6 +32,7 @@ from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
 from grpo_cli.train.credit import (
     ScoredBatch,
     credit_uniform_share,
+    group_outcome_shares,
     overlong_penalty,
     step_tensors,
     token_advantages,
@@ -434,10 +435,12 @@ class GRPOTrainer:
             zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
             lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
             credit_uniform_share(advantages, mask),
+            *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform), correct = read[: len(summary)], read[len(summary):]
+         diff_max, credit_uniform, all_wrong, all_right, mixed), correct = (
+            read[: len(summary)], read[len(summary):])
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
             batch.problem_indices,
@@ -469,6 +472,9 @@ class GRPOTrainer:
             "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform,
+            "groups_all_wrong": all_wrong,
+            "groups_all_right": all_right,
+            "groups_mixed": mixed,
         }
         return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 

@@ -68,8 +68,8 @@ rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no do
 gpu-report: $(STAMP) ## Every GPU figure in one run (~25 min on one H100): tests, CUDA runs, rollout tok/s, --vs-trl, rehearsal; DRY=1 checks the plan on CPU (ARGS=--only 3,4 ...)
 	$(PY) -m grpo_cli.gpu_report $(if $(DRY),--dry-run) $(ARGS)
 
-settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process) x R, then analyze
-	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
+settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R, then analyze
+	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
 smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds 0,1 (SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze

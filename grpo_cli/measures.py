@@ -27,6 +27,18 @@ From it (sum sigma = 2mM, sum sigma^2 = mMR, sum sigma^4 = mM(M^3 + m^3)):
     numerical_rank      = R (m if m/M <= rtol)
 
 A zero-variance group (m = 0) has a zero matrix: every measure 0.
+
+Cancellation (`predicted_coherence`): rows g_i = a_i s_i with unit score vectors of one pairwise
+cosine rho (rho = 0: orthonormal) have 1^T G 1 = (1 - rho) sum a^2 + rho (sum a)^2 and
+tr G = sum a^2, so their coherence 1^T G 1 / (R tr G) (grpo_cli/probes/cancellation.py) is
+
+    coherence = ((1 - rho) + rho (sum a)^2 / sum a^2) / R.
+
+A zero-sum advantage (grpo, dr_grpo, rloo; any composition 0 < m) has sum a = 0: coherence
+(1 - rho) / R whatever m and M, 1/R for orthonormal scores; the scores' shared component cancels
+exactly, so measured values below 1/R are that cancellation. A batch-mean baseline (reinforce,
+binary rewards, k of R correct, batch success rate p) has sum a = k - R p and
+sum a^2 = k (1 - p)^2 + (R - k) p^2, which do depend on the composition.
 """
 
 from __future__ import annotations
@@ -152,6 +164,35 @@ def rank_measures(sigma, rtol: float = 1e-6) -> dict[str, float]:
         "energy_rank_99": float(_energy_rank_of(energy, 0.99)),
         "numerical_rank": float(_numerical_rank(s, rtol)),
     }
+
+
+def top1_energy_share(sigma) -> float:
+    """sigma_1^2 / sum sigma^2: the share of ||A||_F^2 that the best rank-1 approximation keeps
+    (Eckart-Young); 1 / stable_rank, 0 for a zero spectrum. The "rank-1" notion of the update
+    (docs/interpreting.md).
+
+    >>> top1_energy_share([3.0, 1.0, 1.0, 1.0])
+    0.75
+    """
+    s = _spectrum(sigma)
+    total = float((s**2).sum())
+    return float(s[0] ** 2 / total) if total > 0 else 0.0
+
+
+def predicted_coherence(advantages, cosine: float = 0.0) -> float:
+    """Coherence of rows a_i s_i for unit score vectors of pairwise cosine `cosine` (module
+    docstring); NaN when every a_i is 0.
+
+    >>> predicted_coherence([0.75, -0.25, -0.25, -0.25])  # zero-sum, orthonormal: 1/R
+    0.25
+    >>> predicted_coherence([1.0, -1.0], cosine=0.5)  # zero-sum: (1 - rho) / R
+    0.25
+    """
+    a = np.asarray(advantages, dtype=np.float64).reshape(-1)
+    energy = float((a**2).sum())
+    if energy <= 0:
+        return math.nan
+    return ((1.0 - cosine) + cosine * float(a.sum()) ** 2 / energy) / a.size
 
 
 # ---- closed forms from the group composition (module docstring) --------------------------------

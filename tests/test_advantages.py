@@ -8,6 +8,7 @@ from conftest import outcome_advantages
 
 from grpo_cli.algorithm.advantages import (
     ESTIMATORS,
+    TokenProbs,
     broadcast_to_tokens,
     gae,
     get_estimator,
@@ -34,13 +35,14 @@ def outcome(name, rewards, group_size, **options):
 
 
 def test_registry_holds_every_estimator_with_its_needs():
-    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce", "ppo", "process"}
+    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce", "ppo", "process", "otb"}
     assert get_estimator("rloo") is ESTIMATORS["rloo"]
     assert [name for name, e in ESTIMATORS.items() if e.needs_values] == ["ppo"]
     assert [name for name, e in ESTIMATORS.items() if e.needs_step_rewards] == ["process"]
     assert sorted(name for name, e in ESTIMATORS.items() if not e.group_baseline) == [
-        "ppo", "reinforce"
+        "otb", "ppo", "reinforce"
     ]
+    assert [name for name, e in ESTIMATORS.items() if e.needs_token_probs] == ["otb"]
 
 
 def test_every_estimator_has_one_signature_and_a_yaml_file():
@@ -97,6 +99,8 @@ def test_token_level_estimators_refuse_missing_inputs():
         get_estimator("ppo").compute(mask, mask, 2, AlgorithmConfig(), outcome_rewards=rewards)
     with pytest.raises(ValueError, match="step rewards"):
         get_estimator("process").compute(mask, mask, 2, AlgorithmConfig(), outcome_rewards=rewards)
+    with pytest.raises(ValueError, match="per-token probabilities"):
+        get_estimator("otb").compute(mask, mask, 2, AlgorithmConfig(), outcome_rewards=rewards)
 
 
 # --- grpo -----------------------------------------------------------------------------------------
@@ -317,7 +321,7 @@ def test_every_registered_estimator_has_the_credit_kind_the_analysis_reads():
         advantages, _ = estimator.compute(
             token_rewards if estimator.needs_step_rewards else outcome_on_last_token(rewards, mask),
             mask, 2, AlgorithmConfig(), outcome_rewards=rewards, values=values,
-            step_index=step_index,
+            step_index=step_index, token_probs=TokenProbs(-values.abs() * mask, 0.3 * mask),
         )
         on = mask > 0
         spread = (advantages.masked_fill(~on, -1e9).max(1).values
@@ -326,3 +330,89 @@ def test_every_registered_estimator_has_the_credit_kind_the_analysis_reads():
             assert torch.equal(spread, torch.zeros(4)), name
         else:
             assert spread.max() > 0, name
+
+
+# --- otb (verl's Optimal Token Baseline) ----------------------------------------------------------
+
+
+def otb_reference(token_rewards, mask, logprobs, sum_sq, group_size, zero_tail=True):
+    """B_t = sum_i G_it W_it / (sum_i W_it + 1e-8) over a group's rows active at t, one loop per
+    group and column (verl's definition, written out)."""
+    rows, length = mask.shape
+    advantages = torch.zeros(rows, length, dtype=torch.float64)
+    for start in range(0, rows, group_size):
+        group = range(start, start + group_size)
+        to_go, energy = {}, {}
+        for i in group:
+            running = 0.0
+            for t in range(length):
+                if mask[i, t]:
+                    running += 1 - 2 * math.exp(logprobs[i, t]) + float(sum_sq[i, t])
+                energy[i, t] = running
+                to_go[i, t] = sum(float(token_rewards[i, u] * mask[i, u]) for u in range(t, length))
+        lengths = sorted(float(mask[i].sum()) for i in group)
+        for t in range(length):
+            active = [i for i in group if mask[i, t]]
+            top = sum(to_go[i, t] * energy[i, t] for i in active)
+            bottom = sum(energy[i, t] for i in active) + 1e-8
+            for i in active:
+                baseline = top / bottom if group_size > 1 else 0.0
+                position = float(mask[i, : t + 1].sum())
+                if (zero_tail and group_size > 1 and float(mask[i].sum()) == lengths[-1]
+                        and lengths[-1] > lengths[-2] and position > lengths[-2]):
+                    baseline = 0.0
+                advantages[i, t] = to_go[i, t] - baseline
+    return advantages
+
+
+def run_otb(token_rewards, mask, logprobs, sum_sq, group_size, zero_tail=True):
+    cfg = AlgorithmConfig(name="otb", otb_zero_tail=zero_tail)
+    advantages, returns = get_estimator("otb").compute(
+        token_rewards, mask, group_size, cfg, outcome_rewards=token_rewards.sum(1),
+        token_probs=TokenProbs(logprobs, sum_sq),
+    )
+    assert returns is None and advantages.dtype == torch.float32
+    return advantages
+
+
+def test_otb_hand_worked_pair():
+    """Rollout a (2 tokens, reward 1) and b (1 token, reward 0), pi = 1/2 and sum pi^2 = 1/2 on
+    every token, so each token adds 1 - 1 + 1/2 = 1/2: W_a = [.5, 1], W_b = [.5], G_a = [1, 1],
+    G_b = [0]. B_0 = (1 * .5 + 0 * .5) / 1 = .5; at t = 1 only a is active, and a is the one
+    longest rollout: baseline 0 with the zero tail (A = 1), its own G otherwise (A = 0)."""
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    rewards = outcome_on_last_token(torch.tensor([1.0, 0.0]), mask)
+    logprobs = torch.full((2, 2), math.log(0.5)) * mask
+    sum_sq = torch.full((2, 2), 0.5) * mask
+    close(run_otb(rewards, mask, logprobs, sum_sq, 2), [[0.5, 1.0], [-0.5, 0.0]])
+    close(run_otb(rewards, mask, logprobs, sum_sq, 2, zero_tail=False), [[0.5, 0.0], [-0.5, 0.0]])
+
+
+def test_otb_equal_energies_give_the_active_rows_mean():
+    """With the same W_t on every row, B_t is the mean of G_t over the rows still generating:
+    four rollouts of one length get r_i - mean r on every token (dr_grpo), up to the 1e-8."""
+    mask = torch.ones(4, 3)
+    outcomes = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    rewards = outcome_on_last_token(outcomes, mask)
+    advantages = run_otb(rewards, mask, torch.full((4, 3), -0.7), torch.full((4, 3), 0.4), 4)
+    close(advantages, (outcomes - outcomes.mean())[:, None].expand(4, 3), atol=1e-6)
+
+
+def test_otb_matches_the_written_out_definition_on_ragged_groups():
+    torch.manual_seed(0)
+    group_size, groups, prompt, length = 3, 2, 2, 7
+    rows = group_size * groups
+    lengths = [5, 3, 2, 4, 4, 1]  # group 0 has one longest rollout, group 1 a tie
+    mask = torch.zeros(rows, length)
+    for row, n in enumerate(lengths):
+        mask[row, prompt : prompt + n] = 1
+    token_rewards = torch.randn(rows, length) * mask  # token-level rewards: G_t varies along rows
+    logprobs = -torch.rand(rows, length) * 3 * mask
+    sum_sq = (logprobs.exp() ** 2 + torch.rand(rows, length) * 0.3) * mask
+    for zero_tail in (True, False):
+        expected = otb_reference(token_rewards, mask, logprobs, sum_sq, group_size, zero_tail)
+        got = run_otb(token_rewards, mask, logprobs, sum_sq, group_size, zero_tail)
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+    one = run_otb(token_rewards, mask, logprobs, sum_sq, 1)  # R = 1: no baseline, A_t = G_t
+    torch.testing.assert_close(one.double(), otb_reference(token_rewards, mask, logprobs, sum_sq, 1))
+    assert one[0, prompt] == pytest.approx(float(token_rewards[0].sum()), abs=1e-5)

@@ -11,11 +11,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from grpo_cli.algorithm.logprobs import (
     log_softmax_terms,
     logits_head,
+    logprob_and_sum_pi_squared,
     logprobs_from_hidden,
     positions_per_chunk,
     token_logprobs_and_entropy,
 )
-from grpo_cli.train.policy_forward import plain_forward, shared_prefix_forward
+from grpo_cli.train.policy_forward import plain_forward, shared_prefix_forward, token_probabilities
 
 
 def chunk_mb_for(positions: int, rows: int, vocab: int) -> float:
@@ -115,6 +116,35 @@ def test_policy_forward_chunked_matches_one_pass(tiny_setup):
         plain_forward(model, batch, chunk_mb=chunk_mb)[0].sum().backward()
     assert 0 < largest.largest <= batch.num_rollouts * 3 * vocab
     assert batch.input_ids.shape[1] - batch.prompt_length > 3  # really more than one chunk
+
+
+def test_sum_pi_squared_is_the_collision_probability():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 30.0]]])  # [1, 2, 4]
+    logprobs, sum_sq = logprob_and_sum_pi_squared(logits, torch.tensor([[1, 3]]))
+    probs = torch.softmax(logits.double(), -1)
+    torch.testing.assert_close(sum_sq.double(), (probs**2).sum(-1), rtol=1e-6, atol=0)
+    assert sum_sq[0, 0] == pytest.approx(0.25)  # uniform over 4: 4 x (1/4)^2
+    assert sum_sq[0, 1] == pytest.approx(1.0, abs=1e-9)  # near one-hot
+    torch.testing.assert_close(logprobs.double(), probs[0, [0, 1], [1, 3]].log()[None], rtol=1e-6, atol=1e-6)
+
+
+def test_token_probabilities_agree_with_the_training_forward(tiny_setup):
+    """otb's forward: the training forward's log-probs, and sum pi^2 of the same logits, in
+    chunks or not."""
+    model = tiny_setup.model
+    batch = tiny_setup.trainer.rollout(0, draw=0)
+    logprobs, _, _ = plain_forward(model, batch)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits
+    expected = (torch.softmax(logits[:, :-1].double(), -1) ** 2).sum(-1)  # [N, L-1] predicts t+1
+    chunk_mb = chunk_mb_for(3, batch.num_rollouts, model.config.vocab_size)
+    for chunk in (0.0, chunk_mb):
+        picked, sum_sq = token_probabilities(model, batch, chunk)
+        on = batch.completion_mask > 0  # [N, L]
+        torch.testing.assert_close(picked[on], logprobs.detach()[on], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(sum_sq[:, 1:][on[:, 1:]].double(), expected[on[:, 1:]],
+                                   rtol=1e-5, atol=1e-6)
+        assert (sum_sq[:, : batch.prompt_length] == 0).all() and batch.prompt_length > 0
 
 
 @pytest.mark.parametrize("shared", ["true", "false"])

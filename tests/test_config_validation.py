@@ -108,4 +108,4 @@ def test_run_help_is_grpos_own_usage_with_examples():
     assert result.output.startswith("Usage: grpo run")
     assert "grpo run experiment=smoke" in result.output and "--hydra-help" in result.output
     assert "powered by Hydra" not in result.output
-    assert "algorithm=dr_grpo|grpo|ppo|process|reinforce|rloo" in result.output
+    assert "algorithm=dr_grpo|grpo|otb|ppo|process|reinforce|rloo" in result.output

@@ -18,6 +18,7 @@ from grpo_cli.tasks.problem import Problem, Task
 from grpo_cli.tasks.step_rewards import StepCheck
 from grpo_cli.train.credit import (
     ScoredBatch,
+    group_outcome_shares,
     step_tensors,
     token_advantages,
     token_char_ends,
@@ -93,6 +94,31 @@ def test_dynamic_sampling_stops_at_its_cap():
     assert dropped == 4 * 4
     output = trainer.step(step=1)  # nothing informative: a step with zero gradient, no crash
     assert output.metrics["grad_norm"] == 0.0
+
+
+def test_group_outcome_shares_on_a_constructed_batch():
+    correct = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1], dtype=torch.float)
+    # groups of 4: [0001] mixed, [1110] mixed, [0000] wrong, [1111] right, [0101] mixed
+    shares = group_outcome_shares(correct, 4)
+    torch.testing.assert_close(shares, torch.tensor([1 / 5, 1 / 5, 3 / 5]))
+    torch.testing.assert_close(group_outcome_shares(correct, 1), torch.tensor([0.5, 0.5, 0.0]))  # 10 of 20
+    assert float(group_outcome_shares(correct, 20)[2]) == 1.0
+
+
+def test_step_logs_group_outcome_shares():
+    """Problems q0..q39 answered by script: answer 1 is right. Groups of 4 from
+    q % 3 == 0 all right, q % 3 == 1 all wrong, else mixed; the logged shares count them."""
+    def script(index):
+        return {0: [1, 1, 1, 1], 1: [2, 2, 2, 2], 2: [1, 2, 2, 1]}[index % 3]
+
+    trainer, _ = scripted_trainer(script, "algorithm.dynamic_sampling=false")
+    output = trainer.step(step=0)
+    kinds = [index % 3 for index in output.batch.problem_indices]
+    metrics = output.metrics
+    assert metrics["groups_all_right"] == kinds.count(0) / 4
+    assert metrics["groups_all_wrong"] == kinds.count(1) / 4
+    assert metrics["groups_mixed"] == kinds.count(2) / 4
+    assert metrics["groups_all_wrong"] + metrics["groups_all_right"] == metrics["zero_variance_frac"]
 
 
 def test_process_advantages_follow_step_rewards_within_a_rollout():
@@ -183,7 +209,8 @@ def test_step_tensors_equal_the_per_token_loop():
 
 @pytest.mark.parametrize(
     ("estimator", "uniform"),
-    [("grpo", True), ("dr_grpo", True), ("rloo", True), ("ppo", False), ("process", False)],
+    [("grpo", True), ("dr_grpo", True), ("rloo", True), ("ppo", False), ("process", False),
+     ("otb", False)],
 )
 def test_credit_check_separates_outcome_from_token_level_estimators(
     tmp_path, cache_dir, estimator, uniform

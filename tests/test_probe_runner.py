@@ -171,6 +171,18 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     rows = suite.record(0, step_output(batch, rewards), model).ranks
     g0 = next(r for r in rows if r["group"] == "g0")
     assert g0["pred_erank_entropy"] == 2.0  # m = M = 1: 2 sqrt(mM)
+    # rows g_i = -a_i s_i with a = (c, -c): coherence (K11 + K22 - 2 K12) / (2 (K11 + K22)) of
+    # the score Gram K, and the closed form at a zero-sum pair: (1 - cos) / 2
+    output = step_output(batch, rewards)
+    score = suite._grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
+    k11, k22, k12 = float(score[0, 0]), float(score[1, 1]), float(score[0, 1])
+    assert g0["coherence"] == pytest.approx((k11 + k22 - 2 * k12) / (2 * (k11 + k22)), rel=1e-6)
+    assert g0["score_cosine"] == pytest.approx(k12 / math.sqrt(k11 * k22), rel=1e-6)
+    assert g0["pred_coherence"] == pytest.approx((1 - g0["score_cosine"]) / 2, rel=1e-6)
+    mean_row = next(r for r in rows if r["group"] == "mean")
+    assert mean_row["coherence"] == pytest.approx(
+        sum(r["coherence"] for r in rows if r["group"].startswith("g"))
+        / sum(1 for r in rows if r["group"].startswith("g")))
     assert g0["distinct"] == 2 and g0["pred_distinct_numerical_rank"] == 2.0
     output = step_output(batch, rewards)
     output.advantages = broadcast_to_tokens(
@@ -215,6 +227,40 @@ def test_update_reads_fp32_masters_and_grad_sum_sums_raw_gradients(tmp_path):
     by_matrix = {(row["matrix"], row["layer"]): row for row in rows.ranks}
     assert by_matrix[("grad_sum", name)]["n_rows"] == 16
     assert by_matrix[("update", name)]["n_rows"] == 16
+    # every master entry moved by 3e-6; the bf16 weight (the master rounded to nearest) only
+    # where 3e-6 reaches half its bf16 spacing, |w| <~ 2^8 x 3e-6: a few of 256 entries
+    update = by_matrix[("update", name)]
+    assert update["changed_frac_master"] == 1.0
+    assert update["changed_frac"] == update["changed_frac_bf16"] < 0.2
+    rounded = by_matrix[("update", "model.layers.0.self_attn.k_proj.weight")]
+    assert math.isnan(rounded["changed_frac_master"]) and rounded["changed_frac"] == 0.0  # no grad
+    assert math.isnan(rows.metrics["update_changed_frac_master"])  # some layers have no master
+    assert 0 < rows.metrics["update_changed_frac"] <= 256 / sum(
+        p.numel() for p in suite.layer_params.values())  # only q_proj moved
+    grad_sigma = torch.linalg.svdvals(3 * grads[0].double())
+    assert by_matrix[("grad_sum", name)]["top1_energy_share"] == pytest.approx(
+        float(grad_sigma[0] ** 2 / (grad_sigma**2).sum()), rel=1e-4)
     restored = ProbeSuite(ProbesConfig(matrices=["grad_sum"]), model, tmp_path / "w1.pt")
     restored.load_state_dict(suite.state_dict())
     assert torch.equal(restored.grad_sum[name], suite.grad_sum[name])
+
+
+def test_update_of_a_rank_one_change_to_some_entries(tmp_path):
+    """fp32 weights, W_t - W_0 = u v^T on a 4 x 3 block of a 16 x 16 weight: top-1 energy share
+    1, changed fraction 12/256 in the weights and in a bf16 copy (steps of 0.5 survive bf16's
+    rounding), no masters."""
+    model = tiny_model().float()
+    name = "model.layers.0.mlp.gate_proj.weight"  # [32, 16]
+    suite = ProbeSuite(ProbesConfig(matrices=["update"]), model, tmp_path / "w0.pt")
+    weight = model.get_parameter(name)
+    with torch.no_grad():
+        weight[:4, :3] += torch.outer(torch.tensor([1.0, 2.0, -1.0, 0.5]), torch.tensor([0.5, 1.0, 2.0]))
+    rows = suite.record(1, None, model)
+    row = next(r for r in rows.ranks if r["matrix"] == "update" and r["layer"] == name)
+    assert row["top1_energy_share"] == pytest.approx(1.0)
+    assert row["changed_frac"] == row["changed_frac_bf16"] == 12 / weight.numel()
+    assert math.isnan(row["changed_frac_master"])
+    others = [r for r in rows.ranks if r["matrix"] == "update" and r["layer"] != name]
+    assert others and all(r["changed_frac"] == 0.0 and r["top1_energy_share"] == 0.0 for r in others)
+    total = sum(p.numel() for p in suite.layer_params.values())
+    assert rows.metrics["update_changed_frac"] == pytest.approx(12 / total)

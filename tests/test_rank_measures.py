@@ -141,3 +141,14 @@ def test_all_measures_at_once_equal_each_measure_alone(seed):
 def test_doctests_of_the_measures_module_pass():
     result = doctest.testmod(measures_module)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_top1_energy_share_closed_forms():
+    from grpo_cli.measures import stable_rank, top1_energy_share
+
+    assert top1_energy_share([2.0, 0.0, 0.0]) == 1.0  # rank one: the best rank-1 keeps it all
+    assert top1_energy_share([1.0] * 5) == pytest.approx(0.2)  # identity: 1/n
+    assert top1_energy_share([1.0, 3.0, 1.0, 1.0]) == pytest.approx(9 / 12)  # any order
+    assert top1_energy_share([]) == top1_energy_share([0.0, 0.0]) == 0.0
+    sigma = [5.0, 2.0, 0.5]
+    assert top1_energy_share(sigma) == pytest.approx(1 / stable_rank(sigma))

@@ -3,7 +3,12 @@ import math
 import pytest
 import torch
 
-from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
+from grpo_cli.probes.sparsity import (
+    changed_entries,
+    combined_sparsity,
+    gradient_sparsity,
+    hoyer_sparsity,
+)
 
 
 def test_thresholded_sparsity_by_hand():
@@ -41,3 +46,17 @@ def test_combined_equals_the_concatenation():
     assert combined["sparsity"] >= 7 / 30  # the zero block alone
     assert combined_sparsity([torch.zeros(2), torch.zeros(3)]) == {"sparsity": 1.0, "hoyer": 1.0}
     assert combined_sparsity([]) == {"sparsity": 1.0, "hoyer": 1.0}
+
+
+def test_changed_entries_exact_and_after_bf16_rounding():
+    initial = torch.ones(2, 3)
+    current = initial.clone()
+    current[0, 0] += 2**-10  # below half of bf16's spacing at 1 (2^-7): lost in a bf16 copy
+    current[0, 1] += 2**-7  # one bf16 step: kept
+    current[1, 2] = -1.0
+    assert changed_entries(current, initial) == 3
+    assert changed_entries(current, initial, torch.bfloat16) == 2
+    assert changed_entries(initial, initial) == 0
+    assert changed_entries(current.to(torch.bfloat16), initial) == 2  # bf16 weights compared in bf16
+    with pytest.raises(ValueError, match="shapes differ"):
+        changed_entries(current, torch.ones(3, 2))

@@ -13,6 +13,8 @@ Every estimator, outcome or token-level, is registered with `@register_adv_est(n
         outcome_rewards,      # [N] each rollout's outcome reward
         values=None,          # [N, L] value head's V before each token (needs_values)
         step_index=None,      # [N, L] long, step of each token, -1 off steps (needs_step_rewards)
+        token_probs=None,     # TokenProbs: the policy's log-prob of each sampled token and its
+                              #   sum of squared vocabulary probabilities (needs_token_probs)
     ) -> (advantages [N, L] float32, returns [N, L] value targets or None)
 
 What an estimator needs from the run (a value head, the task's checked steps) is a property of
@@ -21,14 +23,16 @@ and one YAML file in conf/algorithm/.
 
 Outcome estimators (grpo, dr_grpo, rloo, reinforce) give each rollout one scalar, broadcast to
 its completion tokens; every group baseline gives exactly 0 to a zero-variance group (all
-rewards equal), whatever the round-off of its mean. `process` (step rewards) and `ppo` (GAE on
-a value head) give tokens of one rollout different advantages.
+rewards equal), whatever the round-off of its mean. `process` (step rewards), `ppo` (GAE on
+a value head) and `otb` (verl's Optimal Token Baseline: a per-timestep baseline from the policy's
+own probabilities, no per-token reward) give tokens of one rollout different advantages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +46,14 @@ class RegisteredEstimator:
     needs_values: bool = False  # the run builds a value head and passes its values
     needs_step_rewards: bool = False  # the task's checked steps become token_level_rewards
     group_baseline: bool = True  # the baseline is the group's own rewards (R = 1 trains nothing)
+    needs_token_probs: bool = False  # the run passes the policy's per-token probabilities (TokenProbs)
+
+
+class TokenProbs(NamedTuple):
+    """What the pre-update policy says about each sampled token (0 off the completion)."""
+
+    logprobs: torch.Tensor  # [N, L] log pi(y_t | y_<t) of the sampled token
+    sum_pi_squared: torch.Tensor  # [N, L] sum over the vocabulary of pi(v | y_<t)^2
 
 
 ESTIMATORS: dict[str, RegisteredEstimator] = {}
@@ -55,6 +67,7 @@ def register_adv_est(
     needs_values: bool = False,
     needs_step_rewards: bool = False,
     group_baseline: bool = True,
+    needs_token_probs: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: make `fn` selectable as `algorithm.name=<name>`."""
 
@@ -62,7 +75,7 @@ def register_adv_est(
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = RegisteredEstimator(
-            name, fn, needs_values, needs_step_rewards, group_baseline
+            name, fn, needs_values, needs_step_rewards, group_baseline, needs_token_probs
         )
         return fn
 
@@ -119,6 +132,7 @@ def grpo(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,
     step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = (r_i - mean_g r) / (std_g r + std_epsilon)  (Shao et al. 2024, DeepSeekMath).
 
@@ -146,6 +160,7 @@ def dr_grpo(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,
     step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean_g r, no std division (Liu et al. 2025, "Understanding R1-Zero-like training")."""
     groups = _grouped(outcome_rewards, group_size)  # [B, R]
@@ -162,6 +177,7 @@ def rloo(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,
     step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean_{j != i} r_j, leave-one-out baseline (Ahmadian et al. 2024).
 
@@ -186,6 +202,7 @@ def reinforce(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,
     step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, None]:  # [N, L]
     """A_i = r_i - mean over the whole batch (Williams 1992 with a batch-mean baseline).
 
@@ -205,6 +222,7 @@ def process(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,
     step_index: torch.Tensor | None = None,  # [N, L]
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, None]:  # [N, L]
     """Per-step rewards from checked calculator steps, baseline `config.process_baseline`
     (see `process_advantages`)."""
@@ -227,11 +245,62 @@ def ppo(
     outcome_rewards: torch.Tensor,  # [N]
     values: torch.Tensor | None = None,  # [N, L]
     step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # advantages [N, L], returns [N, L]
     """GAE on a learned value head (Schulman et al. 2016/2017), `config.gamma`, `config.lam`."""
     if values is None:
         raise ValueError("algorithm=ppo needs the value head's values")
     return gae(token_level_rewards, values, response_mask, config.gamma, config.lam)
+
+
+@register_adv_est("otb", group_baseline=False, needs_token_probs=True)
+def otb(
+    token_level_rewards: torch.Tensor,  # [N, L]
+    response_mask: torch.Tensor,  # [N, L]
+    group_size: int,
+    config,
+    *,
+    outcome_rewards: torch.Tensor,  # [N]
+    values: torch.Tensor | None = None,
+    step_index: torch.Tensor | None = None,
+    token_probs: TokenProbs | None = None,  # [N, L] each field
+) -> tuple[torch.Tensor, None]:  # [N, L]
+    """Optimal Token Baseline: A_t = G_t - B_t with B_t = sum_g G_t W_t / (sum_g W_t + 1e-8).
+
+    verl's `compute_optimal_token_baseline_advantage` (verl/trainer/ppo/core_algos.py; Li et al.,
+    arXiv 2602.07078). G_t is the reward-to-go, W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the
+    cumulative score-norm proxy (pi_j the sampled token's probability; the term is
+    ||onehot - pi||^2, the squared logit-gradient of log pi_j), and the sums run over the rollouts
+    of the group still generating at completion position t. With `config.otb_zero_tail` (verl's
+    default) the one strictly longest rollout of a group gets baseline 0 past the second-longest
+    length (where it would otherwise be its own baseline). R = 1 has no baseline (A_t = G_t).
+    Not zero-sum, and not exactly 0 for zero-variance groups (the 1e-8 and the zero tail).
+    Completion position t is a column: completions all start at one column (RolloutBatch).
+    """
+    if token_probs is None:
+        raise ValueError("algorithm=otb needs the policy's per-token probabilities (token_probs)")
+    rows, length = response_mask.shape
+    if group_size < 1 or rows % group_size:
+        raise ValueError(f"{rows} rollouts do not split into groups of {group_size}")
+    mask = response_mask.double()  # [N, L]
+    to_go = (token_level_rewards.double() * mask).flip(1).cumsum(1).flip(1)  # [N, L] G_t
+    pi = token_probs.logprobs.double().exp()  # [N, L]
+    energy = ((1 - 2 * pi + token_probs.sum_pi_squared.double()) * mask).cumsum(1)  # [N, L] W_t
+    shape = (-1, group_size, length)
+    weighted = (to_go * energy * mask).reshape(shape).sum(1)  # [B, L]
+    total = (energy * mask).reshape(shape).sum(1) + 1e-8  # [B, L]
+    baseline = (weighted / total).unsqueeze(1).expand(shape)  # [B, R, L]
+    if group_size == 1:
+        baseline = torch.zeros_like(baseline)
+    elif config.otb_zero_tail:
+        lengths = mask.sum(1).reshape(-1, group_size)  # [B, R]
+        top_two = lengths.topk(2, dim=1).values  # [B, 2]
+        longest = (lengths == top_two[:, :1]) & (top_two[:, :1] > top_two[:, 1:])  # [B, R]
+        position = mask.cumsum(1).reshape(shape)  # [B, R, L] 1-based completion position
+        tail = longest.unsqueeze(2) & (position > top_two[:, 1:].unsqueeze(2))  # [B, R, L]
+        baseline = baseline.masked_fill(tail, 0.0)
+    advantages = (to_go - baseline.reshape(rows, length)) * mask  # [N, L]
+    return advantages.float(), None
 
 
 def broadcast_to_tokens(

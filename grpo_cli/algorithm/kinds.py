@@ -6,12 +6,13 @@
 - OUTCOME_ESTIMATORS: one advantage per rollout, shared by all its tokens (the paper's claim 1);
   `reinforce` is one of them, but its baseline is the batch mean, not the group mean.
 - TOKEN_LEVEL_ESTIMATORS: advantages that vary along a completion (the paper's falsifier):
-  `ppo` (a learned value head and GAE) and `process` (per-step rewards).
+  `ppo` (a learned value head and GAE), `process` (per-step rewards) and `otb` (verl's Optimal
+  Token Baseline: a per-timestep baseline from the policy's probabilities, outcome reward only).
 """
 
 GROUP_ZERO_SUM_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 OUTCOME_ESTIMATORS = (*GROUP_ZERO_SUM_ESTIMATORS, "reinforce")
-TOKEN_LEVEL_ESTIMATORS = ("ppo", "process")
+TOKEN_LEVEL_ESTIMATORS = ("ppo", "process", "otb")
 
 
 def credit_kind(estimator: str | None) -> str:

@@ -133,6 +133,42 @@ def logprobs_from_logits(
     ], dim=1)
 
 
+def logprob_and_sum_pi_squared(
+    logits: torch.Tensor,  # [N, T, V] logits[:, t] is the distribution of targets[:, t]
+    targets: torch.Tensor,  # [N, T]
+) -> tuple[torch.Tensor, torch.Tensor]:  # (logprobs [N, T], sum_pi_squared [N, T]) float32
+    """log p(targets) and sum_v p_v^2 under softmax(logits), in float32, with no gradient.
+
+    sum_v p_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)), as verl's `sum_pi_squared` (the
+    Optimal Token Baseline's score-norm proxy, grpo_cli/algorithm/advantages.py: otb).
+    """
+    with torch.no_grad():
+        scores = logits.float()  # [N, T, V]
+        log_norm = torch.logsumexp(scores, dim=-1)  # [N, T]
+        picked = scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [N, T]
+        return picked, (torch.logsumexp(2 * scores, dim=-1) - 2 * log_norm).exp()
+
+
+def sum_pi_squared_terms(
+    scores: torch.Tensor,  # [N, T, H] hidden states (head given) or [N, T, V] logits (head None)
+    head: torch.nn.Module | None,
+    targets: torch.Tensor,  # [N, T]
+    chunk_mb: float,  # float32 logits per chunk, MiB (<= 0: one pass)
+) -> tuple[torch.Tensor, torch.Tensor]:  # (logprobs [N, T], sum_pi_squared [N, T]) float32
+    """`logprob_and_sum_pi_squared` in chunks of positions, no gradient (see the module docstring)."""
+    rows, width = targets.shape
+    vocab = scores.shape[-1] if head is None else (getattr(head, "out_features", None) or head.weight.shape[0])
+    chunk = min(width, positions_per_chunk(rows, vocab, chunk_mb)) or 1
+    parts = []
+    with torch.no_grad():
+        for start in range(0, width, chunk):
+            part = scores[:, start : start + chunk]
+            parts.append(logprob_and_sum_pi_squared(
+                part if head is None else head(part), targets[:, start : start + chunk]
+            ))
+    return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,  # [N, L]

@@ -49,7 +49,8 @@ FIGURES = {
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
     "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "
     "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
-    "p^R + (1-p)^R at the batch success rate, a lower bound) and KL, with alarms.",
+    "p^R + (1-p)^R at the batch success rate, a lower bound), KL, and the shares of all-wrong and "
+    "all-right groups (the rest are mixed), with alarms.",
     "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
     "closed-form prediction for m = 1..R/2.",
 }
@@ -60,6 +61,8 @@ DYNAMICS_COLUMNS = [
     "expected_zero_variance_frac",
     "expected_zero_variance_frac_batch",
     "kl",
+    "groups_all_wrong",
+    "groups_all_right",
 ]
 
 

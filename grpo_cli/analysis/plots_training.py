@@ -35,6 +35,8 @@ DYNAMICS = {
     "entropy": "token entropy (nats)",
     "zero_variance_frac": "zero-variance groups (fraction)",
     "kl": "KL to reference (nats)",
+    "groups_all_wrong": "all-wrong groups (fraction)",
+    "groups_all_right": "all-right groups (fraction)",
 }
 
 
@@ -92,11 +94,12 @@ def accuracy_figure(runs: list[Run], styles: Styles, title: str) -> Figure:
 def dynamics_figure(
     metrics_x: pd.DataFrame, alarms: pd.DataFrame, styles: Styles, title: str, xlabel: str
 ) -> Figure:
-    """grad_sparsity, entropy, zero_variance_frac (expected value dashed) and kl vs step/progress."""
+    """grad_sparsity, entropy, zero_variance_frac (expected value dashed), kl and the all-wrong
+    and all-right group shares vs step/progress."""
     if metrics_x.empty:
         return empty_figure(f"{title}: training dynamics", "no metrics.csv data")
     data = curves(metrics_x, ["metric"])
-    grid = new_figure(2, 2, width=5.2, height=3.4)
+    grid = new_figure(3, 2, width=5.2, height=3.4)
     for ax, (metric, ylabel) in zip(
         [a for row in grid.axes for a in row], DYNAMICS.items(), strict=True
     ):

@@ -119,6 +119,7 @@ class AlgorithmConfig:
     value_coef: float = 0.5  # ppo: value-loss weight
     process_baseline: str = "step_group"  # process: step_group (group mean per step) | return_to_go
     process_step_weight: float = 0.5  # process: reward for each correct calculator step
+    otb_zero_tail: bool = True  # otb: a group's one longest rollout gets baseline 0 past the second-longest (verl)
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups, draw more prompts to refill
     dynamic_sampling_max_draws: int = 3  # DAPO: cap on extra rollout rounds per step
     overlong_penalty: float = 0.0  # DAPO: max penalty for completions hitting the length cap

@@ -31,7 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
-from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
+from grpo_cli.measures import (
+    RANK_MEASURES,
+    predicted_coherence,
+    predicted_rank_measures,
+    top1_energy_share,
+)
+from grpo_cli.probes.cancellation import coherence, mean_cosine
 from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
@@ -48,10 +54,22 @@ from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
-from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
+from grpo_cli.probes.sparsity import (
+    changed_entries,
+    combined_sparsity,
+    gradient_sparsity,
+    hoyer_sparsity,
+)
 from grpo_cli.rollout.batch import RolloutBatch
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
+# entries of W_t that differ from W_0: in the weights as the model holds them (bf16 when it is
+# bf16), in the fp32 masters (empty without them), and in a bf16 round-to-nearest copy of the
+# full-precision weights (what bf16 weights would show; arXiv 2511.08567)
+CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
+# rollout_group rows (and their mean/median): 1^T G 1 / (R tr G), its closed form at the group's
+# advantages and mean score cosine (grpo_cli/measures.py: predicted_coherence), that cosine
+CANCELLATION_COLUMNS = ("coherence", "pred_coherence", "score_cosine")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
@@ -212,10 +230,16 @@ class ProbeSuite:
             for name, grad in output.layer_grads.items():
                 self._layer_row(step, "layer", name, grad, rows)
         if "update" in self.matrices:
+            changed_total = dict.fromkeys(CHANGED_COLUMNS, 0.0)  # entries, over every layer
             for name, param in self.layer_params.items():
                 current = master_weight(self.optimizer, param).detach()
                 delta = current.to("cpu", torch.float64) - self.initial[name].double()
-                self._layer_row(step, "update", name, delta, rows)
+                changed = self._changed(param, name)
+                for column, fraction in changed.items():  # NaN (no master somewhere) stays NaN
+                    changed_total[column] += fraction * param.numel()
+                self._layer_row(step, "update", name, delta, rows, **changed)
+            size = sum(p.numel() for p in self.layer_params.values())
+            rows.metrics.update({f"update_{column}": total / size for column, total in changed_total.items()})
         if "grad_sum" in self.matrices:
             for name, total in self.grad_sum.items():
                 self._layer_row(step, "grad_sum", name, total, rows)
@@ -228,7 +252,8 @@ class ProbeSuite:
         grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         if "rollout_batch" in self.matrices:
-            self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full))
+            self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
+                      coherence=coherence(full))
         if "group_batch" in self.matrices:
             self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
         score_blocks = grams.get("score_blocks")  # [B, R, R]
@@ -255,7 +280,7 @@ class ProbeSuite:
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
-        serves both; per-token advantages (ppo, process) need their own pass.
+        serves both; per-token advantages (ppo, process, otb) need their own pass.
         """
         per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
         coeffs = {"score": weights}
@@ -315,6 +340,14 @@ class ProbeSuite:
                     score_blocks[index] if score_blocks is not None else blocks[index]
                 ),
             }
+            if matrix == "rollout_group":  # cancellation (grpo_cli/probes/cancellation.py)
+                extras["coherence"] = coherence(blocks[index])
+                if rollout_advantages is not None and score_blocks is not None:
+                    extras["score_cosine"] = mean_cosine(score_blocks[index])
+                    extras["pred_coherence"] = predicted_coherence(
+                        rollout_advantages[index].cpu().numpy(),
+                        0.0 if math.isnan(extras["score_cosine"]) else extras["score_cosine"],
+                    )
             # closed forms only where their assumptions hold (grpo_cli/probes/composition.py)
             if (
                 matrix == "rollout_group"
@@ -341,10 +374,26 @@ class ProbeSuite:
             for column in RANK_MEASURES:
                 values = [r[column] for r in group_rows]
                 row[column] = reduce(values) if values else float("nan")
+            for column in CANCELLATION_COLUMNS:
+                values = [r[column] for r in group_rows if not math.isnan(r.get(column, math.nan))]
+                if values:
+                    row[column] = reduce(values)
             rows.ranks.append(row)
 
     # ---- layer matrices ------------------------------------------------------------------------
-    def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows):
+    def _changed(self, param: torch.Tensor, name: str) -> dict[str, float]:
+        """Fraction of `name`'s entries changed since W_0, per CHANGED_COLUMNS (NaN: no master)."""
+        initial, size = self.initial[name], max(param.numel(), 1)
+        master = master_weight(self.optimizer, param) if keeps_master(self.optimizer, param) else None
+        full = param if master is None else master  # the full-precision weights
+        return {
+            "changed_frac": changed_entries(param, initial) / size,
+            "changed_frac_master": math.nan if master is None else changed_entries(master, initial) / size,
+            "changed_frac_bf16": changed_entries(full, initial, torch.bfloat16) / size,
+        }
+
+    def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows,
+                   **extras):
         device = tensor.device if tensor.is_cuda else "cpu"
         sigma = torch.linalg.svdvals(tensor.to(device, torch.float64)).cpu()
         alpha, r2 = fit_power_law(sigma)
@@ -353,6 +402,7 @@ class ProbeSuite:
             sparsity=gradient_sparsity(tensor, self.cfg.sparsity_rtol),
             hoyer=hoyer_sparsity(tensor),
             powerlaw_alpha=alpha, powerlaw_r2=r2,
+            top1_energy_share=top1_energy_share(sigma.numpy()), **extras,
         )
 
     def _add(self, rows: ProbeRows, step, matrix, group, sigma, layer="", spectrum=True, **extras):

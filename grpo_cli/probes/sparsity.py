@@ -1,7 +1,10 @@
-"""Sparsity of a gradient: thresholded zero fraction and Hoyer's measure.
+"""Sparsity of a gradient: thresholded zero fraction and Hoyer's measure; of an update: the
+entries that changed at all.
 
 Conventions: a tensor with no non-zero entry (all zeros, or empty) is fully sparse, 1.0 for both
 measures. `combined_sparsity` measures a list of tensors as their concatenation without building it.
+`changed_entries` counts exact changes (no threshold): the notion of "parameters updated" in
+Mukherjee et al. 2025 (arXiv 2505.11711) and of the bf16-rounding account (arXiv 2511.08567).
 """
 
 from __future__ import annotations
@@ -54,3 +57,21 @@ def combined_sparsity(tensors: Iterable[torch.Tensor], rtol: float = 1e-3) -> di
         "sparsity": 1.0 if peak == 0 else below / size,
         "hoyer": hoyer_from_norms(l1, math.sqrt(squares), size),
     }
+
+
+def changed_entries(current: torch.Tensor, initial: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    """How many entries of `current` differ from `initial` (same shape), both cast to `dtype`
+    first (default: `current`'s dtype). Casting to bfloat16 rounds to nearest, as a bf16 copy
+    of an fp32 master is made: an entry whose change is below half its bf16 spacing counts as
+    unchanged.
+
+    >>> changed_entries(torch.tensor([1.0, 1.0 + 2**-10, 3.0]), torch.ones(3))
+    2
+    >>> changed_entries(torch.tensor([1.0, 1.0 + 2**-10, 3.0]), torch.ones(3), torch.bfloat16)
+    1
+    """
+    if current.shape != initial.shape:
+        raise ValueError(f"shapes differ: {tuple(current.shape)} and {tuple(initial.shape)}")
+    dtype = dtype or current.dtype
+    initial = initial.to(current.device)
+    return int((current.detach().to(dtype) != initial.to(dtype)).sum())

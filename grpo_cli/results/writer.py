@@ -44,6 +44,12 @@ METRIC_COLUMNS = (
     "grad_sparsity",
     "grad_hoyer",
     "credit_uniform_frac",
+    "groups_all_wrong",  # share of groups whose rollouts are all wrong (final answer)
+    "groups_all_right",  # ... all right
+    "groups_mixed",  # ... some right, some wrong
+    "update_changed_frac",  # probe steps: entries of the update's weights changed since W_0
+    "update_changed_frac_master",  # ... in the fp32 masters (empty without them)
+    "update_changed_frac_bf16",  # ... in a bf16 round-to-nearest copy of the weights
 )
 TIMING_COLUMNS = (
     "step",
@@ -75,6 +81,8 @@ RANK_COLUMNS = (
     + tuple(f"pred_{name}" for name in RANK_MEASURES)
     + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")
+    + ("top1_energy_share", "changed_frac", "changed_frac_master", "changed_frac_bf16")
+    + ("coherence", "pred_coherence", "score_cosine")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")
 

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.algorithm.advantages import advantage_range, get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.advantages import (
+    TokenProbs,
+    advantage_range,
+    get_estimator,
+    outcome_on_last_token,
+)
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -84,6 +89,7 @@ def token_advantages(
     batch: RolloutBatch,
     scored: ScoredBatch,
     values: torch.Tensor | None = None,  # [N, L] value of the state before each token (needs_values)
+    token_probs: TokenProbs | None = None,  # the policy's per-token probabilities (needs_token_probs)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Advantages [N, L] of the configured estimator, and its value targets [N, L] (or None)."""
     estimator = get_estimator(algorithm_cfg.name)
@@ -98,12 +104,21 @@ def token_advantages(
     return estimator.compute(
         token_rewards, mask, batch.group_size, algorithm_cfg,
         outcome_rewards=scored.rewards, values=values, step_index=scored.step_index,
+        token_probs=token_probs,
     )
 
 
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool
     groups = rewards.reshape(-1, group_size)
     return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
+
+
+def group_outcome_shares(correct: torch.Tensor, group_size: int) -> torch.Tensor:  # [3]
+    """Shares of groups whose rollouts are all wrong, all right, or mixed (NeMo-RL's split), by
+    the final answer (correct > 0.5), as one tensor on correct's device (nothing read back)."""
+    right = correct.reshape(-1, group_size) > 0.5  # [B, R]
+    all_right, all_wrong = right.all(dim=1), (~right).all(dim=1)  # [B] each
+    return torch.stack([all_wrong, all_right, ~(all_wrong | all_right)]).float().mean(dim=1)
 
 
 def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:

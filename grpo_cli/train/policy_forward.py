@@ -29,6 +29,7 @@ from grpo_cli.algorithm.logprobs import (
     log_softmax_terms,
     logits_head,
     logprobs_from_hidden,
+    sum_pi_squared_terms,
 )
 from grpo_cli.rollout.batch import RolloutBatch
 
@@ -182,6 +183,25 @@ def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,
     pad = (first, 0)
     hidden = output.hidden_states[-1] if want_hidden else None
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad), hidden
+
+
+def token_probabilities(model, batch: RolloutBatch, chunk_mb: float = 0.0
+                        ) -> tuple[torch.Tensor, torch.Tensor]:  # [N, L] each, float32
+    """(log-prob of each sampled token, sum over the vocabulary of its squared probabilities),
+    from one plain forward with no gradient; prompt columns are 0 as in `plain_forward`."""
+    width, prompt_length = batch.input_ids.shape[1], batch.prompt_length
+    first = prompt_length if 0 < prompt_length < width else 1  # first column with a log-prob
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        scores, _, head = final_columns(
+            model, width - first + 1,
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+        )  # [N, L - first + 1, H or V]
+        logprobs, sum_pi_squared = sum_pi_squared_terms(
+            scores[:, :-1], head, batch.input_ids[:, first:], chunk_mb
+        )  # [N, L - first]
+    pad = (first, 0)
+    return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(sum_pi_squared, pad)
 
 
 def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False,

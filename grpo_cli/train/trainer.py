@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from grpo_cli.algorithm.advantages import get_estimator
+from grpo_cli.algorithm.advantages import TokenProbs, get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.rollout.base import SamplingSettings
@@ -32,13 +32,14 @@ from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
 from grpo_cli.train.credit import (
     ScoredBatch,
     credit_uniform_share,
+    group_outcome_shares,
     overlong_penalty,
     step_tensors,
     token_advantages,
     zero_variance_groups,
 )
 from grpo_cli.train.memory import PhaseMemory
-from grpo_cli.train.policy_forward import checkpointing, forward_policy
+from grpo_cli.train.policy_forward import checkpointing, forward_policy, token_probabilities
 from grpo_cli.train.problem_success import ProblemSuccess
 from grpo_cli.train.timing import PhaseTimer
 
@@ -242,6 +243,16 @@ class GRPOTrainer:
             values = torch.cat(parts_v) if parts_v else None
             return torch.cat(parts_lp), values
 
+    def token_probs(self, batch: RolloutBatch) -> TokenProbs | None:
+        """The pre-update policy's per-token probabilities, for estimators that need them (otb)."""
+        if not get_estimator(self.cfg.algorithm.name).needs_token_probs:
+            return None
+        parts = []
+        for rows in self.micro_batches(batch.num_rollouts):
+            with self.autocast():
+                parts.append(token_probabilities(self.model, select_rows(batch, rows), self.chunk_mb))
+        return TokenProbs(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         if self.reference_model is None:
             return None
@@ -285,8 +296,9 @@ class GRPOTrainer:
         )
         with timer.phase("old_log_prob"):
             old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
+            token_probs = self.token_probs(batch)  # otb: each token's pi and sum pi^2
         with timer.phase("advantage"):
-            advantages, returns = token_advantages(algorithm, batch, scored, values)  # [N, L]
+            advantages, returns = token_advantages(algorithm, batch, scored, values, token_probs)  # [N, L]
             tis = torch.ones_like(mask)
             if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
                 tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
@@ -423,10 +435,12 @@ class GRPOTrainer:
             zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
             lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
             credit_uniform_share(advantages, mask),
+            *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform), correct = read[: len(summary)], read[len(summary):]
+         diff_max, credit_uniform, all_wrong, all_right, mixed), correct = (
+            read[: len(summary)], read[len(summary):])
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
             batch.problem_indices,
@@ -458,6 +472,9 @@ class GRPOTrainer:
             "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform,
+            "groups_all_wrong": all_wrong,
+            "groups_all_right": all_right,
+            "groups_mixed": mixed,
         }
         return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 

@@ -7,7 +7,7 @@ import pytest
 from step_parity import TINY
 
 from grpo_cli.bench.step_bench import flag_overrides, parse_bench_args, run_bench
-from grpo_cli.train.loop import PHASES
+from grpo_cli.results.rows import PHASES
 
 
 def test_parse_bench_args_splits_flags_from_overrides():

@@ -8,11 +8,11 @@ import pytest
 import torch
 from conftest import outcome_advantages, tiny_llama
 
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
 from grpo_cli.rollout.batch import RolloutBatch
-from grpo_cli.train.credit import ScoredBatch
 from grpo_cli.train.trainer import StepOutput
 
 GROUP_SIZE = 2

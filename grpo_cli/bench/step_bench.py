@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo_cli.bench.table import describe, load_average, print_phase_table, write_rows
-from grpo_cli.train.loop import PHASES, TrainingLoop
+from grpo_cli.results.rows import PHASES
+from grpo_cli.train.loop import TrainingLoop
 
 DEFAULT_OVERRIDES = [
     "experiment=cpu_rank_collapse", "probes=off", "eval.every=0",

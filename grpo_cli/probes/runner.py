@@ -23,13 +23,13 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.errors import ConfigError
 from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
 from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
@@ -56,19 +56,18 @@ FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
 
-class _Scores(Protocol):
-    correct: torch.Tensor  # [N] 1.0 where the final answer is right
-
-
-class ProbedStep(Protocol):
-    """What a probe reads from one training step (grpo_cli.train.trainer.StepOutput is one)."""
+@dataclass
+class ProbedStep:
+    """What a probe reads from one training step: grpo-cli's trainer returns one
+    (grpo_cli.train.trainer.StepOutput adds the metrics row), the TRL callback builds one."""
 
     batch: RolloutBatch
     advantages: torch.Tensor  # [N, L]
+    scored: ScoredBatch  # its `correct` [N] splits groups into minority and majority
     loss_weights: torch.Tensor  # [N, L] the loss's aggregation weights
-    scored: _Scores
-    layer_grads: dict[str, torch.Tensor]  # batch gradients captured before the update
-    rollout_grams: dict[str, torch.Tensor]  # Grams from the training pass (empty: compute here)
+    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients before the update
+    # per-rollout Grams from the training pass ("advantage" [N, N], "score_blocks" [B, R, R]; empty: computed here)
+    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -15,7 +15,7 @@ a missing or NaN metric (e.g. kl without a reference model) neither counts nor r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,18 +119,3 @@ class AlarmMonitor:
             raise ValueError(f"unknown alarms in state: {sorted(unknown)}")
         self.streaks.update({name: int(count) for name, count in state["streaks"].items()})
         self.tripped = set(state["tripped"])
-
-
-def expected_zero_variance_fraction(success_rate: float, group_size: int) -> float:
-    """P(all R rewards equal) for i.i.d. binary rewards: p^R + (1 - p)^R."""
-    if not 0.0 <= success_rate <= 1.0:
-        raise ValueError(f"success rate must be in [0, 1], got {success_rate}")
-    return success_rate**group_size + (1.0 - success_rate) ** group_size
-
-
-def mean_expected_zero_variance_fraction(success_rates: Iterable[float], group_size: int) -> float:
-    """Mean over prompts of p_b^R + (1 - p_b)^R, p_b each prompt's success rate."""
-    rates = [float(rate) for rate in success_rates]
-    if not rates:
-        return math.nan
-    return sum(expected_zero_variance_fraction(rate, group_size) for rate in rates) / len(rates)

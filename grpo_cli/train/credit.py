@@ -6,20 +6,11 @@ grpo_cli/algorithm/advantages.py; this module turns a scored batch into their in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from grpo_cli.algorithm.advantages import advantage_range, get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.rollout.batch import RolloutBatch
-
-
-@dataclass
-class ScoredBatch:
-    rewards: torch.Tensor  # [N] outcome reward used for advantages (after any overlong penalty)
-    correct: torch.Tensor  # [N] 1.0 where the final answer is right
-    step_rewards: torch.Tensor | None = None  # [N, L] process: step rewards on step-final tokens
-    step_index: torch.Tensor | None = None  # [N, L] process: step position of each token
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, scale: float):
@@ -99,22 +90,3 @@ def token_advantages(
         token_rewards, mask, batch.group_size, algorithm_cfg,
         outcome_rewards=scored.rewards, values=values, step_index=scored.step_index,
     )
-
-
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool
-    groups = rewards.reshape(-1, group_size)
-    return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
-
-
-def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Fraction of rollouts whose completion tokens all received the same advantage (0-d, on
-    the advantages' device: nothing read back)."""
-    low, high, has_tokens = advantage_range(advantages, completion_mask)
-    scale = advantages.abs().max().clamp(min=1e-12)
-    uniform = ((high - low) <= 1e-6 * scale) | ~has_tokens
-    return uniform.float().mean()
-
-
-def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """`credit_uniform_share` as a float."""
-    return credit_uniform_share(advantages, completion_mask).item()

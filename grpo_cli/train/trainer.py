@@ -21,26 +21,24 @@ import torch
 from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
-from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
-from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
-from grpo_cli.train.alarms import (
-    expected_zero_variance_fraction,
-    mean_expected_zero_variance_fraction,
-)
-from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
-from grpo_cli.train.credit import (
+from grpo_cli.algorithm.scored import (
     ScoredBatch,
     credit_uniform_share,
-    overlong_penalty,
-    step_tensors,
-    token_advantages,
+    expected_zero_variance_fraction,
+    mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
-from grpo_cli.train.memory import PhaseMemory
+from grpo_cli.probes.runner import ProbedStep
+from grpo_cli.results.rows import metrics_row
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
+from grpo_cli.runtime.memory import PhaseMemory
+from grpo_cli.runtime.timing import PhaseTimer
+from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
+from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
+from grpo_cli.train.credit import overlong_penalty, step_tensors, token_advantages
 from grpo_cli.train.policy_forward import checkpointing, forward_policy
 from grpo_cli.train.problem_success import ProblemSuccess
-from grpo_cli.train.timing import PhaseTimer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -48,15 +46,11 @@ class NonFiniteLossError(RuntimeError):
 
 
 @dataclass
-class StepOutput:
-    metrics: dict  # one row of metrics.csv
-    batch: RolloutBatch
-    advantages: torch.Tensor  # [N, L]
-    scored: ScoredBatch
-    loss_weights: torch.Tensor  # [N, L] aggregation weights used in the loss
-    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients (probe step)
-    # probe step: per-rollout Grams at the step's weights ("advantage" [N, N], "score_blocks" [B, R, R])
-    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
+class StepOutput(ProbedStep):
+    """One GRPO step: what the probes read (batch, advantages, scores, loss weights; on probe
+    steps the gradients captured before the update) and its metrics.csv row."""
+
+    metrics: dict = field(default_factory=dict)  # one row of metrics.csv (grpo_cli/results/rows.py)
 
 
 class ProbeCapture(Protocol):
@@ -432,7 +426,7 @@ class GRPOTrainer:
             batch.problem_indices,
             [correct[start : start + batch.group_size] for start in range(0, len(correct), batch.group_size)],
         )
-        metrics = {
+        metrics = metrics_row({
             "step": step,
             "reward_mean": reward_mean,
             "reward_std": reward_std,
@@ -458,6 +452,6 @@ class GRPOTrainer:
             "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform,
-        }
-        return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
+        })
+        return StepOutput(batch, advantages, scored, weights, layer_grads, rollout_grams, metrics)
 

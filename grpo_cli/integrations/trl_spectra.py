@@ -45,6 +45,7 @@ import yaml
 from torch import nn
 from transformers import TrainerCallback
 
+from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
 from grpo_cli.algorithm.scored import (
     ScoredBatch,
@@ -61,6 +62,9 @@ from grpo_cli.results.writer import RunResults
 from grpo_cli.runtime.memory import peak_memory_mb
 from grpo_cli.runtime.timing import PhaseTimer
 
+# TRL's advantages, r_i - group mean (divided by a std under scale_rewards), are grpo's kind:
+# outcome credit, zero-sum groups; run.json records grpo's estimator_facts
+TRL_ESTIMATOR = "grpo"
 TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # ours -> TRL's key
 # timings.csv phases a TRL step is cut into (the loop's others, e.g. backward, stay blank:
 # TRL's backward is counted in time_other)
@@ -250,7 +254,8 @@ class SpectraCallback(TrainerCallback):
 
         policy = self._policy
         self._record = run_record(
-            trainer="trl", seed=args.seed, group_size=args.num_generations, estimator="grpo",
+            trainer="trl", seed=args.seed, group_size=args.num_generations,
+            estimator_facts=get_estimator(TRL_ESTIMATOR).facts(),
             model=_model_name(policy), task=self.task, experiment=self.experiment,
             gram_params=self.probe_settings.param_regex, weights="pretrained", reward="trl",
             device=str(next(policy.parameters()).device), resumed_from=start or None,
@@ -393,7 +398,7 @@ class SpectraCallback(TrainerCallback):
                 "top_k": args.top_k,
             },
             "algorithm": {
-                "name": "grpo",
+                "name": TRL_ESTIMATOR,
                 "loss_type": args.loss_type,
                 "scale_rewards": args.scale_rewards,
                 "epsilon": args.epsilon,

@@ -28,6 +28,8 @@ PHASES = tuple(
 PEAK_COLUMNS = tuple(column for column in TIMING_COLUMNS if column.startswith("peak_") and column != "peak_memory_mb")
 # metrics.csv columns the probes fill on probe steps (grpo_cli/probes/runner.py ProbeRows.metrics)
 PROBE_METRICS = ("grad_sparsity", "grad_hoyer")
+# run.json's estimator_facts (grpo_cli/algorithm/advantages.py RegisteredEstimator.facts)
+ESTIMATOR_FACT_KEYS = ("name", "credit", "zero_sum_group")
 # run.json keys beyond the common ones, each documented in docs/results.md, by trainer
 EXTRA_RUN_KEYS = {"grpo-cli": (), "trl": ("loss_type",)}
 
@@ -52,7 +54,7 @@ def run_record(
     trainer: str,  # "grpo-cli" | "trl": who wrote the directory
     seed: int,
     group_size: int,
-    estimator: str,  # algorithm.name
+    estimator_facts: Mapping,  # RegisteredEstimator.facts(): name, credit, zero_sum_group
     model: str,
     task: str,
     experiment: str,
@@ -65,6 +67,9 @@ def run_record(
     extra: Mapping | None = None,  # EXTRA_RUN_KEYS[trainer]
 ) -> dict:
     """run.json as a run starts (`status: running`); the run then updates its status keys."""
+    if set(estimator_facts) != set(ESTIMATOR_FACT_KEYS):
+        raise KeyError(f"run.json: estimator_facts has keys {sorted(estimator_facts)}, "
+                       f"expected {list(ESTIMATOR_FACT_KEYS)}")
     allowed = EXTRA_RUN_KEYS.get(trainer)
     if allowed is None:
         raise ValueError(f"run.json: unknown trainer {trainer!r}; known: {', '.join(EXTRA_RUN_KEYS)}")
@@ -83,7 +88,8 @@ def run_record(
         "device": device,
         "seed": seed,
         "group_size": group_size,
-        "estimator": estimator,
+        "estimator": estimator_facts["name"],
+        "estimator_facts": dict(estimator_facts),
         "model": model,
         "task": task,
         "experiment": experiment,

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
@@ -90,7 +91,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     record = run_record(
         trainer="grpo-cli", seed=cfg.seed, group_size=cfg.rollout.group_size,
-        estimator=cfg.algorithm.name, model=cfg.model.name, task=cfg.task.name,
+        estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name, task=cfg.task.name,
         experiment=cfg.experiment.name, gram_params=cfg.probes.param_regex,
         weights=cfg.model.weights, reward=cfg.task.reward,
     )

@@ -218,3 +218,24 @@ def test_update_reads_fp32_masters_and_grad_sum_sums_raw_gradients(tmp_path):
     restored = ProbeSuite(ProbesConfig(matrices=["grad_sum"]), model, tmp_path / "w1.pt")
     restored.load_state_dict(suite.state_dict())
     assert torch.equal(restored.grad_sum[name], suite.grad_sum[name])
+
+
+def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_steps(tmp_path):
+    """One hook between trainer and probes (StepCapture): off probe steps it captures nothing
+    but still adds the pass's gradient to grad_sum; without grad_sum such a step has no hook."""
+    model = tiny_model()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
+    suite = ProbeSuite(ProbesConfig(matrices=["layer", "grad_sum"]), model, tmp_path / "w0.pt")
+    quiet = suite.step_capture(1, model, probe=False)
+    assert not quiet.training_pass
+    assert quiet.before_update(None, None, None, fused=False) == ({}, {})
+    quiet.after_backward()
+    quiet.after_backward()  # a second pass (num_iterations = 2) adds its gradient too
+    torch.testing.assert_close(suite.grad_sum[name], torch.full((16, 16), 2.0))
+    probing = suite.step_capture(2, model, probe=True)
+    layer_grads, grams = probing.before_update(None, None, None, fused=False)
+    assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
+    without_sum = ProbeSuite(ProbesConfig(matrices=["layer"]), model, tmp_path / "w1.pt")
+    assert without_sum.step_capture(1, model, probe=False) is None

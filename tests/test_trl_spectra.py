@@ -246,7 +246,7 @@ def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
         SpectraCallback(tmp_path / "run").attach(trainer)
     with pytest.raises(ValueError, match="unknown probes setting"):
         SpectraCallback(tmp_path / "run", gram_metod="ghost")
-    with pytest.raises(ValueError, match="unknown matrices"):
+    with pytest.raises(ValueError, match="probes.matrices: unknown"):
         SpectraCallback(tmp_path / "run", matrices=["rollout_grup"])
     trainer.add_callback(SpectraCallback(tmp_path / "run"))  # passed in, never attached
     with pytest.raises(RuntimeError, match=r"attach\(trainer\)"):

@@ -55,7 +55,7 @@ from grpo_cli.algorithm.scored import (
 )
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
-from grpo_cli.probes.runner import KNOWN_MATRICES, ProbedStep, ProbeSuite
+from grpo_cli.probes.runner import ProbedStep, ProbeSuite, check_matrices
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults
@@ -111,9 +111,7 @@ class SpectraCallback(TrainerCallback):
         self.probe_settings = ProbesConfig(every=every, **probes)
         if matrices is not None:
             self.probe_settings.matrices = list(matrices)
-        wrong = sorted(set(self.probe_settings.matrices) - set(KNOWN_MATRICES))
-        if wrong:
-            raise ValueError(f"SpectraCallback: unknown matrices {wrong}; known: {', '.join(KNOWN_MATRICES)}")
+        check_matrices(self.probe_settings.matrices)
         self.run_dir = Path(out_dir)
         self.results: RunResults | None = None  # created when training begins
         self.experiment = experiment or self.run_dir.parent.name
@@ -315,7 +313,7 @@ class SpectraCallback(TrainerCallback):
     # ---- probes and rows ------------------------------------------------------------------------
     def _before_update(self) -> None:
         """Once per step, after TRL's backward and before clipping: grad_sum += G_t (every step,
-        like grpo run's gradient observer), then on probe steps the probes (so `grad_sum` at
+        like grpo run's StepCapture.after_backward), then on probe steps the probes (so `grad_sum` at
         step t is sum_{s<=t} G_s, as in grpo run)."""
         if self._before_update_done or self._step_data is None:
             return

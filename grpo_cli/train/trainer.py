@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,7 +53,9 @@ class StepOutput(ProbedStep):
 
 
 class ProbeCapture(Protocol):
-    """What a probe step asks of the update (grpo_cli/probes/runner.py: StepCapture)."""
+    """Everything the probes ask of a step's update, the one hook between trainer and probes
+    (grpo_cli/probes/runner.py: StepCapture). Probe steps read the first pass's gradients;
+    `grad_sum` reads every pass's raw gradient."""
 
     training_pass: bool  # wants the per-rollout factors of the training forward and backward
     unshare_prompts: bool  # ... even where that means each row's own prompt forward
@@ -62,8 +63,13 @@ class ProbeCapture(Protocol):
     def micro_batch(self, rows: slice) -> AbstractContextManager:
         """Around one micro-batch's forward and backward (rows start:stop, in order)."""
 
-    def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
-        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams)."""
+    def before_update(self, batch: RolloutBatch, advantages: torch.Tensor, loss_weights: torch.Tensor,
+                      fused: bool) -> tuple[dict, dict]:
+        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams),
+        both empty on a step that probes nothing."""
+
+    def after_backward(self) -> None:
+        """After every pass's backward, before clipping (grad_sum += G_t)."""
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -102,8 +108,6 @@ class GRPOTrainer:
             trainable += list(value_head.parameters())
         master = master_params(named, cfg.model.master_weights, cfg.probes.layer_regex)
         self.optimizer = build_optimizer(trainable, cfg.optim, seed=cfg.seed, master=master)
-        # called after each pass's backward, before clipping (the probes' grad_sum reads G_t)
-        self.gradient_observers: list[Callable[[], None]] = []
         self.settings = SamplingSettings(
             group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -259,7 +263,7 @@ class GRPOTrainer:
         )
 
     def step(self, step: int, capture: ProbeCapture | None = None) -> StepOutput:
-        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step.
+        """One GRPO step. `capture` (the probes' hook) records gradients before the optimizer step.
 
         Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
         backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
@@ -388,13 +392,11 @@ class GRPOTrainer:
                     totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
                     totals["kl"] += kl_v / max(batch_tokens, 1.0)
                     totals["value_loss"] += value_v * share
-            if iteration == 0 and capture is not None:
-                with timer.phase("probes"):  # batch gradients and per-rollout Grams, pre-update
-                    layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
-            if self.gradient_observers:
-                with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
-                    for observe in self.gradient_observers:
-                        observe()
+            if capture is not None:
+                with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
+                    if iteration == 0:
+                        layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
+                    capture.after_backward()
             with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
                 max_norm = self.cfg.optim.max_grad_norm
                 max_norm = max_norm if max_norm > 0 else math.inf

@@ -255,7 +255,7 @@ class SpectraCallback(TrainerCallback):
             trainer="trl", seed=args.seed, group_size=args.num_generations,
             estimator_facts=get_estimator(TRL_ESTIMATOR).facts(),
             model=_model_name(policy), task=self.task, experiment=self.experiment,
-            gram_params=self.probe_settings.param_regex, weights="pretrained", reward="trl",
+            param_regex=self.probe_settings.param_regex, weights="pretrained", reward="trl",
             device=str(next(policy.parameters()).device), resumed_from=start or None,
             versions_extra={"trl": trl.__version__}, extra={"loss_type": args.loss_type},
         )

@@ -58,7 +58,7 @@ def run_record(
     model: str,
     task: str,
     experiment: str,
-    gram_params: str,  # probes.gram_params: which parameters span P for the per-rollout matrices
+    param_regex: str,  # probes.param_regex: which parameters span P for the per-rollout matrices
     weights: str,  # model.weights
     reward: str,  # task.reward
     device: str | None = None,
@@ -95,7 +95,7 @@ def run_record(
         "experiment": experiment,
         "resumed_from": resumed_from,
         "checkpoint_step": None,
-        "gram_params": gram_params,
+        "param_regex": param_regex,
         # Random weights or coin-flip rewards: a rehearsal of memory and time, never evidence
         "rehearsal": weights == "random" or reward == "random",
         "weights": weights,

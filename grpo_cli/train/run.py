@@ -92,7 +92,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     record = run_record(
         trainer="grpo-cli", seed=cfg.seed, group_size=cfg.rollout.group_size,
         estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name, task=cfg.task.name,
-        experiment=cfg.experiment.name, gram_params=cfg.probes.param_regex,
+        experiment=cfg.experiment.name, param_regex=cfg.probes.param_regex,
         weights=cfg.model.weights, reward=cfg.task.reward,
     )
     results.write_status(record)

@@ -119,7 +119,7 @@ class GRPOTrainer:
             for problem in task.train
         ]
         self.problem_success = ProblemSuccess()  # per-problem success so far (checkpointed)
-        self.share_prompts = cfg.train.shared_prompt_forward
+        self.shared_prompt_forward = cfg.train.shared_prompt_forward
         self.chunk_mb = cfg.train.logits_chunk_mb
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
@@ -231,7 +231,7 @@ class GRPOTrainer:
                 with self.autocast():
                     logprobs, _, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
-                        share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                        shared_prompt_forward=self.shared_prompt_forward, chunk_mb=self.chunk_mb,
                         prompt_keys=None if keys is None else keys[rows],
                     )
                 parts_lp.append(logprobs)
@@ -247,7 +247,7 @@ class GRPOTrainer:
         with torch.no_grad():
             return torch.cat(
                 [forward_policy(self.reference_model, select_rows(batch, rows),
-                                share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                                shared_prompt_forward=self.shared_prompt_forward, chunk_mb=self.chunk_mb,
                                 prompt_keys=None if keys is None else keys[rows])[0]
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
@@ -314,9 +314,9 @@ class GRPOTrainer:
         # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
         fused = (
             capture is not None and capture.training_pass and self.fused_probe_pass(single_pass)
-            and (capture.unshare_prompts or not self.share_prompts)
+            and (capture.unshare_prompts or not self.shared_prompt_forward)
         )
-        share_prompts = self.share_prompts and not fused
+        shared_prompt_forward = self.shared_prompt_forward and not fused
         keys = self.prompt_keys(batch)
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
         grad_norm = 0.0
@@ -335,7 +335,7 @@ class GRPOTrainer:
                     with self.autocast():
                         logprobs, entropy, hidden = forward_policy(
                             self.model, part, want_hidden=self.value_head is not None,
-                            share_prompts=share_prompts, chunk_mb=self.chunk_mb,
+                            shared_prompt_forward=shared_prompt_forward, chunk_mb=self.chunk_mb,
                             prompt_keys=None if keys is None else keys[rows],
                         )
                     if iteration == 0:

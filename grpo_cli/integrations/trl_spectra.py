@@ -55,7 +55,8 @@ from grpo_cli.algorithm.scored import (
 )
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
-from grpo_cli.probes.runner import ProbedStep, ProbeSuite, check_matrices
+from grpo_cli.probes.runner import ProbeSuite, check_matrices
+from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults

@@ -29,7 +29,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
-from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.errors import ConfigError
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import RANK_MEASURES, predicted_rank_measures
@@ -50,26 +49,12 @@ from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
 from grpo_cli.probes.sparsity import combined_sparsity, gradient_sparsity, hoyer_sparsity
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.probes.step import ProbedStep
 from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
-
-
-@dataclass
-class ProbedStep:
-    """What a probe reads from one training step: grpo-cli's trainer returns one
-    (grpo_cli.train.trainer.StepOutput adds the metrics row), the TRL callback builds one."""
-
-    batch: RolloutBatch
-    advantages: torch.Tensor  # [N, L]
-    scored: ScoredBatch  # its `correct` [N] splits groups into minority and majority
-    loss_weights: torch.Tensor  # [N, L] the loss's aggregation weights
-    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients before the update
-    # per-rollout Grams from the training pass ("advantage" [N, N], "score_blocks" [B, R, R]; empty: computed here)
-    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from grpo_cli.algorithm.scored import (
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
-from grpo_cli.probes.runner import ProbedStep
+from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.rows import metrics_row
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows

@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import AlarmConfig
 
 LOW_ENTROPY = "low_entropy"
 ZERO_VARIANCE = "zero_variance"
@@ -79,14 +82,14 @@ class AlarmMonitor:
         self.tripped: set[str] = set()
 
     @classmethod
-    def from_config(cls, config: Any) -> AlarmMonitor:
-        """Build from an `AlarmConfig` (or anything with its fields)."""
+    def from_config(cls, alarms_cfg: AlarmConfig) -> AlarmMonitor:
+        """Build from the `alarms` section (an `AlarmConfig`, or its DictConfig)."""
         return cls(
-            entropy_floor=config.entropy_floor,
-            entropy_patience=config.entropy_patience,
-            zero_variance_ceiling=config.zero_variance_ceiling,
-            zero_variance_patience=config.zero_variance_patience,
-            kl_max=config.kl_max,
+            entropy_floor=alarms_cfg.entropy_floor,
+            entropy_patience=alarms_cfg.entropy_patience,
+            zero_variance_ceiling=alarms_cfg.zero_variance_ceiling,
+            zero_variance_patience=alarms_cfg.zero_variance_patience,
+            kl_max=alarms_cfg.kl_max,
         )
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[AlarmEvent]:

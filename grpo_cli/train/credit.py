@@ -6,11 +6,16 @@ grpo_cli/algorithm/advantages.py; this module turns a scored batch into their in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from grpo_cli.algorithm.advantages import get_estimator, outcome_on_last_token
 from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.rollout.batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import AlgorithmConfig
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, scale: float):
@@ -71,7 +76,7 @@ def step_tensors(
 
 
 def token_advantages(
-    algorithm_cfg,
+    algorithm_cfg: AlgorithmConfig,
     batch: RolloutBatch,
     scored: ScoredBatch,
     values: torch.Tensor | None = None,  # [N, L] value of the state before each token (needs_values)

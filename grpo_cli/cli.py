@@ -158,7 +158,7 @@ def bench(
     """Time GRPO steps on a fixed model and batch; split by phase; optionally against TRL.
 
     Extra arguments are bench flags or Hydra overrides: --model-size tiny|5m|25m|smollm2,
-    --shared-prefix (train.shared_prompt_forward), --autocast bf16 (model.autocast),
+    --shared-prompt-forward (train.shared_prompt_forward), --autocast bf16 (model.autocast),
     --compile-decode (rollout.compile_decode), --out CSV, --trl-bf16,
     --trl-gradient-checkpointing. The phases are those of timings.csv, from the loop `grpo run`
     uses. docs/speed.md has the measured ratios.

@@ -9,7 +9,6 @@ re-running the same command resumes the same directories.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import json
 import logging
 import os
@@ -27,16 +26,13 @@ from grpo_cli.config.errors import ConfigError, debug
 from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 from grpo_cli.results.lock import RunLockedError, check_free
+from grpo_cli.results.rows import utc_now
 
 log = logging.getLogger("grpo")
 
 
 REFUSALS = (ConfigError, RunLockedError)  # answered with one line and no traceback
 REFUSED_LOG = ".refused.jsonl"  # sweep members refused, for the sweep's summary
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def refusal_line(error: Exception) -> str:

@@ -48,15 +48,16 @@ def main() -> None:
               for name, (extra, _) in configs.items()}
     step = args.after_steps
     for setup in setups.values():
-        for earlier in range(step):
-            setup.trainer.step(earlier)
+        for earlier in range(step):  # grad_sum's running sum, as grpo run keeps it
+            setup.trainer.step(earlier, capture=setup.probes and setup.probes.step_capture(
+                earlier, setup.model, probe=False))
     times = {name: {phase: [] for phase in PHASES} for name in configs}
     for _ in range(args.repeats):
         for name, (_, probed) in configs.items():
             setup = setups[name]
             timer = setup.trainer.timer
             timer.clear()
-            capture = setup.probes.step_capture(step, setup.model, timer) if probed else None
+            capture = setup.probes and setup.probes.step_capture(step, setup.model, timer, probe=probed)
             output = setup.trainer.step(step, capture=capture)
             if probed:
                 with timer.phase("probes"):

@@ -26,18 +26,18 @@ VARIANTS: dict[str, list[str]] = {
     "baseline": [],
     "static": ["rollout.backend=hf_static"],
     "compiled": ["rollout.backend=hf_static", "--compile-decode"],
-    "shared": ["--shared-prefix"],
-    "fast": ["rollout.backend=hf_static", "--shared-prefix"],
-    "fast_compiled": ["rollout.backend=hf_static", "--compile-decode", "--shared-prefix"],
-    "fast_bf16": ["rollout.backend=hf_static", "--shared-prefix", "--autocast", "bf16"],
+    "shared": ["--shared-prompt-forward"],
+    "fast": ["rollout.backend=hf_static", "--shared-prompt-forward"],
+    "fast_compiled": ["rollout.backend=hf_static", "--compile-decode", "--shared-prompt-forward"],
+    "fast_bf16": ["rollout.backend=hf_static", "--shared-prompt-forward", "--autocast", "bf16"],
     "fast_bf16_vs_trl_bf16": [
-        "rollout.backend=hf_static", "--shared-prefix", "--autocast", "bf16", "--trl-bf16",
+        "rollout.backend=hf_static", "--shared-prompt-forward", "--autocast", "bf16", "--trl-bf16",
     ],
     "fast_compiled_bf16": [
-        "rollout.backend=hf_static", "--compile-decode", "--shared-prefix", "--autocast", "bf16",
+        "rollout.backend=hf_static", "--compile-decode", "--shared-prompt-forward", "--autocast", "bf16",
     ],
     "fast_compiled_bf16_vs_trl_bf16": [
-        "rollout.backend=hf_static", "--compile-decode", "--shared-prefix", "--autocast", "bf16",
+        "rollout.backend=hf_static", "--compile-decode", "--shared-prompt-forward", "--autocast", "bf16",
         "--trl-bf16",
     ],
 }

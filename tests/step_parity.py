@@ -49,6 +49,9 @@ class GradientSnapshot:
             self.grads[name] = p.grad.detach().clone()
         return {}, {}
 
+    def after_backward(self):
+        pass
+
 
 def step_loss_and_grads(setup, step: int = 0):
     snapshot = GradientSnapshot(setup.model)

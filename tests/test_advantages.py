@@ -60,17 +60,29 @@ def test_unknown_estimator_lists_known_names():
 
 
 def test_register_adv_est_adds_and_refuses_duplicates():
-    @register_adv_est("_test_zero", needs_values=True)
+    @register_adv_est("_test_zero", credit="per_token", zero_sum_group=False, needs_values=True)
     def zero(token_level_rewards, response_mask, group_size, config, **_):
         return torch.zeros_like(response_mask), None
 
     try:
         assert get_estimator("_test_zero").compute is zero
         assert get_estimator("_test_zero").needs_values
+        assert get_estimator("_test_zero").facts() == {
+            "name": "_test_zero", "credit": "per_token", "zero_sum_group": False}
         with pytest.raises(ValueError, match="already registered"):
-            register_adv_est("_test_zero")(zero)
+            register_adv_est("_test_zero", credit="outcome", zero_sum_group=False)(zero)
     finally:
         del ESTIMATORS["_test_zero"]
+
+
+@pytest.mark.parametrize(("credit", "zero_sum_group", "message"), [
+    ("token", False, "credit='token' is not one of outcome, per_token"),
+    ("per_token", True, "a zero-sum group gives one advantage per rollout"),
+])
+def test_register_adv_est_refuses_facts_that_cannot_hold(credit, zero_sum_group, message):
+    with pytest.raises(ValueError, match=message):
+        register_adv_est("_test_bad", credit=credit, zero_sum_group=zero_sum_group)
+    assert "_test_bad" not in ESTIMATORS
 
 
 def test_outcome_sits_on_the_last_completion_token():
@@ -304,19 +316,17 @@ def test_gae_matches_per_row_loop_on_ragged_masks():
     assert advantages[0, 5] == 0.0
 
 
-def test_every_registered_estimator_has_the_credit_kind_the_analysis_reads():
-    """algorithm/kinds.py (torch-free, for grpo analyze) names each estimator's credit; an
-    estimator it does not know would be judged 'unknown'. Outcome kinds must give every token
-    of a rollout the same advantage, per-token kinds must not have to."""
-    from grpo_cli.algorithm.kinds import credit_kind
-
+def test_every_registered_estimator_does_what_its_facts_say():
+    """run.json records each estimator's registered facts and grpo analyze judges by them:
+    outcome credit gives every token of a rollout the same advantage (per-token credit does
+    not have to), and a zero-sum group's advantages sum to zero in every group."""
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     step_index = (mask.cumsum(1) - 1).clamp(min=0).long() // 2 * (mask > 0) - (mask == 0).long()
     token_rewards = outcome_on_last_token(rewards, mask) + 0.5 * (step_index == 0) * mask
     values = torch.linspace(-1, 1, 16).reshape(4, 4) * mask
     for name, estimator in ESTIMATORS.items():
-        kind = credit_kind(name)
+        kind = estimator.credit
         assert kind in ("outcome", "per_token"), name
         advantages, _ = estimator.compute(
             token_rewards if estimator.needs_step_rewards else outcome_on_last_token(rewards, mask),
@@ -330,6 +340,11 @@ def test_every_registered_estimator_has_the_credit_kind_the_analysis_reads():
             assert torch.equal(spread, torch.zeros(4)), name
         else:
             assert spread.max() > 0, name
+        if estimator.zero_sum_group:  # one advantage per rollout, c (r_i - group mean), c > 0
+            per_rollout = advantages[:, 0].double().reshape(2, 2)  # [B, R]
+            centred = rewards.double().reshape(2, 2) - rewards.double().reshape(2, 2).mean(1, keepdim=True)
+            torch.testing.assert_close(per_rollout.sum(1), torch.zeros(2, dtype=torch.float64))
+            assert ((per_rollout * centred) > 0).all(), name
 
 
 # --- otb (verl's Optimal Token Baseline) ----------------------------------------------------------

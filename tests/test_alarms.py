@@ -5,14 +5,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grpo_cli.algorithm.scored import (
+    expected_zero_variance_fraction,
+    mean_expected_zero_variance_fraction,
+)
 from grpo_cli.train.alarms import (
     HIGH_KL,
     LOW_ENTROPY,
     ZERO_VARIANCE,
     AlarmEvent,
     AlarmMonitor,
-    expected_zero_variance_fraction,
-    mean_expected_zero_variance_fraction,
 )
 
 

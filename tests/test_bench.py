@@ -7,15 +7,15 @@ import pytest
 from step_parity import TINY
 
 from grpo_cli.bench.step_bench import flag_overrides, parse_bench_args, run_bench
-from grpo_cli.train.loop import PHASES
+from grpo_cli.results.rows import PHASES
 
 
 def test_parse_bench_args_splits_flags_from_overrides():
     options = parse_bench_args(
-        ["--model-size", "25m", "rollout.max_new_tokens=64", "--autocast=bf16", "--shared-prefix"]
+        ["--model-size", "25m", "rollout.max_new_tokens=64", "--autocast=bf16", "--shared-prompt-forward"]
     )
     assert options.model_size == "25m" and options.autocast == "bf16"
-    assert options.shared_prefix
+    assert options.shared_prompt_forward
     assert options.overrides == ["rollout.max_new_tokens=64"]
     assert flag_overrides(options) == [
         "train.shared_prompt_forward=true", "model.autocast=bf16", "rollout.compile_decode=false"
@@ -25,11 +25,13 @@ def test_parse_bench_args_splits_flags_from_overrides():
         parse_bench_args(["--fast"])
     with pytest.raises(ValueError, match="unknown bench option"):
         parse_bench_args(["--sorted-micro-batches", "8"])  # the prototype was removed
+    with pytest.raises(ValueError, match="--shared-prefix was renamed --shared-prompt-forward"):
+        parse_bench_args(["--shared-prefix"])
 
 
 def test_run_bench_times_phases_and_writes_rows(tmp_path):
     out = tmp_path / "bench.csv"
-    args = TINY + [f"cache_dir={tmp_path}", "rollout.backend=hf_static", "--shared-prefix",
+    args = TINY + [f"cache_dir={tmp_path}", "rollout.backend=hf_static", "--shared-prompt-forward",
                    "--out", str(out)]
     rows = run_bench(args, steps=2)
     assert [row["step"] for row in rows] == [1, 2]

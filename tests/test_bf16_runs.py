@@ -65,7 +65,7 @@ def test_bf16_weights_under_autocast_decode_train_and_probe():
         batch = StaticDecodeBackend(model, tokenizer, cpu).generate(
             prompts, SamplingSettings(group_size=2, max_new_tokens=6), generator_seed=0
         )
-        logprobs, _, _ = forward_policy(model, batch, share_prompts=True)
+        logprobs, _, _ = forward_policy(model, batch, shared_prompt_forward=True)
     assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
     (-(logprobs * batch.completion_mask).sum()).backward()
     assert model.lm_head.weight.grad.dtype == torch.bfloat16

@@ -10,6 +10,7 @@ import torch
 from cli_helpers import grpo_run, run_dir
 from conftest import tiny_llama
 
+from grpo_cli.algorithm.scored import ScoredBatch, group_outcome_shares, zero_variance_groups
 from grpo_cli.config.compose import compose_config
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.batch import RolloutBatch, left_pad
@@ -17,12 +18,9 @@ from grpo_cli.rollout.hf_backend import completion_mask_through_eos
 from grpo_cli.tasks.problem import Problem, Task
 from grpo_cli.tasks.step_rewards import StepCheck
 from grpo_cli.train.credit import (
-    ScoredBatch,
-    group_outcome_shares,
     step_tensors,
     token_advantages,
     token_char_ends,
-    zero_variance_groups,
 )
 from grpo_cli.train.trainer import GRPOTrainer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
+from grpo_cli.runtime.memory import peak_memory_mb, reset_step_peak
 
 
 def test_cpu_peak_is_the_process_high_water_mark():

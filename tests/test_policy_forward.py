@@ -25,7 +25,7 @@ def test_shared_prompt_forward_keeps_loss_and_gradients(tmp_path, loss_agg, micr
     overrides = [f"algorithm.loss_agg={loss_agg}", f"train.micro_batch_size={micro_batch_size}"]
     reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
     candidate_setup = setup_for(tmp_path, *overrides, SHARED)
-    assert candidate_setup.trainer.share_prompts
+    assert candidate_setup.trainer.shared_prompt_forward
     assert_same_update(reference, step_loss_and_grads(candidate_setup))
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from conftest import outcome_advantages, tiny_llama
 
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
 from grpo_cli.rollout.batch import RolloutBatch
-from grpo_cli.train.credit import ScoredBatch
 from grpo_cli.train.trainer import StepOutput
 
 GROUP_SIZE = 2
@@ -264,3 +264,24 @@ def test_update_of_a_rank_one_change_to_some_entries(tmp_path):
     assert others and all(r["changed_frac"] == 0.0 and r["top1_energy_share"] == 0.0 for r in others)
     total = sum(p.numel() for p in suite.layer_params.values())
     assert rows.metrics["update_changed_frac"] == pytest.approx(12 / total)
+
+
+def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_steps(tmp_path):
+    """One hook between trainer and probes (StepCapture): off probe steps it captures nothing
+    but still adds the pass's gradient to grad_sum; without grad_sum such a step has no hook."""
+    model = tiny_model()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
+    suite = ProbeSuite(ProbesConfig(matrices=["layer", "grad_sum"]), model, tmp_path / "w0.pt")
+    quiet = suite.step_capture(1, model, probe=False)
+    assert not quiet.training_pass
+    assert quiet.before_update(None, None, None, fused=False) == ({}, {})
+    quiet.after_backward()
+    quiet.after_backward()  # a second pass (num_iterations = 2) adds its gradient too
+    torch.testing.assert_close(suite.grad_sum[name], torch.full((16, 16), 2.0))
+    probing = suite.step_capture(2, model, probe=True)
+    layer_grads, grams = probing.before_update(None, None, None, fused=False)
+    assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
+    without_sum = ProbeSuite(ProbesConfig(matrices=["layer"]), model, tmp_path / "w1.pt")
+    assert without_sum.step_capture(1, model, probe=False) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_cli.train.alarms import (
+from grpo_cli.algorithm.scored import (
     expected_zero_variance_fraction,
     mean_expected_zero_variance_fraction,
 )

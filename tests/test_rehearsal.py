@@ -19,10 +19,10 @@ from grpo_cli.models.byte_tokenizer import build_byte_tokenizer
 from grpo_cli.models.loading import ModelLoadError
 from grpo_cli.models.policy import load_policy
 from grpo_cli.results.rehearsal import PLAN_GIB, rehearsal_table
+from grpo_cli.runtime.memory import PHASES, PhaseMemory
+from grpo_cli.runtime.timing import PhaseTimer
 from grpo_cli.tasks.rehearsal import random_group_rewards, random_rewards
-from grpo_cli.train.memory import PHASES, PhaseMemory
 from grpo_cli.train.policy_forward import checkpointing
-from grpo_cli.train.timing import PhaseTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
+from grpo_cli.results.rows import PHASES, timing_row
 from grpo_cli.results.writer import TIMING_COLUMNS
-from grpo_cli.train.loop import PHASES, timing_row
-from grpo_cli.train.timing import PhaseTimer
+from grpo_cli.runtime.timing import PhaseTimer
 
 
 def test_nested_phases_are_exclusive_and_sum_to_the_wall_time():

@@ -246,7 +246,7 @@ def test_callback_refuses_what_it_cannot_reproduce(policy_source, tmp_path):
         SpectraCallback(tmp_path / "run").attach(trainer)
     with pytest.raises(ValueError, match="unknown probes setting"):
         SpectraCallback(tmp_path / "run", gram_metod="ghost")
-    with pytest.raises(ValueError, match="unknown matrices"):
+    with pytest.raises(ValueError, match="probes.matrices: unknown"):
         SpectraCallback(tmp_path / "run", matrices=["rollout_grup"])
     trainer.add_callback(SpectraCallback(tmp_path / "run"))  # passed in, never attached
     with pytest.raises(RuntimeError, match=r"attach\(trainer\)"):
@@ -301,3 +301,32 @@ def test_resumed_trl_run_rewrites_its_logs_from_the_checkpoint(policy_source, tm
     assert run.ranks.groupby(["step", "matrix", "layer", "group"]).size().max() == 1  # no duplicates
     resumed_sums = run.ranks.query("matrix == 'grad_sum'").reset_index(drop=True)
     pd.testing.assert_frame_equal(resumed_sums[sums.columns], sums)  # sum_t G_t carried over step 2
+
+
+def test_trl_directory_has_the_columns_of_a_grpo_run_directory(policy_source, tmp_path, cache_dir):
+    """Both trainers write through grpo_cli/results/rows.py: the same run.json keys (TRL adds
+    only the documented `loss_type` and `versions.trl`), metrics.csv and timings.csv columns."""
+    import json
+
+    from cli_helpers import grpo_run, run_dir
+
+    from grpo_cli.results.rows import EXTRA_RUN_KEYS
+
+    result = grpo_run(tmp_path / "ours", cache_dir, "train.steps=1")
+    assert result.exit_code == 0, result.output
+    (ours,) = run_dir(tmp_path / "ours").parent.glob("R4-grpo-s0*")  # the name adds train.steps=1
+    trainer = build_trainer(policy_source, tmp_path, steps=1, loss_type="grpo")
+    theirs = tmp_path / "trl_run" / "R4-grpo-s0"
+    SpectraCallback(theirs, every=1, task="arith").attach(trainer)
+    trainer.train()
+
+    record_ours, record_trl = (json.loads((d / "run.json").read_text()) for d in (ours, theirs))
+    assert record_ours["trainer"] == "grpo-cli" and record_trl["trainer"] == "trl"
+    assert set(record_trl) - set(record_ours) == set(EXTRA_RUN_KEYS["trl"]) == {"loss_type"}
+    assert set(record_ours) <= set(record_trl)
+    assert set(record_trl["versions"]) - set(record_ours["versions"]) == {"trl"}
+    assert record_trl["estimator_facts"] == record_ours["estimator_facts"] == {
+        "name": "grpo", "credit": "outcome", "zero_sum_group": True}
+    for name in ("metrics.csv", "timings.csv", "ranks.csv", "eval.csv", "events.csv"):
+        columns_ours, columns_trl = (pd.read_csv(d / name).columns.tolist() for d in (ours, theirs))
+        assert columns_trl == columns_ours, name

@@ -17,9 +17,11 @@ Every estimator, outcome or token-level, is registered with `@register_adv_est(n
                               #   sum of squared vocabulary probabilities (needs_token_probs)
     ) -> (advantages [N, L] float32, returns [N, L] value targets or None)
 
-What an estimator needs from the run (a value head, the task's checked steps) is a property of
-its registration, never a comparison with its name elsewhere. Adding one is one function here
-and one YAML file in conf/algorithm/.
+What an estimator needs from the run (a value head, the task's checked steps) and what it is
+(its `facts`: outcome or per-token credit, a zero-sum group or not; a run records them in
+run.json's `estimator_facts`, which `grpo analyze` reads) are properties of its registration,
+never a comparison with its name elsewhere. Adding one is one function here and one YAML file
+in conf/algorithm/.
 
 Outcome estimators (grpo, dr_grpo, rloo, reinforce) give each rollout one scalar, broadcast to
 its completion tokens; every group baseline gives exactly 0 to a zero-variance group (all
@@ -39,14 +41,27 @@ import torch
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
+CREDITS = ("outcome", "per_token")  # what `credit` may say
+
+
 @dataclass(frozen=True)
 class RegisteredEstimator:
     name: str
     compute: AdvantageFn  # the estimator, with the module docstring's signature
+    # outcome: one advantage per rollout, shared by all its tokens (the paper's claim 1);
+    # per_token: advantages may vary along a completion (the paper's falsifier, claim 4)
+    credit: str
+    # each rollout gets c * (r_i - mean of its group), c > 0 the same for the group, so a group's
+    # advantages sum to zero: what the rank-2 argument and the composition prediction assume
+    zero_sum_group: bool
     needs_values: bool = False  # the run builds a value head and passes its values
     needs_step_rewards: bool = False  # the task's checked steps become token_level_rewards
     group_baseline: bool = True  # the baseline is the group's own rewards (R = 1 trains nothing)
     needs_token_probs: bool = False  # the run passes the policy's per-token probabilities (TokenProbs)
+
+    def facts(self) -> dict:
+        """run.json's `estimator_facts`: what the analysis needs to judge this estimator."""
+        return {"name": self.name, "credit": self.credit, "zero_sum_group": self.zero_sum_group}
 
 
 class TokenProbs(NamedTuple):
@@ -64,18 +79,27 @@ PROCESS_BASELINES = ("step_group", "return_to_go")  # process: per-step baseline
 def register_adv_est(
     name: str,
     *,
+    credit: str,
+    zero_sum_group: bool,
     needs_values: bool = False,
     needs_step_rewards: bool = False,
     group_baseline: bool = True,
     needs_token_probs: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: make `fn` selectable as `algorithm.name=<name>`."""
+    """Decorator: make `fn` selectable as `algorithm.name=<name>`, with what it is (`credit`,
+    `zero_sum_group`; see RegisteredEstimator) and what it needs from the run."""
+    if credit not in CREDITS:
+        raise ValueError(f"estimator {name!r}: credit={credit!r} is not one of {', '.join(CREDITS)}")
+    if zero_sum_group and credit != "outcome":
+        raise ValueError(f"estimator {name!r}: a zero-sum group gives one advantage per rollout "
+                         "(credit='outcome')")
 
     def decorate(fn: AdvantageFn) -> AdvantageFn:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = RegisteredEstimator(
-            name, fn, needs_values, needs_step_rewards, group_baseline, needs_token_probs
+            name, fn, credit, zero_sum_group, needs_values, needs_step_rewards, group_baseline,
+            needs_token_probs,
         )
         return fn
 
@@ -122,7 +146,7 @@ def _per_rollout(
     return broadcast_to_tokens(advantages.to(response_mask.device), response_mask), None
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", credit="outcome", zero_sum_group=True)
 def grpo(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -150,7 +174,7 @@ def grpo(
     return _per_rollout(groups, centered / (spread + config.std_epsilon), response_mask)
 
 
-@register_adv_est("dr_grpo")
+@register_adv_est("dr_grpo", credit="outcome", zero_sum_group=True)
 def dr_grpo(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -167,7 +191,7 @@ def dr_grpo(
     return _per_rollout(groups, groups - groups.mean(dim=1, keepdim=True), response_mask)
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", credit="outcome", zero_sum_group=True)
 def rloo(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -192,7 +216,7 @@ def rloo(
     return _per_rollout(groups, groups - others_mean, response_mask)
 
 
-@register_adv_est("reinforce", group_baseline=False)
+@register_adv_est("reinforce", credit="outcome", zero_sum_group=False, group_baseline=False)
 def reinforce(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -212,7 +236,7 @@ def reinforce(
     return _per_rollout(batch, batch - batch.mean(dim=1, keepdim=True), response_mask)
 
 
-@register_adv_est("process", needs_step_rewards=True)
+@register_adv_est("process", credit="per_token", zero_sum_group=False, needs_step_rewards=True)
 def process(
     token_level_rewards: torch.Tensor,  # [N, L] step rewards on step ends, outcome on the last token
     response_mask: torch.Tensor,  # [N, L]
@@ -235,7 +259,8 @@ def process(
     return advantages, None
 
 
-@register_adv_est("ppo", needs_values=True, group_baseline=False)
+@register_adv_est("ppo", credit="per_token", zero_sum_group=False, needs_values=True,
+                  group_baseline=False)
 def ppo(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]
@@ -253,7 +278,8 @@ def ppo(
     return gae(token_level_rewards, values, response_mask, config.gamma, config.lam)
 
 
-@register_adv_est("otb", group_baseline=False, needs_token_probs=True)
+@register_adv_est("otb", credit="per_token", zero_sum_group=False, group_baseline=False,
+                  needs_token_probs=True)
 def otb(
     token_level_rewards: torch.Tensor,  # [N, L]
     response_mask: torch.Tensor,  # [N, L]

@@ -1,24 +1,40 @@
-"""How each advantage estimator assigns credit, by name (no torch import: the analysis reads it).
+"""Estimator facts of results directories written before run.json recorded them (no torch).
 
-- GROUP_ZERO_SUM_ESTIMATORS: one advantage per rollout, c * (r_i - mean of its group) with c > 0
-  the same for the whole group, so a group's advantages sum to zero. The paper's rank-2 argument
-  and the closed-form composition prediction (grpo_cli/measures.py) assume this.
-- OUTCOME_ESTIMATORS: one advantage per rollout, shared by all its tokens (the paper's claim 1);
-  `reinforce` is one of them, but its baseline is the batch mean, not the group mean.
-- TOKEN_LEVEL_ESTIMATORS: advantages that vary along a completion (the paper's falsifier):
-  `ppo` (a learned value head and GAE), `process` (per-step rewards) and `otb` (verl's Optimal
-  Token Baseline: a per-timestep baseline from the policy's probabilities, outcome reward only).
+The owner of what an estimator is, is its registration in grpo_cli/algorithm/advantages.py
+(`credit`, `zero_sum_group`); every run records those facts in run.json (`estimator_facts`),
+and `grpo analyze` reads them from there. This table is frozen: it says what the six estimators
+that existed before that key meant, so that older directories are still judged. A new estimator
+is never added here (its runs carry their own facts).
+
+- zero_sum_group: one advantage per rollout, c * (r_i - mean of its group) with c > 0 the same
+  for the whole group, so a group's advantages sum to zero (the rank-2 argument and the
+  composition prediction, grpo_cli/measures.py, assume this).
+- credit "outcome": one advantage per rollout, shared by all its tokens (the paper's claim 1);
+  `reinforce` is one, but its baseline is the batch mean, not the group mean.
+- credit "per_token": advantages that vary along a completion (the paper's falsifier): `ppo` (a
+  learned value head and GAE) and `process` (per-step rewards).
 """
 
-GROUP_ZERO_SUM_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-OUTCOME_ESTIMATORS = (*GROUP_ZERO_SUM_ESTIMATORS, "reinforce")
-TOKEN_LEVEL_ESTIMATORS = ("ppo", "process", "otb")
+from types import MappingProxyType
+
+LEGACY_ESTIMATOR_FACTS = MappingProxyType({  # name -> run.json's estimator_facts, as recorded today
+    name: MappingProxyType({"name": name, "credit": credit, "zero_sum_group": zero_sum})
+    for name, credit, zero_sum in (
+        ("grpo", "outcome", True),
+        ("dr_grpo", "outcome", True),
+        ("rloo", "outcome", True),
+        ("reinforce", "outcome", False),
+        ("ppo", "per_token", False),
+        ("process", "per_token", False),
+    )
+})
+
+GROUP_ZERO_SUM_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["zero_sum_group"])
+OUTCOME_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["credit"] == "outcome")
+TOKEN_LEVEL_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["credit"] == "per_token")
 
 
 def credit_kind(estimator: str | None) -> str:
-    """ "outcome", "per_token", or "unknown" for an `algorithm.name`."""
-    if estimator in OUTCOME_ESTIMATORS:
-        return "outcome"
-    if estimator in TOKEN_LEVEL_ESTIMATORS:
-        return "per_token"
-    return "unknown"
+    """ "outcome", "per_token", or "unknown" for an `algorithm.name` of the legacy table."""
+    facts = LEGACY_ESTIMATOR_FACTS.get(estimator)
+    return "unknown" if facts is None else facts["credit"]

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import OptimConfig
 
 MASTER_WEIGHTS = ("fp32", "probed", "none")
 
@@ -261,7 +264,7 @@ def master_params(named_params, master_weights: str, probed_regex: str) -> list[
             if master_weights == "fp32" or (p.ndim == 2 and pattern.search(name))]
 
 
-def build_optimizer(params, optim_cfg, seed: int, master=()) -> torch.optim.Optimizer:
+def build_optimizer(params, optim_cfg: OptimConfig, seed: int, master=()) -> torch.optim.Optimizer:
     """AdamW for float32 policies; the mixed-precision variant when any weight is bf16, with
     fp32 masters for the bf16 weights in `master` (see `master_params`)."""
     params = list(params)

@@ -13,7 +13,7 @@ mixed into the overrides:
                              random) or SmolLM2-135M-Instruct
   --autocast bf16            = model.autocast=bf16 (bf16 matmuls, fp32 master weights and lm_head,
                              so log-probs come from fp32 logits; grpo_cli/train/autocast.py)
-  --shared-prefix            = train.shared_prompt_forward=true (each distinct prompt computed
+  --shared-prompt-forward    = train.shared_prompt_forward=true (each distinct prompt computed
                              once in the training forward; grpo_cli/train/policy_forward.py);
                              without it the bench sets it false, so flags mean what they say
   --compile-decode           = rollout.compile_decode=true (with rollout.backend=hf_static)
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo_cli.bench.table import describe, load_average, print_phase_table, write_rows
-from grpo_cli.train.loop import PHASES, TrainingLoop
+from grpo_cli.results.rows import PHASES
+from grpo_cli.train.loop import TrainingLoop
 
 DEFAULT_OVERRIDES = [
     "experiment=cpu_rank_collapse", "probes=off", "eval.every=0",
@@ -43,11 +44,14 @@ DEFAULT_OVERRIDES = [
 ]
 
 
+RENAMED_FLAGS = {"--shared-prefix": "--shared-prompt-forward"}  # old flag -> its name now
+
+
 @dataclass
 class BenchOptions:
     model_size: str = "tiny"
     autocast: str | None = None  # "bf16" or None
-    shared_prefix: bool = False  # training forward with each distinct prompt computed once
+    shared_prompt_forward: bool = False  # train.shared_prompt_forward: each distinct prompt computed once
     compile_decode: bool = False  # hf_static: torch.compile the decode step
     out: str | None = None
     trl_bf16: bool = False
@@ -62,7 +66,7 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
     switches = {
         "--trl-bf16": "trl_bf16",
         "--trl-gradient-checkpointing": "trl_gradient_checkpointing",
-        "--shared-prefix": "shared_prefix",
+        "--shared-prompt-forward": "shared_prompt_forward",
         "--compile-decode": "compile_decode",
     }
     items = list(args)
@@ -76,6 +80,8 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
             setattr(options, valued[name], value)
         elif name in switches:
             setattr(options, switches[name], True)
+        elif name in RENAMED_FLAGS:
+            raise ValueError(f"{name} was renamed {RENAMED_FLAGS[name]}")
         elif item.startswith("--"):
             raise ValueError(f"unknown bench option {item!r}")
         else:
@@ -90,7 +96,7 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
 def flag_overrides(options: BenchOptions) -> list[str]:
     """Bench flags as config settings, explicit both ways: a run without a flag means 'off'."""
     return [
-        f"train.shared_prompt_forward={str(options.shared_prefix).lower()}",
+        f"train.shared_prompt_forward={str(options.shared_prompt_forward).lower()}",
         f"model.autocast={options.autocast or 'none'}",
         f"rollout.compile_decode={str(options.compile_decode).lower()}",
     ]
@@ -152,7 +158,7 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
     label = (
         f"{cfg.model.name} {cfg.rollout.backend}"
         + (f" autocast={options.autocast}" if options.autocast else "")
-        + (" shared_prefix" if options.shared_prefix else "")
+        + (" shared_prompt_forward" if options.shared_prompt_forward else "")
         + (" compiled" if options.compile_decode else "")
         + (" cuda_graphs" if cfg.rollout.cuda_graphs else "")  # a Hydra override, passed through
     )

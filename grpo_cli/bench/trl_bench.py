@@ -35,10 +35,10 @@ from grpo_cli.integrations.trl_setup import (
     task_reward,
 )
 from grpo_cli.models.loading import transformers_progress_bars
-from grpo_cli.train.loop import PHASES
-from grpo_cli.train.memory import peak_memory_mb, reset_step_peak
+from grpo_cli.results.rows import PHASES
+from grpo_cli.runtime.memory import peak_memory_mb, reset_step_peak
+from grpo_cli.runtime.timing import PhaseTimer
 from grpo_cli.train.setup import freeze_long_lived_objects
-from grpo_cli.train.timing import PhaseTimer
 
 # TRL's step split into the phases its methods allow; the rest of its step is `other`.
 TRL_PHASES = ("rollout", "reward", "forward", "backward", "optimizer", "other")

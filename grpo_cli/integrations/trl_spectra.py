@@ -45,23 +45,32 @@ import yaml
 from torch import nn
 from transformers import TrainerCallback
 
+from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
+from grpo_cli.algorithm.scored import (
+    ScoredBatch,
+    credit_uniform_fraction,
+    expected_zero_variance_fraction,
+    group_outcome_shares,
+    zero_variance_groups,
+)
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
-from grpo_cli.probes.runner import KNOWN_MATRICES, ProbeSuite
+from grpo_cli.probes.runner import ProbeSuite, check_matrices
+from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.lock import RunLock
+from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults
-from grpo_cli.train.alarms import expected_zero_variance_fraction
-from grpo_cli.train.credit import ScoredBatch, credit_uniform_fraction, zero_variance_groups
-from grpo_cli.train.memory import peak_memory_mb
-from grpo_cli.train.run import utc_now, versions
-from grpo_cli.train.timing import PhaseTimer
-from grpo_cli.train.trainer import StepOutput
+from grpo_cli.runtime.memory import peak_memory_mb
+from grpo_cli.runtime.timing import PhaseTimer
 
+# TRL's advantages, r_i - group mean (divided by a std under scale_rewards), are grpo's kind:
+# outcome credit, zero-sum groups; run.json records grpo's estimator_facts
+TRL_ESTIMATOR = "grpo"
 TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # ours -> TRL's key
 # timings.csv phases a TRL step is cut into (the loop's others, e.g. backward, stay blank:
 # TRL's backward is counted in time_other)
-TIMED = ("rollout", "reward", "forward", "optimizer", "probes")
+TIMED = ("rollout", "reward", "forward", "optimizer", "probes", "other")
 PROBE_STATE = "grpo_cli_probes.pt"  # grad_sum, saved inside each of TRL's checkpoint-N directories
 
 
@@ -104,9 +113,7 @@ class SpectraCallback(TrainerCallback):
         self.probe_settings = ProbesConfig(every=every, **probes)
         if matrices is not None:
             self.probe_settings.matrices = list(matrices)
-        wrong = sorted(set(self.probe_settings.matrices) - set(KNOWN_MATRICES))
-        if wrong:
-            raise ValueError(f"SpectraCallback: unknown matrices {wrong}; known: {', '.join(KNOWN_MATRICES)}")
+        check_matrices(self.probe_settings.matrices)
         self.run_dir = Path(out_dir)
         self.results: RunResults | None = None  # created when training begins
         self.experiment = experiment or self.run_dir.parent.name
@@ -246,15 +253,14 @@ class SpectraCallback(TrainerCallback):
         import trl
 
         policy = self._policy
-        self._record = {
-            "status": "running", "error": None, "started_at": utc_now(), "ended_at": None,
-            "last_step": None, "stopped_by": None, "versions": {**versions(), "trl": trl.__version__},
-            "device": str(next(policy.parameters()).device), "seed": args.seed,
-            "group_size": args.num_generations, "estimator": "grpo",
-            "model": _model_name(policy), "task": self.task, "experiment": self.experiment,
-            "resumed_from": start or None, "gram_params": self.probe_settings.param_regex,
-            "trainer": "trl", "loss_type": args.loss_type,
-        }
+        self._record = run_record(
+            trainer="trl", seed=args.seed, group_size=args.num_generations,
+            estimator_facts=get_estimator(TRL_ESTIMATOR).facts(),
+            model=_model_name(policy), task=self.task, experiment=self.experiment,
+            param_regex=self.probe_settings.param_regex, weights="pretrained", reward="trl",
+            device=str(next(policy.parameters()).device), resumed_from=start or None,
+            versions_extra={"trl": trl.__version__}, extra={"loss_type": args.loss_type},
+        )
         results.write_status(self._record)
         results.truncate_from(start)
         results.ensure_files()
@@ -291,12 +297,10 @@ class SpectraCallback(TrainerCallback):
             metrics.update(self._probe_rows.metrics)
         self.results.metrics.append([metrics])
         phases = self.timer.take()
-        timings = {f"time_{name}": phases.get(name, 0.0) for name in TIMED}
-        timings["time_other"] = time_step - sum(timings.values())  # backward included
-        self.results.timings.append([{
-            "step": self._step, **timings, "time_step": time_step,
-            "peak_memory_mb": peak_memory_mb(next(self._policy.parameters()).device),
-        }])
+        phases["other"] = time_step - sum(phases.values())  # TRL's backward included
+        self.results.timings.append([timing_row(
+            self._step, phases, peak_memory_mb(next(self._policy.parameters()).device), measured=TIMED,
+        )])
         self._record["last_step"] = self._step
         self.results.write_status(self._record)
 
@@ -311,7 +315,7 @@ class SpectraCallback(TrainerCallback):
     # ---- probes and rows ------------------------------------------------------------------------
     def _before_update(self) -> None:
         """Once per step, after TRL's backward and before clipping: grad_sum += G_t (every step,
-        like grpo run's gradient observer), then on probe steps the probes (so `grad_sum` at
+        like grpo run's StepCapture.after_backward), then on probe steps the probes (so `grad_sum` at
         step t is sum_{s<=t} G_s, as in grpo run)."""
         if self._before_update_done or self._step_data is None:
             return
@@ -329,8 +333,8 @@ class SpectraCallback(TrainerCallback):
         layer_grads = self.probes.capture_layer_grads()
         data = self._step_data
         correct = (self._rewards > self.success_threshold).float()  # NaN reward: not correct
-        output = StepOutput(
-            metrics={}, batch=data.batch, advantages=data.advantages,
+        output = ProbedStep(
+            batch=data.batch, advantages=data.advantages,
             scored=ScoredBatch(rewards=self._rewards, correct=correct),
             loss_weights=data.loss_weights, layer_grads=layer_grads,
         )
@@ -351,13 +355,14 @@ class SpectraCallback(TrainerCallback):
         accuracy = float((rewards > self.success_threshold).float().mean())
         lengths = data.batch.completion_mask.sum(dim=1)  # [N] loss tokens per rollout
         trl = {key: (sum(v) / len(v) if v else math.nan) for key, v in self._trl_metrics.items()}
-        return {
+        return metrics_row({
             "step": self._step,
             "reward_mean": float(rewards.nanmean()),
             "reward_std": float(finite.std(correction=0)),
             "accuracy_train": accuracy,
             "zero_variance_frac": float(zero_variance_groups(finite, size).float().mean()),
-            # the batch-rate lower bound; the per-prompt expectation needs problem ids TRL hides
+            "expected_zero_variance_frac": math.nan,  # needs problem ids, which TRL does not pass
+            # the batch-rate lower bound
             "expected_zero_variance_frac_batch": expected_zero_variance_fraction(accuracy, size),
             "loss": self._loss,
             "pg_loss": self._loss,  # unsupported_settings admits no other loss term
@@ -372,10 +377,10 @@ class SpectraCallback(TrainerCallback):
             "logprob_diff_mean": math.nan,
             "logprob_diff_max": math.nan,
             "groups_dropped": 0,
-            "grad_sparsity": math.nan,
-            "grad_hoyer": math.nan,
             "credit_uniform_frac": credit_uniform_fraction(data.advantages, data.batch.completion_mask),
-        }
+            **dict(zip(("groups_all_wrong", "groups_all_right", "groups_mixed"),
+                       group_outcome_shares((rewards > self.success_threshold).float(), size).tolist(), strict=True)),
+        })
 
     def _config(self, args, state) -> dict:
         """config.yaml: grpo-cli's keys for what TRL sets (R, B, sampling, loss), plus the probes."""
@@ -395,7 +400,7 @@ class SpectraCallback(TrainerCallback):
                 "top_k": args.top_k,
             },
             "algorithm": {
-                "name": "grpo",
+                "name": TRL_ESTIMATOR,
                 "loss_type": args.loss_type,
                 "scale_rewards": args.scale_rewards,
                 "epsilon": args.epsilon,

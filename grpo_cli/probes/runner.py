@@ -23,7 +23,6 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError
+from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import (
     RANK_MEASURES,
     predicted_coherence,
@@ -60,7 +60,8 @@ from grpo_cli.probes.sparsity import (
     gradient_sparsity,
     hoyer_sparsity,
 )
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.probes.step import ProbedStep
+from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
 # entries of W_t that differ from W_0: in the weights as the model holds them (bf16 when it is
@@ -72,21 +73,6 @@ CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
 CANCELLATION_COLUMNS = ("coherence", "pred_coherence", "score_cosine")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
-
-
-class _Scores(Protocol):
-    correct: torch.Tensor  # [N] 1.0 where the final answer is right
-
-
-class ProbedStep(Protocol):
-    """What a probe reads from one training step (grpo_cli.train.trainer.StepOutput is one)."""
-
-    batch: RolloutBatch
-    advantages: torch.Tensor  # [N, L]
-    loss_weights: torch.Tensor  # [N, L] the loss's aggregation weights
-    scored: _Scores
-    layer_grads: dict[str, torch.Tensor]  # batch gradients captured before the update
-    rollout_grams: dict[str, torch.Tensor]  # Grams from the training pass (empty: compute here)
 
 
 @dataclass
@@ -134,34 +120,38 @@ def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, 
         )
 
 
+def check_matrices(matrices) -> None:
+    """probes.matrices names only KNOWN_MATRICES (grpo run's ProbeSuite, the TRL callback)."""
+    unknown = sorted(set(matrices) - set(KNOWN_MATRICES))
+    if unknown:
+        raise ConfigError(f"probes.matrices: unknown {unknown}; known: {', '.join(KNOWN_MATRICES)}")
+
+
 class ProbeSuite:
     """Which matrices to probe, when, and the reference weights W_0 for the update matrices."""
 
-    def __init__(self, analysis_cfg, model: torch.nn.Module, initial_path: Path, optimizer=None):
-        unknown = set(analysis_cfg.matrices) - set(KNOWN_MATRICES)
-        if unknown:
-            raise ValueError(
-                f"probes.matrices: unknown {sorted(unknown)}; known: {', '.join(KNOWN_MATRICES)}"
-            )
-        if analysis_cfg.fused_gram not in FUSED_GRAM:
+    def __init__(self, probes_cfg: ProbesConfig | DictConfig, model: torch.nn.Module, initial_path: Path,
+                 optimizer: torch.optim.Optimizer | None = None):
+        check_matrices(probes_cfg.matrices)
+        if probes_cfg.fused_gram not in FUSED_GRAM:
             raise ConfigError(
-                f"probes.fused_gram: {analysis_cfg.fused_gram!r}; known: {', '.join(FUSED_GRAM)}"
+                f"probes.fused_gram: {probes_cfg.fused_gram!r}; known: {', '.join(FUSED_GRAM)}"
             )
-        if isinstance(analysis_cfg, DictConfig):  # a ProbesConfig: record reads it per group and layer
-            analysis_cfg = OmegaConf.to_object(analysis_cfg)  # (~25 us an attribute as a DictConfig)
-        self.cfg = analysis_cfg
-        self.matrices = set(analysis_cfg.matrices)
+        if isinstance(probes_cfg, DictConfig):  # a ProbesConfig: record reads it per group and layer
+            probes_cfg = OmegaConf.to_object(probes_cfg)  # (~25 us an attribute as a DictConfig)
+        self.cfg = probes_cfg
+        self.matrices = set(probes_cfg.matrices)
         self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
         # per-rollout Grams from the training pass (fused.py) until the hooks fail there once
-        self._fuse = analysis_cfg.fused_gram != "never" and analysis_cfg.gram_method != "per_sample"
-        pattern = re.compile(analysis_cfg.layer_regex)
+        self._fuse = probes_cfg.fused_gram != "never" and probes_cfg.gram_method != "per_sample"
+        pattern = re.compile(probes_cfg.layer_regex)
         self.layer_params = {
             name: p
             for name, p in model.named_parameters()
             if p.requires_grad and p.ndim == 2 and pattern.search(name)
         }
-        self.gram_params = select_params(model, analysis_cfg.param_regex)
-        _check_selection(self.matrices, self.layer_params, self.gram_params, analysis_cfg, model)
+        self.gram_params = select_params(model, probes_cfg.param_regex)
+        _check_selection(self.matrices, self.layer_params, self.gram_params, probes_cfg, model)
         self.optimizer = optimizer  # where fp32 master weights live (None: the parameters)
         self.initial = self._initial_layers(initial_path)
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
@@ -185,7 +175,8 @@ class ProbeSuite:
                 if p.dtype != torch.float32 and not keeps_master(self.optimizer, p)]
 
     def accumulate_gradients(self) -> None:
-        """Called after every backward pass (trainer.gradient_observers): grad_sum += G_t."""
+        """Called after every backward pass (StepCapture.after_backward, and the TRL callback):
+        grad_sum += G_t."""
         for name, p in self.layer_params.items():
             if p.grad is None:
                 continue
@@ -214,9 +205,14 @@ class ProbeSuite:
             if p.grad is not None
         }
 
-    def step_capture(self, step: int, model: torch.nn.Module, timer=None) -> StepCapture:
-        """What this probe step asks of the trainer's update (`GRPOTrainer.step(capture=...)`)."""
-        return StepCapture(self, step, model, timer)
+    def step_capture(self, step: int, model: torch.nn.Module, timer: PhaseTimer | None = None,
+                     probe: bool = True) -> StepCapture | None:
+        """What step `step` asks of the trainer's update (`GRPOTrainer.step(capture=...)`): on a
+        probe step the pre-update gradients, on every step grad_sum's running sum; None when
+        it asks nothing (not a probe step, no grad_sum)."""
+        if not probe and "grad_sum" not in self.matrices:
+            return None
+        return StepCapture(self, step, model, timer, probe=probe)
 
     def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
@@ -434,9 +430,11 @@ class StepCapture:
     per-rollout Grams, all at the weights the loss was computed at.
     """
 
-    def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module, timer=None):
+    def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module,
+                 timer: PhaseTimer | None = None, probe: bool = True):
         self.suite, self.step, self.model, self.timer = suite, step, model, timer
-        self.per_rollout = bool(suite.matrices & set(PER_ROLLOUT_MATRICES))
+        self.probe = probe  # False: a step that only adds to grad_sum
+        self.per_rollout = probe and bool(suite.matrices & set(PER_ROLLOUT_MATRICES))
         self.training_pass = suite._fuse and self.per_rollout
         self.unshare_prompts = suite.cfg.fused_gram == "always"
         self.source = ""  # where the per-rollout Grams came from: training_pass | separate_pass
@@ -458,8 +456,10 @@ class StepCapture:
             self.timer.stop("probes")
 
     def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
-        """(layer batch gradients, per-rollout Grams) for `StepOutput`."""
+        """(layer batch gradients, per-rollout Grams) for `StepOutput` (empty off probe steps)."""
         suite = self.suite
+        if not self.probe:
+            return {}, {}
         layer_grads = suite.capture_layer_grads()
         if not self.per_rollout:
             return layer_grads, {}
@@ -468,6 +468,11 @@ class StepCapture:
         if grams is None:
             grams = suite._grams(self.step, batch, loss_weights, advantages, self.model)
         return layer_grads, grams
+
+    def after_backward(self) -> None:
+        """Every pass of every step, before clipping: grad_sum += G_t."""
+        if "grad_sum" in self.suite.matrices:
+            self.suite.accumulate_gradients()
 
     def _fused_grams(self, batch, advantages, weights) -> dict[str, torch.Tensor] | None:
         suite = self.suite

@@ -7,7 +7,7 @@ import time).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.tasks.answers import answers_match, extract_final_answer, normalize_number
 from grpo_cli.tasks.arith import generate_arith
@@ -19,6 +19,9 @@ from grpo_cli.tasks.step_rewards import (
     check_steps_by_evaluation,
     step_spans,
 )
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import TaskConfig
 
 __all__ = [
     "DataFormatError",
@@ -82,7 +85,7 @@ def _task(
 TASKS: dict[str, Callable[[Any, Any], Task]] = {"arith": _arith_task, "gsm8k": _gsm8k_task}
 
 
-def build_task(task_cfg: Any, tokenizer: Any = None) -> Task:
+def build_task(task_cfg: TaskConfig, tokenizer: Any = None) -> Task:
     """The task named by `task_cfg.name` (a `TaskConfig` or an equivalent DictConfig)."""
     if task_cfg.name not in TASKS:
         raise ValueError(f"unknown task {task_cfg.name!r}; known tasks: {sorted(TASKS)}")

@@ -15,9 +15,12 @@ a missing or NaN metric (e.g. kl without a reference model) neither counts nor r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import AlarmConfig
 
 LOW_ENTROPY = "low_entropy"
 ZERO_VARIANCE = "zero_variance"
@@ -79,14 +82,14 @@ class AlarmMonitor:
         self.tripped: set[str] = set()
 
     @classmethod
-    def from_config(cls, config: Any) -> AlarmMonitor:
-        """Build from an `AlarmConfig` (or anything with its fields)."""
+    def from_config(cls, alarms_cfg: AlarmConfig) -> AlarmMonitor:
+        """Build from the `alarms` section (an `AlarmConfig`, or its DictConfig)."""
         return cls(
-            entropy_floor=config.entropy_floor,
-            entropy_patience=config.entropy_patience,
-            zero_variance_ceiling=config.zero_variance_ceiling,
-            zero_variance_patience=config.zero_variance_patience,
-            kl_max=config.kl_max,
+            entropy_floor=alarms_cfg.entropy_floor,
+            entropy_patience=alarms_cfg.entropy_patience,
+            zero_variance_ceiling=alarms_cfg.zero_variance_ceiling,
+            zero_variance_patience=alarms_cfg.zero_variance_patience,
+            kl_max=alarms_cfg.kl_max,
         )
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[AlarmEvent]:
@@ -119,18 +122,3 @@ class AlarmMonitor:
             raise ValueError(f"unknown alarms in state: {sorted(unknown)}")
         self.streaks.update({name: int(count) for name, count in state["streaks"].items()})
         self.tripped = set(state["tripped"])
-
-
-def expected_zero_variance_fraction(success_rate: float, group_size: int) -> float:
-    """P(all R rewards equal) for i.i.d. binary rewards: p^R + (1 - p)^R."""
-    if not 0.0 <= success_rate <= 1.0:
-        raise ValueError(f"success rate must be in [0, 1], got {success_rate}")
-    return success_rate**group_size + (1.0 - success_rate) ** group_size
-
-
-def mean_expected_zero_variance_fraction(success_rates: Iterable[float], group_size: int) -> float:
-    """Mean over prompts of p_b^R + (1 - p_b)^R, p_b each prompt's success rate."""
-    rates = [float(rate) for rate in success_rates]
-    if not rates:
-        return math.nan
-    return sum(expected_zero_variance_fraction(rate, group_size) for rate in rates) / len(rates)

@@ -6,25 +6,16 @@ grpo_cli/algorithm/advantages.py; this module turns a scored batch into their in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_cli.algorithm.advantages import (
-    TokenProbs,
-    advantage_range,
-    get_estimator,
-    outcome_on_last_token,
-)
+from grpo_cli.algorithm.advantages import TokenProbs, get_estimator, outcome_on_last_token
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.rollout.batch import RolloutBatch
 
-
-@dataclass
-class ScoredBatch:
-    rewards: torch.Tensor  # [N] outcome reward used for advantages (after any overlong penalty)
-    correct: torch.Tensor  # [N] 1.0 where the final answer is right
-    step_rewards: torch.Tensor | None = None  # [N, L] process: step rewards on step-final tokens
-    step_index: torch.Tensor | None = None  # [N, L] process: step position of each token
+if TYPE_CHECKING:
+    from grpo_cli.config.schema import AlgorithmConfig
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, scale: float):
@@ -85,7 +76,7 @@ def step_tensors(
 
 
 def token_advantages(
-    algorithm_cfg,
+    algorithm_cfg: AlgorithmConfig,
     batch: RolloutBatch,
     scored: ScoredBatch,
     values: torch.Tensor | None = None,  # [N, L] value of the state before each token (needs_values)
@@ -107,29 +98,3 @@ def token_advantages(
         token_probs=token_probs,
     )
 
-
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] bool
-    groups = rewards.reshape(-1, group_size)
-    return (groups.max(dim=1).values - groups.min(dim=1).values).abs() < 1e-12
-
-
-def group_outcome_shares(correct: torch.Tensor, group_size: int) -> torch.Tensor:  # [3]
-    """Shares of groups whose rollouts are all wrong, all right, or mixed (NeMo-RL's split), by
-    the final answer (correct > 0.5), as one tensor on correct's device (nothing read back)."""
-    right = correct.reshape(-1, group_size) > 0.5  # [B, R]
-    all_right, all_wrong = right.all(dim=1), (~right).all(dim=1)  # [B] each
-    return torch.stack([all_wrong, all_right, ~(all_wrong | all_right)]).float().mean(dim=1)
-
-
-def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Fraction of rollouts whose completion tokens all received the same advantage (0-d, on
-    the advantages' device: nothing read back)."""
-    low, high, has_tokens = advantage_range(advantages, completion_mask)
-    scale = advantages.abs().max().clamp(min=1e-12)
-    uniform = ((high - low) <= 1e-6 * scale) | ~has_tokens
-    return uniform.float().mean()
-
-
-def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """`credit_uniform_share` as a float."""
-    return credit_uniform_share(advantages, completion_mask).item()

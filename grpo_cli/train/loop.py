@@ -9,48 +9,33 @@ What to write where (results, checkpoints, alarms) stays with the caller.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from grpo_cli.results.writer import TIMING_COLUMNS
+from grpo_cli.probes.runner import ProbeRows
+from grpo_cli.results.rows import timing_row
+from grpo_cli.runtime.memory import PhaseMemory
 from grpo_cli.train.evaluate import evaluate
-from grpo_cli.train.memory import PHASES as MEMORY_PHASES
-from grpo_cli.train.memory import PhaseMemory
 from grpo_cli.train.trainer import StepOutput, step_seed
 
-# The loop's phases in timings.csv order (rollout, reward, ..., other); time_step is their sum.
-PHASES = tuple(
-    column.removeprefix("time_") for column in TIMING_COLUMNS
-    if column.startswith("time_") and column != "time_step"
-)
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from grpo_cli.train.setup import RunComponents
 
 
 @dataclass
 class LoopStep:
     output: StepOutput  # the trainer's step: metrics (with the probes' on probe steps), batch, ...
-    probe_rows: object | None  # grpo_cli.probes.runner.ProbeRows on probe steps
+    probe_rows: ProbeRows | None  # on probe steps
     eval_row: dict | None  # one eval.csv row when the held-out evaluation ran after this step
     timings: dict  # one timings.csv row
-
-
-def timing_row(step: int, seconds: dict[str, float], peak_mb: float,
-               phase_peaks: dict[str, float] | None = None) -> dict:
-    """Phase totals as a timings.csv row: `time_<phase>` per phase, `time_step` their sum,
-    `peak_memory_mb` and the per-phase `peak_<phase>_mb` (PhaseMemory.phase_peaks)."""
-    unknown = set(seconds) - set(PHASES)
-    if unknown:
-        raise KeyError(f"phases without a timings.csv column: {sorted(unknown)}")
-    row = {"step": step, **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES}}
-    row["time_step"] = sum(seconds.values())
-    row["peak_memory_mb"] = peak_mb
-    row.update(phase_peaks or {f"peak_{name}_mb": math.nan for name in MEMORY_PHASES})
-    return row
 
 
 class TrainingLoop:
     """Runs steps of one set of RunComponents (grpo_cli/train/setup.py)."""
 
-    def __init__(self, cfg, parts):
+    def __init__(self, cfg: DictConfig, parts: RunComponents):
         self.cfg = cfg
         self.trainer = parts.trainer
         self.probes = parts.probes
@@ -81,8 +66,9 @@ class TrainingLoop:
         probe_now = self.probes is not None and self.probes.due(step, self.steps)
         probe_rows, eval_row = None, None
         with timer.phase("other"):
-            # ---- the GRPO step (its phases are timed inside) ----
-            capture = self.probes.step_capture(step, self.model, timer) if probe_now else None
+            # ---- the GRPO step (its phases are timed inside; the probes' hook reads its gradients) ----
+            capture = (None if self.probes is None
+                       else self.probes.step_capture(step, self.model, timer, probe=probe_now))
             output = self.trainer.step(step, capture=capture)
             # ---- probes: spectra of this step's gradients ----
             if probe_now:

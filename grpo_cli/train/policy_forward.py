@@ -204,15 +204,15 @@ def token_probabilities(model, batch: RolloutBatch, chunk_mb: float = 0.0
     return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(sum_pi_squared, pad)
 
 
-def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, share_prompts: bool = False,
+def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, shared_prompt_forward: bool = False,
                    chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None):
     """(logprobs [N, L], entropy [N, L], hidden [N, L, H] or None) for a batch of rollouts.
 
-    `share_prompts` runs each distinct prompt once where that is exact (`can_share`); the value
+    `shared_prompt_forward` runs each distinct prompt once where that is exact (`can_share`); the value
     head (`want_hidden`) and activation checkpointing always take the plain forward.
     `prompt_keys`: see `distinct_prompts`.
     """
-    if share_prompts and not want_hidden:
+    if shared_prompt_forward and not want_hidden:
         shared = shared_prefix_forward(model, batch, chunk_mb, prompt_keys)
         if shared is not None:
             return (*shared, None)

@@ -10,11 +10,8 @@ second one stops at once, and a re-run resumes from the last checkpoint (`checkp
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
-import platform
 import signal
-import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,24 +19,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-import grpo_cli
+from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.results.lock import RunLock
+from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def versions() -> dict:
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "grpo_cli": grpo_cli.__version__,
-    }
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -106,30 +89,12 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
             if stale.name != "initial_layers.pt":
                 stale.unlink()
     (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    record = {
-        "status": "running",
-        "error": None,
-        "started_at": utc_now(),
-        "ended_at": None,
-        "last_step": None,
-        "stopped_by": None,
-        "versions": versions(),
-        "device": None,
-        "seed": cfg.seed,
-        "group_size": cfg.rollout.group_size,
-        "estimator": cfg.algorithm.name,
-        "model": cfg.model.name,
-        "task": cfg.task.name,
-        "experiment": cfg.experiment.name,
-        "resumed_from": None,
-        "checkpoint_step": None,
-        "gram_params": cfg.probes.param_regex,
-        # Random weights or coin-flip rewards: a rehearsal of memory and time, never evidence
-        "rehearsal": cfg.model.weights == "random" or cfg.task.reward == "random",
-        "weights": cfg.model.weights,
-        "reward": cfg.task.reward,
-        "argv": sys.argv,
-    }
+    record = run_record(
+        trainer="grpo-cli", seed=cfg.seed, group_size=cfg.rollout.group_size,
+        estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name, task=cfg.task.name,
+        experiment=cfg.experiment.name, param_regex=cfg.probes.param_regex,
+        weights=cfg.model.weights, reward=cfg.task.reward,
+    )
     results.write_status(record)
     try:
         _train(cfg, results, record, log, stops)

@@ -7,27 +7,37 @@ import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from grpo_cli.config.errors import ConfigError
 
+if TYPE_CHECKING:  # imported where built (build_components), so importing this module stays light
+    from transformers import PreTrainedTokenizerBase
+
+    from grpo_cli.models.loading import LoadedModel
+    from grpo_cli.probes.runner import ProbeSuite
+    from grpo_cli.rollout.base import RolloutBackend
+    from grpo_cli.tasks.problem import Task
+    from grpo_cli.train.trainer import GRPOTrainer
+
 
 @dataclass
 class RunComponents:
     device: torch.device
-    task: object  # grpo_cli.tasks.Task, with its tokenizer set
-    loaded: object  # grpo_cli.models.loading.LoadedModel
-    backend: object  # a RolloutBackend
-    trainer: object  # grpo_cli.train.trainer.GRPOTrainer
-    probes: object | None  # grpo_cli.probes.runner.ProbeSuite, None when probes are off (probes=off or probes.every=0)
+    task: Task  # with its tokenizer set
+    loaded: LoadedModel
+    backend: RolloutBackend
+    trainer: GRPOTrainer
+    probes: ProbeSuite | None  # None when probes are off (probes=off or probes.every=0)
 
     @property
     def model(self) -> torch.nn.Module:
         return self.loaded.model
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
 
@@ -111,8 +121,6 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     probes = None
     if cfg.probes.enabled and cfg.probes.every > 0:
         probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer)
-        if "grad_sum" in probes.matrices:
-            trainer.gradient_observers.append(probes.accumulate_gradients)
         rounded = probes.rounded_update_layers()
         if rounded:
             log(f"WARNING: `update` spectra of {len(rounded)} bf16 weights without fp32 master "

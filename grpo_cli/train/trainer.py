@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,27 +20,29 @@ import torch
 from grpo_cli.algorithm.advantages import TokenProbs, get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
-from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
-from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
-from grpo_cli.train.alarms import (
-    expected_zero_variance_fraction,
-    mean_expected_zero_variance_fraction,
-)
-from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
-from grpo_cli.train.credit import (
+from grpo_cli.algorithm.scored import (
     ScoredBatch,
     credit_uniform_share,
+    expected_zero_variance_fraction,
     group_outcome_shares,
+    mean_expected_zero_variance_fraction,
+    zero_variance_groups,
+)
+from grpo_cli.probes.step import ProbedStep
+from grpo_cli.results.rows import metrics_row
+from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
+from grpo_cli.runtime.memory import PhaseMemory
+from grpo_cli.runtime.timing import PhaseTimer
+from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
+from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
+from grpo_cli.train.credit import (
     overlong_penalty,
     step_tensors,
     token_advantages,
-    zero_variance_groups,
 )
-from grpo_cli.train.memory import PhaseMemory
 from grpo_cli.train.policy_forward import checkpointing, forward_policy, token_probabilities
 from grpo_cli.train.problem_success import ProblemSuccess
-from grpo_cli.train.timing import PhaseTimer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -49,19 +50,17 @@ class NonFiniteLossError(RuntimeError):
 
 
 @dataclass
-class StepOutput:
-    metrics: dict  # one row of metrics.csv
-    batch: RolloutBatch
-    advantages: torch.Tensor  # [N, L]
-    scored: ScoredBatch
-    loss_weights: torch.Tensor  # [N, L] aggregation weights used in the loss
-    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients (probe step)
-    # probe step: per-rollout Grams at the step's weights ("advantage" [N, N], "score_blocks" [B, R, R])
-    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
+class StepOutput(ProbedStep):
+    """One GRPO step: what the probes read (batch, advantages, scores, loss weights; on probe
+    steps the gradients captured before the update) and its metrics.csv row."""
+
+    metrics: dict = field(default_factory=dict)  # one row of metrics.csv (grpo_cli/results/rows.py)
 
 
 class ProbeCapture(Protocol):
-    """What a probe step asks of the update (grpo_cli/probes/runner.py: StepCapture)."""
+    """Everything the probes ask of a step's update, the one hook between trainer and probes
+    (grpo_cli/probes/runner.py: StepCapture). Probe steps read the first pass's gradients;
+    `grad_sum` reads every pass's raw gradient."""
 
     training_pass: bool  # wants the per-rollout factors of the training forward and backward
     unshare_prompts: bool  # ... even where that means each row's own prompt forward
@@ -69,8 +68,13 @@ class ProbeCapture(Protocol):
     def micro_batch(self, rows: slice) -> AbstractContextManager:
         """Around one micro-batch's forward and backward (rows start:stop, in order)."""
 
-    def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
-        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams)."""
+    def before_update(self, batch: RolloutBatch, advantages: torch.Tensor, loss_weights: torch.Tensor,
+                      fused: bool) -> tuple[dict, dict]:
+        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams),
+        both empty on a step that probes nothing."""
+
+    def after_backward(self) -> None:
+        """After every pass's backward, before clipping (grad_sum += G_t)."""
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -109,8 +113,6 @@ class GRPOTrainer:
             trainable += list(value_head.parameters())
         master = master_params(named, cfg.model.master_weights, cfg.probes.layer_regex)
         self.optimizer = build_optimizer(trainable, cfg.optim, seed=cfg.seed, master=master)
-        # called after each pass's backward, before clipping (the probes' grad_sum reads G_t)
-        self.gradient_observers: list[Callable[[], None]] = []
         self.settings = SamplingSettings(
             group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -122,7 +124,7 @@ class GRPOTrainer:
             for problem in task.train
         ]
         self.problem_success = ProblemSuccess()  # per-problem success so far (checkpointed)
-        self.share_prompts = cfg.train.shared_prompt_forward
+        self.shared_prompt_forward = cfg.train.shared_prompt_forward
         self.chunk_mb = cfg.train.logits_chunk_mb
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
@@ -234,7 +236,7 @@ class GRPOTrainer:
                 with self.autocast():
                     logprobs, _, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
-                        share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                        shared_prompt_forward=self.shared_prompt_forward, chunk_mb=self.chunk_mb,
                         prompt_keys=None if keys is None else keys[rows],
                     )
                 parts_lp.append(logprobs)
@@ -260,7 +262,7 @@ class GRPOTrainer:
         with torch.no_grad():
             return torch.cat(
                 [forward_policy(self.reference_model, select_rows(batch, rows),
-                                share_prompts=self.share_prompts, chunk_mb=self.chunk_mb,
+                                shared_prompt_forward=self.shared_prompt_forward, chunk_mb=self.chunk_mb,
                                 prompt_keys=None if keys is None else keys[rows])[0]
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
@@ -276,7 +278,7 @@ class GRPOTrainer:
         )
 
     def step(self, step: int, capture: ProbeCapture | None = None) -> StepOutput:
-        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step.
+        """One GRPO step. `capture` (the probes' hook) records gradients before the optimizer step.
 
         Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
         backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
@@ -328,9 +330,9 @@ class GRPOTrainer:
         # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
         fused = (
             capture is not None and capture.training_pass and self.fused_probe_pass(single_pass)
-            and (capture.unshare_prompts or not self.share_prompts)
+            and (capture.unshare_prompts or not self.shared_prompt_forward)
         )
-        share_prompts = self.share_prompts and not fused
+        shared_prompt_forward = self.shared_prompt_forward and not fused
         keys = self.prompt_keys(batch)
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
         grad_norm = 0.0
@@ -349,7 +351,7 @@ class GRPOTrainer:
                     with self.autocast():
                         logprobs, entropy, hidden = forward_policy(
                             self.model, part, want_hidden=self.value_head is not None,
-                            share_prompts=share_prompts, chunk_mb=self.chunk_mb,
+                            shared_prompt_forward=shared_prompt_forward, chunk_mb=self.chunk_mb,
                             prompt_keys=None if keys is None else keys[rows],
                         )
                     if iteration == 0:
@@ -406,13 +408,11 @@ class GRPOTrainer:
                     totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
                     totals["kl"] += kl_v / max(batch_tokens, 1.0)
                     totals["value_loss"] += value_v * share
-            if iteration == 0 and capture is not None:
-                with timer.phase("probes"):  # batch gradients and per-rollout Grams, pre-update
-                    layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
-            if self.gradient_observers:
-                with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
-                    for observe in self.gradient_observers:
-                        observe()
+            if capture is not None:
+                with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
+                    if iteration == 0:
+                        layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
+                    capture.after_backward()
             with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
                 max_norm = self.cfg.optim.max_grad_norm
                 max_norm = max_norm if max_norm > 0 else math.inf
@@ -446,7 +446,7 @@ class GRPOTrainer:
             batch.problem_indices,
             [correct[start : start + batch.group_size] for start in range(0, len(correct), batch.group_size)],
         )
-        metrics = {
+        metrics = metrics_row({
             "step": step,
             "reward_mean": reward_mean,
             "reward_std": reward_std,
@@ -475,6 +475,6 @@ class GRPOTrainer:
             "groups_all_wrong": all_wrong,
             "groups_all_right": all_right,
             "groups_mixed": mixed,
-        }
-        return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
+        })
+        return StepOutput(batch, advantages, scored, weights, layer_grads, rollout_grams, metrics)
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from grpo_cli.train.memory import PhaseMemory
+from grpo_cli.runtime.memory import PhaseMemory
 
 
 class WallClock:
@@ -81,7 +81,7 @@ class PhaseTimer:
     def __init__(self, device: torch.device | None = None, memory: PhaseMemory | None = None):
         cuda = device is not None and device.type == "cuda"
         self.clock = CudaEventClock() if cuda else WallClock()
-        self.memory = memory  # also the peak CUDA memory of each phase (grpo_cli/train/memory.py)
+        self.memory = memory  # also the peak CUDA memory of each phase (grpo_cli/runtime/memory.py)
         self._segments: list[tuple[str, object, object]] = []  # (phase, start mark, end mark)
         self._stack: list[str] = []
         self._mark = None

@@ -42,7 +42,7 @@ PHASES = tuple(PHASE_COLUMNS)
 
 class PhaseMemory:
     """Peak CUDA memory of each named phase of a step, fed by the loop's PhaseTimer
-    (grpo_cli/train/timing.py calls `begin`/`end` at every phase boundary).
+    (grpo_cli/runtime/timing.py calls `begin`/`end` at every phase boundary).
 
     Every `begin`/`end` reads the allocator's peak since the last reset, credits it to every open
     phase (phases nest) and to the step, then resets it; so each phase's figure is the peak of

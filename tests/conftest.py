@@ -1,6 +1,9 @@
 import os
+import warnings
 
 import pytest
+
+import deprecation_guard
 
 # Two cores: keep each test process to one torch thread so parallel runs (pytest -n) do not thrash.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -18,6 +21,14 @@ def _one_torch_thread():
         return
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_calls_use_current_apis():
+    """A deprecated torch/transformers (or other) API called by grpo_cli fails the test."""
+    previous = deprecation_guard.install()
+    yield
+    warnings.showwarning = previous
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,8 @@
 import os
 import warnings
 
-import pytest
-
 import deprecation_guard
+import pytest
 
 # Two cores: keep each test process to one torch thread so parallel runs (pytest -n) do not thrash.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from grpo_cli.config.errors import InputError
 from grpo_cli.models.cache import cached_model_dir
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(InputError, RuntimeError):
     """A model path, id or package could not be resolved."""
 
 

@@ -172,3 +172,15 @@ def test_a_sweep_reaches_every_tracker_grouped(tmp_path, cache_dir, monkeypatch)
         assert "train/reward_mean" in child.data.metrics
         figures = [f.path for f in client.list_artifacts(child.info.run_id, "figures")]
         assert "figures/effective_rank.png" in figures
+
+
+def test_alarms_reach_each_tracker_as_a_value_and_a_message():
+    from grpo_cli.train.alarms import AlarmEvent
+
+    good = Recording()
+    event = AlarmEvent(step=7, alarm="entropy_collapse", value=0.2, message="entropy 0.2 < 0.5 for 50 steps")
+    Trackers([good], [], log=print).step(7, {"step": 7, "entropy": 0.2}, alarms=[event])
+    assert good.calls == [
+        (7, {"train/entropy": 0.2, "alarm/entropy_collapse": 0.2}),
+        (7, "alarm/entropy_collapse", "entropy 0.2 < 0.5 for 50 steps"),
+    ]

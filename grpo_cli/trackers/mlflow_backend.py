@@ -63,5 +63,6 @@ class MlflowBackend:
             self.client.log_artifact(self.run_id, str(path), "figures")
 
     def close(self, status: str) -> None:
-        final = RunStatus.to_string(RunStatus.FINISHED if status == "completed" else RunStatus.FAILED)
+        final = {"completed": RunStatus.FINISHED, "interrupted": RunStatus.KILLED}.get(status, RunStatus.FAILED)
+        final = RunStatus.to_string(final)
         self.client.set_terminated(self.run_id, status=final)

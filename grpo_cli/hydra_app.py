@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
-from grpo_cli.config.errors import ConfigError, debug
+from grpo_cli.config.errors import ConfigError, InputError, debug
 from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 from grpo_cli.results.lock import RunLockedError, check_free
@@ -175,6 +175,8 @@ def train_job(cfg: DictConfig) -> str:
         log.error("run %s failed: %s: %s", run_dir, type(error).__name__, error)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             return "failed"  # recorded in run.json; the other members of the sweep still run
+        if isinstance(error, InputError) and not debug():
+            raise SystemExit(1) from None  # the line above names the file:line or path
         raise
 
 

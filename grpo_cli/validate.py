@@ -18,6 +18,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.config.errors import ConfigError
+from grpo_cli.measures import RANK_MEASURES
 
 ROLLOUT_BACKENDS = ("hf", "hf_static", "vllm")
 MODEL_SOURCES = ("char_llama", "hf", "gguf_package")
@@ -216,6 +217,12 @@ def config_problems(cfg: DictConfig) -> list[str]:
     unit("alarms.zero_variance_ceiling")
     at_least("alarms.zero_variance_patience", 1)
     positive("alarms.kl_max")
+    # experiment trackers: "matrix/measure" pairs, or "all"
+    need("logger.rank_series", lambda v: all(
+        pair == "all" or (pair.count("/") == 1 and pair.split("/")[0] in names["probes.matrices"]
+                          and pair.split("/")[1] in RANK_MEASURES) for pair in v),
+         "'all' or matrix/measure pairs, matrix in " + ", ".join(names["probes.matrices"])
+         + "; measure in " + ", ".join(RANK_MEASURES))
     return problems
 
 

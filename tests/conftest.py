@@ -1,5 +1,7 @@
 import os
+import warnings
 
+import deprecation_guard
 import pytest
 
 # Two cores: keep each test process to one torch thread so parallel runs (pytest -n) do not thrash.
@@ -18,6 +20,14 @@ def _one_torch_thread():
         return
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_calls_use_current_apis():
+    """A deprecated torch/transformers (or other) API called by grpo_cli fails the test."""
+    previous = deprecation_guard.install()
+    yield
+    warnings.showwarning = previous
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,7 @@ def test_gpu_setup_installs_vllm_then_the_project_on_vllms_torch(tmp_path):
     vllm = makefile_variable("VLLM_GPU")
     assert vllm.startswith("vllm==")  # pinned: one consistent torch + vllm pair
     first = next(i for i, line in enumerate(installs) if f'"{vllm}"' in line)
-    project = next(i for i, line in enumerate(installs) if '-e ".[dev]"' in line)
+    project = next(i for i, line in enumerate(installs) if '-e ".[dev,trackers]"' in line)
     assert first < project  # vllm (and the torch it pins) before anything else
     assert "-c " in installs[project] and "torch-constraint.txt" in installs[project]
     assert not any("torch==" in line for line in installs)  # no second torch asked for
@@ -59,7 +59,7 @@ def test_cpu_setup_is_unchanged_torch_cpu_wheel_first(tmp_path):
     torch_cpu = makefile_variable("TORCH_CPU")
     assert torch_cpu == "torch==2.13.0"
     assert f'"{torch_cpu}"' in installs[1]  # after pip itself, before the project
-    assert '-e ".[dev]"' in installs[2] and "-c " not in installs[2]
+    assert '-e ".[dev,trackers]"' in installs[2] and "-c " not in installs[2]
     assert not any("vllm" in line for line in installs)
 
 

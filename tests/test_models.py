@@ -20,6 +20,7 @@ from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.models.loading import (
     ModelLoadError,
     apply_lora,
+    check_transformers,
     find_packaged_gguf,
     load_pretrained,
     transformers_progress_bars,
@@ -229,3 +230,11 @@ def test_real_model_presets_compose(preset):
         assert (cfg.task.min_steps, cfg.task.max_steps, cfg.task.warm_start_size) == (1, 1, 0)
         assert cfg.device == ("cuda" if preset == "gpu_smollm2" else "cpu")
         assert cfg.probes.param_regex == (".*" if preset == "gpu_smollm2" else "layers\\.29\\.")
+
+
+def test_a_transformers_without_forward_cache_is_refused_in_one_line():
+    for version in ("5.24.0", "5.24.1.dev0", "5.39.2", "6.0.0"):
+        check_transformers(version)  # the range itself (< 6) is pip's to enforce
+    for version in ("5.23.0", "4.57.6", "5.17.0"):
+        with pytest.raises(ModelLoadError, match=f"transformers {version} is too old: grpo-cli needs >= 5.24"):
+            check_transformers(version)

@@ -125,7 +125,7 @@ def assert_same_spectrum(recorded: torch.Tensor, reference: torch.Tensor, label:
 ])
 def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path, loss_type, checkpointing):
     trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, max_grad_norm=1e9,
-                            gradient_checkpointing=checkpointing)
+                            activation_checkpointing=checkpointing)
     run_dir = tmp_path / "run"
     SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group", "group_batch"]).attach(trainer)
     batches = capture_batches(trainer)

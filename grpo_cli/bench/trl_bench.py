@@ -52,7 +52,7 @@ def build_trl_trainer(setup, steps: int, options, output_dir: str, callbacks):
     kwargs = grpo_config_kwargs(cfg, steps=steps + 1, output_dir=output_dir, device_type=setup.device.type)
     kwargs.update(
         bf16=options.trl_bf16,
-        gradient_checkpointing=options.trl_gradient_checkpointing,
+        activation_checkpointing=options.trl_gradient_checkpointing,
         shuffle_dataset=False,  # grpo-cli's draw order (task_dataset below)
     )
     indices = [index for step in range(steps + 1) for index in setup.trainer.sample_problems(step, 0)]

@@ -169,6 +169,25 @@ class AlarmConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Experiment trackers (grpo_cli/trackers/): off by default; pick any set with
+    `logger=tensorboard`, `logger=[tensorboard,wandb,mlflow]`. The results directory stays the
+    source of truth: a tracker that fails warns once and the run goes on without it."""
+
+    tensorboard: bool = False  # TensorBoard event files, one log dir per run (package tensorboard)
+    wandb: bool = False  # Weights & Biases, runs grouped by experiment (package wandb; WANDB_MODE=offline needs no network)
+    mlflow: bool = False  # MLflow, runs nested under one parent run per experiment (package mlflow-skinny)
+    project: str = "grpo-cli"  # W&B project and MLflow experiment name
+    entity: str | None = None  # W&B entity (user or team); None = your key's default
+    tracking_uri: str | None = None  # MLflow tracking URI; None = $MLFLOW_TRACKING_URI, else file store <results_dir>/mlruns
+    log_dir: str | None = None  # TensorBoard root; None = <results_dir>/<experiment>/tensorboard
+    rank_series: list[str] = field(
+        default_factory=lambda: ["rollout_batch/erank_entropy", "rollout_group/erank_entropy"]
+    )  # matrix/measure curves sent (mean over layers or groups per probe step); "all" = every pair
+    figures: bool = True  # after a completed run, send the figures `grpo analyze` draws for it
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"  # results/<name>/...; also the title of figures
 
@@ -185,6 +204,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     alarms: AlarmConfig = field(default_factory=AlarmConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0  # training seed (sampling, init of char models, data order)
     device: str = "auto"  # auto | cpu | cuda
     deterministic: bool = False  # deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG): repeatable CUDA runs, slower

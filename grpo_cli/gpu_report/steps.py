@@ -114,7 +114,7 @@ def rollout_step(settings: Settings) -> Step:
 def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -> Step:
     name = f"bench_{size}"
     csv_path = settings.out_dir / "steps" / f"{name}.csv"
-    bench_args = ["--model-size", size, "--shared-prefix", "device=cuda", *args]
+    bench_args = ["--model-size", size, "--shared-prompt-forward", "device=cuda", *args]
     return Step(
         name, 4, f"grpo bench --vs-trl, {size}",
         grpo(settings, "bench", "--steps", str(settings.bench_steps), "--vs-trl", *bench_args,

@@ -19,7 +19,7 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
     """GRPOConfig arguments for the work of `cfg` (a composed grpo-cli config): one optimizer
     step = prompts_per_step prompts x group_size completions, no accumulation, one pass, no KL,
     plain `generate` (no vLLM), no autocast, grpo-cli's sampling, optimizer settings and seed;
-    nothing logged or saved. Callers add or override keys (bf16, gradient_checkpointing, shuffle_dataset)."""
+    nothing logged or saved. Callers add or override keys (bf16, activation_checkpointing, shuffle_dataset)."""
     algorithm, optim, rollout = cfg.algorithm, cfg.optim, cfg.rollout
     return dict(
         output_dir=output_dir,
@@ -48,7 +48,7 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
         bf16=False,  # TRL's default is bf16 autocast wherever the CPU/GPU supports it
         fp16=False,
         use_cpu=device_type == "cpu",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,  # transformers >= 5.24 name of gradient_checkpointing
         seed=cfg.seed,
         report_to="none",
         logging_steps=10**6,

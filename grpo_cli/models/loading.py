@@ -20,11 +20,27 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from grpo_cli.config.errors import InputError
 from grpo_cli.models.cache import cached_model_dir
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(InputError, RuntimeError):
     """A model path, id or package could not be resolved."""
+
+
+MIN_TRANSFORMERS = (5, 24)  # forward(cache=...), passed by rollout/static_decode.py and train/policy_forward.py
+
+
+def check_transformers(version: str) -> None:
+    """ModelLoadError unless transformers `version` takes `cache=` in forward: an older one would
+    not see the KV cache grpo-cli passes (pyproject.toml asks for >= 5.24; this catches an
+    environment assembled by hand, e.g. an offline GPU machine)."""
+    from packaging.version import Version
+
+    if Version(version).release[:2] < MIN_TRANSFORMERS:
+        wanted = ".".join(map(str, MIN_TRANSFORMERS))
+        raise ModelLoadError(f"transformers {version} is too old: grpo-cli needs >= {wanted} "
+                             f"(pip install 'transformers>={wanted},<6')")
 
 
 @dataclass

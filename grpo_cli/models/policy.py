@@ -8,6 +8,7 @@ from grpo_cli.models.loading import (
     LoadedModel,
     ModelLoadError,
     apply_lora,
+    check_transformers,
     enable_gradient_checkpointing,
     find_packaged_gguf,
     load_pretrained,
@@ -23,6 +24,9 @@ WEIGHTS = ("pretrained", "random")
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
     """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory.
     transformers' own progress bars show only with `progress=true`."""
+    import transformers
+
+    check_transformers(transformers.__version__)
     with transformers_progress_bars(cfg.progress):
         return _load_policy(cfg, task, device, log)
 

@@ -325,7 +325,7 @@ class StaticDecodeBackend:
     def _decode_step(self, model, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
         output = model(
             input_ids=tokens, attention_mask=mask, position_ids=positions,
-            past_key_values=cache, use_cache=True,
+            cache=cache, use_cache=True,
         )
         return output.logits[:, -1].float()  # [N, V]
 
@@ -426,7 +426,7 @@ class StaticDecodeBackend:
             input_ids=unique_ids,
             attention_mask=prefill_mask(unique_mask, capacity if full_view else None),
             position_ids=positions,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            cache=cache, use_cache=True, logits_to_keep=1,
         )
         if shared and _attention_calls[0] != len(cache.layers):
             raise RuntimeError(

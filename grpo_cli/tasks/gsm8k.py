@@ -13,17 +13,22 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.config.errors import InputError
 from grpo_cli.tasks.problem import Problem, format_prompt
 from grpo_cli.tasks.step_rewards import parse_steps
 
-__all__ = ["DataFormatError", "format_prompt", "load_gsm8k", "load_jsonl", "parse_record"]
+__all__ = ["DataFileMissing", "DataFormatError", "format_prompt", "load_gsm8k", "load_jsonl", "parse_record"]
 
 SPLIT_FILES = {"train": "train.jsonl", "eval": "test.jsonl"}
 HUB_SPLITS = {"train": "train", "eval": "test"}
 
 
-class DataFormatError(ValueError):
+class DataFormatError(InputError, ValueError):
     """A GSM8K record that is not valid JSON with a question and an answer ending in '#### N'."""
+
+
+class DataFileMissing(InputError, FileNotFoundError):
+    """A GSM8K split file that `task.path` names but that does not exist."""
 
 
 def parse_record(record: Any, where: str) -> Problem:
@@ -72,7 +77,7 @@ def load_jsonl(path: str | Path, limit: int = -1) -> list[Problem]:
     """The first `limit` problems (-1 = all) of a GSM8K JSONL file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GSM8K file not found: {path}")
+        raise DataFileMissing(f"GSM8K file not found: {path}")
     return _take(_jsonl_records(path), limit)
 
 

@@ -140,7 +140,7 @@ def shared_prefix_forward(
     prompt_length = batch.prompt_length
     positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
     cache = DynamicCache(config=model.config)
-    common = {"past_key_values": cache, "use_cache": True}
+    common = {"cache": cache, "use_cache": True}
     prompt_scores, _, head = final_columns(
         model, 1,
         input_ids=take_rows(batch.input_ids[:, :prompt_length], first),

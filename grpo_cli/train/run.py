@@ -96,8 +96,11 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         weights=cfg.model.weights, reward=cfg.task.reward,
     )
     results.write_status(record)
+    from grpo_cli.train.tracking import finish_trackers, start_trackers
+
+    trackers = start_trackers(cfg, run_dir, log)  # off unless logger=...; never stops the run
     try:
-        _train(cfg, results, record, log, stops)
+        _train(cfg, results, record, log, stops, trackers)
         record["status"] = "completed"
         log(f"results: {run_dir}")
     except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM: resumable, not a failure
@@ -117,6 +120,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects
         record["ended_at"] = utc_now()
         results.write_status(record)
+        finish_trackers(trackers, cfg, run_dir, record["status"], log)
     if record["rehearsal"]:  # memory and time next to docs/gpu_memory_plan.md
         from grpo_cli.results.rehearsal import write_rehearsal_report
 
@@ -124,7 +128,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     return record["status"]
 
 
-def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests) -> None:
+def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, trackers) -> None:
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint
     from grpo_cli.train.loop import TrainingLoop
@@ -158,6 +162,7 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests) -> 
         if start == 0 and loop.eval_every > 0:  # the policy before any step
             row = loop.evaluate(0)
             results.evals.append([row])
+            trackers.step(0, eval_row=row)
             accuracy = row["accuracy"]
         for step in range(start, steps):
             done = loop.run_step(step)
@@ -174,6 +179,8 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests) -> 
             for event in events:
                 log(f"ALARM step {event.step}: {event.message}")
             results.events.append([vars(event) for event in events])
+            trackers.step(step, output.metrics, done.eval_row,
+                          done.probe_rows.ranks if done.probe_rows is not None else None, events)
             record["last_step"] = step
             progress.advance(output.metrics["reward_mean"], accuracy)
             finished = step + 1

@@ -264,8 +264,10 @@ class GRPOTrainer:
             and not checkpointing(self.model)
         )
 
-    def step(self, step: int, capture: ProbeCapture | None = None) -> StepOutput:
-        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step.
+    def step(self, step: int, capture: ProbeCapture | None = None, update: bool = True) -> StepOutput:
+        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step;
+        `update=False` stops there (`grpo probe`: the step's probes at fixed weights, whose
+        weights, optimizer and sampler stay as they were).
 
         Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
         backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
@@ -397,6 +399,8 @@ class GRPOTrainer:
             if iteration == 0 and capture is not None:
                 with timer.phase("probes"):  # batch gradients and per-rollout Grams, pre-update
                     layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
+            if not update:  # grpo probe: no optimizer step, no gradient sums
+                break
             if self.gradient_observers:
                 with timer.phase("probes"):  # running sums of the raw gradients (grad_sum)
                     for observe in self.gradient_observers:
@@ -407,8 +411,9 @@ class GRPOTrainer:
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
                 self.optimizer.step()
         timer.stop("update")
-        with timer.phase("sync_weights"):
-            self.backend.sync_weights(self.model)
+        if update:
+            with timer.phase("sync_weights"):
+                self.backend.sync_weights(self.model)
 
         # ---- metrics: every logged scalar in one read ----
         lengths = batch.completion_lengths()  # [N]

@@ -32,7 +32,7 @@ results/<experiment>/<run>/ and the last line printed names the directory.
 Examples:
   grpo run experiment=smoke                                  # < 1 min, every results file
   grpo run experiment=cpu_rank_collapse rollout.group_size=8 seed=1
-  grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8 seed=0,1
+  grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8,16 seed=0,1
   grpo run -m experiment=smoke rollout.group_size=2,4 hydra/launcher=local_parallel
   grpo run -m experiment=paper_gsm8k rollout.group_size=2,4,8 hydra/launcher=slurm
 

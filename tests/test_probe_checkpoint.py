@@ -66,8 +66,9 @@ def test_probe_of_a_model_directory_equals_a_one_step_run_at_every_r(tmp_path, c
         assert metrics["step"].tolist() == [0]
         # the same rollouts: the probe's batch statistics are the training step's
         run_metrics = pd.read_csv(run_dir / "metrics.csv")
-        for column in ("reward_mean", "entropy", "completion_len_mean", "loss"):
+        for column in ("reward_mean", "entropy", "completion_len_mean", "loss", "distinct_completions"):
             assert metrics[column].iloc[0] == pytest.approx(run_metrics[column].iloc[0], abs=1e-9)
+        assert 1 <= metrics["distinct_completions"].iloc[0] <= size
     analysed = CliRunner().invoke(app, ["analyze", str(out)], catch_exceptions=True)
     assert analysed.exit_code == 0, analysed.output
     assert (out / "analysis" / "summary.csv").is_file()

@@ -44,6 +44,7 @@ METRIC_COLUMNS = (
     "grad_sparsity",
     "grad_hoyer",
     "credit_uniform_frac",
+    "distinct_completions",
 )
 TIMING_COLUMNS = (
     "step",
@@ -71,7 +72,7 @@ EVENT_COLUMNS = ("step", "alarm", "value", "message")
 RANK_COLUMNS = (
     ("step", "matrix", "layer", "group", "n_rows", "n_zero_groups")
     + RANK_MEASURES
-    + ("minority", "majority", "distinct", "mean_abs_cosine")
+    + ("minority", "majority", "distinct", "mean_abs_cosine", "n_nonzero_rows", "problem_steps")
     + tuple(f"pred_{name}" for name in RANK_MEASURES)
     + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")

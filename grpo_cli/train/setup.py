@@ -110,7 +110,8 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
     probes = None
     if cfg.probes.enabled and cfg.probes.every > 0:
-        probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer)
+        probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer,
+                            problem_steps=[len(problem.steps) for problem in task.train])
         if "grad_sum" in probes.matrices:
             trainer.gradient_observers.append(probes.accumulate_gradients)
         rounded = probes.rounded_update_layers()

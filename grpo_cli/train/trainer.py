@@ -21,6 +21,7 @@ import torch
 from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
 from grpo_cli.algorithm.optim import build_optimizer, master_params
+from grpo_cli.probes.composition import distinct_per_group
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
 from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
@@ -70,6 +71,12 @@ class ProbeCapture(Protocol):
 
     def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
         """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams)."""
+
+
+def informative_mean(values: torch.Tensor, informative: torch.Tensor) -> torch.Tensor:  # [B] each
+    """Mean of `values` over the informative groups (0-d; NaN when there is none), on the device."""
+    chosen = informative.double()
+    return (values.double() * chosen).sum() / chosen.sum()
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -428,10 +435,12 @@ class GRPOTrainer:
             zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
             lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
             credit_uniform_share(advantages, mask),
+            informative_mean(distinct_per_group(batch.input_ids, mask, batch.group_size),
+                             ~zero_variance_groups(scored.rewards, batch.group_size)),
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform), correct = read[: len(summary)], read[len(summary):]
+         diff_max, credit_uniform, distinct), correct = read[: len(summary)], read[len(summary):]
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
             batch.problem_indices,
@@ -463,6 +472,7 @@ class GRPOTrainer:
             "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
             "credit_uniform_frac": credit_uniform,
+            "distinct_completions": distinct,  # mean over informative groups (NaN: none)
         }
         return StepOutput(metrics, batch, advantages, scored, weights, layer_grads, rollout_grams)
 

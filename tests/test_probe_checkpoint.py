@@ -87,6 +87,15 @@ def test_probe_of_every_kept_checkpoint_equals_the_run_at_those_steps(tmp_path, 
     assert sorted(set(pd.read_csv(out / "R4" / "ranks.csv")["step"])) == [1, 2, 3]
     # the run probed steps 1 and 2 at the weights those checkpoints hold (step 3: after training)
     assert_same_spectra(run_dir, out / "R4", [1, 2])
+    # one checkpoint file, other prompts: its step only, 2 prompts x R rows
+    one = grpo_probe(run_dir / "checkpoints" / "step_000002.pt", tmp_path / "one", "--group-sizes",
+                     "2", "--prompts", "2", "--seed", "5")
+    assert one.exit_code == 0, one.output
+    ranks = pd.read_csv(tmp_path / "one" / "R2" / "ranks.csv")
+    assert set(ranks["step"]) == {2}
+    assert ranks.loc[ranks["matrix"] == "rollout_batch", "n_rows"].tolist() == [4]
+    record = json.loads((tmp_path / "one" / "R2" / "run.json").read_text())
+    assert (record["probe"]["source_kind"], record["seed"]) == ("checkpoint", 5)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 from cli_helpers import grpo_run
 from typer.testing import CliRunner
 
+from grpo_cli.analysis.load import load_run
 from grpo_cli.cli import app
 
 FIXED_WEIGHT_MATRICES = {"rollout_group", "rollout_batch", "score_group", "group_batch", "layer"}
@@ -85,6 +86,7 @@ def test_probe_of_every_kept_checkpoint_equals_the_run_at_those_steps(tmp_path, 
     probed = grpo_probe(run_dir, out, "--group-sizes", "4", "--all-checkpoints")
     assert probed.exit_code == 0, probed.output
     assert sorted(set(pd.read_csv(out / "R4" / "ranks.csv")["step"])) == [1, 2, 3]
+    assert load_run(out / "R4").contradictions == []  # steps 1-3 only: no "missing step 0"
     # the run probed steps 1 and 2 at the weights those checkpoints hold (step 3: after training)
     assert_same_spectra(run_dir, out / "R4", [1, 2])
     # one checkpoint file, other prompts: its step only, 2 prompts x R rows

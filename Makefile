@@ -11,7 +11,11 @@ TORCH_CPU ?= torch==2.13.0
 VLLM_GPU ?= vllm==0.33.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 PIP_INSTALL = $(PY) -m pip install --quiet
-SWEEP_R ?= 2,4,8
+# Group sizes: the CPU presets (reproduce-cpu, settle; R=2 is forced, rank <= 2), reproduce-paper,
+# and smollm2-cpu (32 rollouts per step, B = 32/R; space-separated)
+SWEEP_R ?= 2,4,8,16
+PAPER_R ?= 2,4,8
+SMOLLM2_R ?= 2 4 8
 SEEDS ?= 0,1
 comma := ,
 
@@ -54,12 +58,12 @@ lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import
 	$(VENV)/bin/ruff check grpo_cli tests scripts
 	$(VENV)/bin/lint-imports
 
-reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8} x 2 seeds, then grpo analyze
+reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8,16} (SWEEP_R=...) x seeds 0,1 (SEEDS=...), then grpo analyze
 	$(GRPO) run -m experiment=cpu_rank_collapse rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
 	$(GRPO) analyze results/cpu_rank_collapse
 
 reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLLM rollouts
-	$(GRPO) run -m experiment=paper_gsm8k rollout.group_size=$(SWEEP_R)
+	$(GRPO) run -m experiment=paper_gsm8k rollout.group_size=$(PAPER_R)
 	$(GRPO) analyze results/paper_gsm8k
 
 rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no download: memory per phase, step time
@@ -72,8 +76,8 @@ settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, 
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
-smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 x seeds 0,1 (SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
-	for S in $(subst $(comma), ,$(SEEDS)); do for R in 2 4 8; do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
+smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMOLLM2_R="2 4 8 16") x seeds 0,1 (SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
+	for S in $(subst $(comma), ,$(SEEDS)); do for R in $(SMOLLM2_R); do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
 
 analyze: $(STAMP) ## Re-analyse every sweep under results/

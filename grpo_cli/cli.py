@@ -32,7 +32,7 @@ results/<experiment>/<run>/ and the last line printed names the directory.
 Examples:
   grpo run experiment=smoke                                  # < 1 min, every results file
   grpo run experiment=cpu_rank_collapse rollout.group_size=8 seed=1
-  grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8 seed=0,1
+  grpo run -m experiment=cpu_rank_collapse rollout.group_size=2,4,8,16 seed=0,1
   grpo run -m experiment=smoke rollout.group_size=2,4 hydra/launcher=local_parallel
   grpo run -m experiment=paper_gsm8k rollout.group_size=2,4,8 hydra/launcher=slurm
 
@@ -147,6 +147,44 @@ def analyze(
             if "torn" in problem:
                 typer.secho(f"warning: {run.name}: {problem}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.out_dir}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def probe(
+    ctx: typer.Context,
+    checkpoint: Annotated[Path, typer.Argument(
+        help="A run directory (its latest checkpoint), a checkpoint file, or an HF model directory.")],
+    group_sizes: Annotated[str, typer.Option(help="Group sizes R, comma-separated.")] = "2,4,8,16",
+    prompts: Annotated[int | None, typer.Option(help="Prompts per R (default: the config's rollout.prompts_per_step).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default: the config's).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default <results_dir>/probe/<name>).")] = None,
+    all_checkpoints: Annotated[bool, typer.Option(
+        "--all-checkpoints", help="Probe every checkpoint a run kept (keep_checkpoints=true).")] = False,
+) -> None:
+    """Probe one set of weights at every R: same weights, same prompts, no optimizer step.
+
+    Writes one results directory per R (<out>/R<R>, the files of `grpo run`) for `grpo analyze`.
+    Extra arguments are config overrides: key=value on a run, any Hydra override on a model
+    directory (e.g. experiment=cpu_smollm2 task=gsm8k).
+    """
+    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.models.loading import ModelLoadError
+    from grpo_cli.train.probe_checkpoint import (
+        ProbeTargetError,
+        parse_group_sizes,
+        probe_checkpoint,
+    )
+    from grpo_cli.validate import validate_config
+
+    try:
+        probe_checkpoint(checkpoint, parse_group_sizes(group_sizes), prompts=prompts, seed=seed,
+                         out=out, all_checkpoints=all_checkpoints, overrides=list(ctx.args),
+                         check=validate_config, log=typer.echo)
+    except (ProbeTargetError, ConfigError, ModelLoadError) as error:
+        if debug():
+            raise
+        typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -133,7 +133,7 @@ def train_pass(model, batch, prompt_keys: list[int], repeats: int) -> list[float
         if batch.input_ids.is_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        logprobs, _, _ = forward_policy(model, batch, share_prompts=True,
+        logprobs, _, _ = forward_policy(model, batch, shared_prompt_forward=True,
                                         chunk_mb=TrainConfig().logits_chunk_mb,
                                         prompt_keys=prompt_keys)  # [N, L]
         loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, batch.completion_mask)

@@ -32,10 +32,10 @@ def failing_at_step(monkeypatch, step: int, error: BaseException | None = None):
     original = trainer.GRPOTrainer.step
     error = error if error is not None else RuntimeError("simulated crash")
 
-    def step_or_fail(self, current, capture=None):
+    def step_or_fail(self, current, capture=None, **options):
         if current == step:
             raise error
-        return original(self, current, capture)
+        return original(self, current, capture, **options)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", step_or_fail)
     try:

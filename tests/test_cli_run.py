@@ -122,10 +122,10 @@ def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir, monke
 
     original = trainer.GRPOTrainer.step
 
-    def fail_for_group_size_2(self, step, capture=None):
+    def fail_for_group_size_2(self, step, capture=None, **options):
         if self.cfg.rollout.group_size == 2:
             raise RuntimeError("boom")
-        return original(self, step, capture)
+        return original(self, step, capture, **options)
 
     monkeypatch.setattr(trainer.GRPOTrainer, "step", fail_for_group_size_2)
     result = grpo_run(tmp_path, cache_dir, "rollout.group_size=2,4", multirun=True)

@@ -14,6 +14,7 @@ from grpo_cli.measures import (
 from grpo_cli.probes.composition import (
     composition_applies,
     count_distinct_rows,
+    distinct_per_group,
     distinct_rows,
     distinct_spectrum,
     group_composition,
@@ -105,6 +106,22 @@ def test_count_distinct_rows_with_and_without_mask():
     assert count_distinct_rows(tokens, shorter) == 3
 
 
+def test_distinct_per_group_counts_each_group_as_count_distinct_rows_does():
+    tokens = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 9], [5, 6, 7, 0], [5, 6, 8, 0]])
+    mask = torch.tensor([[1, 1, 1, 0]] * 4)
+    shorter = mask.clone()
+    shorter[2, 2] = 0
+    # two groups of 4: the rows above under `mask`, then under `shorter`
+    both = distinct_per_group(torch.cat([tokens, tokens]), torch.cat([mask, shorter]), 4)
+    assert both.tolist() == [2, 3]
+    assert distinct_per_group(tokens, mask, 2).tolist() == [1, 2]  # groups of 2: rows 0-1, 2-3
+    generator = torch.Generator().manual_seed(0)
+    random_tokens = torch.randint(0, 2, (24, 3), generator=generator)  # many repeats
+    random_mask = torch.randint(0, 2, (24, 3), generator=generator)
+    expected = [count_distinct_rows(random_tokens[i : i + 6], random_mask[i : i + 6]) for i in range(0, 24, 6)]
+    assert distinct_per_group(random_tokens, random_mask, 6).tolist() == expected
+
+
 def test_duplicated_rows_have_numerical_rank_equal_to_distinct_rows():
     generator = torch.Generator().manual_seed(3)
     completion_of_row = torch.tensor([0, 0, 1, 2, 2, 2, 3, 1])
@@ -158,3 +175,14 @@ def test_distinct_spectrum_is_the_svd_of_duplicated_orthonormal_rows():
     assert torch.allclose(
         spectrum / spectrum[-1] * m, torch.from_numpy(composition_spectrum(m, big_m))
     )
+
+
+def test_distinct_completions_averages_informative_groups_only():
+    from grpo_cli.probes.composition import informative_distinct_mean
+
+    # three groups of R = 2: distinct (informative), identical (zero-variance), distinct (informative)
+    tokens = torch.tensor([[1, 2], [1, 3], [4, 4], [4, 4], [5, 6], [5, 6]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 1], [1, 1], [1, 0]])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    assert float(informative_distinct_mean(tokens, mask, rewards, 2)) == 2.0
+    assert math.isnan(float(informative_distinct_mean(tokens, mask, torch.zeros(6), 2)))

@@ -17,6 +17,7 @@ from grpo_cli.probes.gram import group_blocks, per_rollout_grams
 MATRICES = "probes.matrices=[rollout_group,rollout_batch,score_group,group_batch]"
 # 3 groups of 4, in row order: informative; zero-variance; two rows at the group mean (a_i = 0)
 REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
+READ_GROUPS = [0, 2]  # groups with a non-zero advantage: the only score blocks any matrix reads
 
 
 def probe_step(tmp_path, fused: bool | str, *overrides):
@@ -47,8 +48,8 @@ def test_fused_grams_equal_the_separate_pass(tmp_path, shared, micro_batch_size)
     assert torch.equal(fused.batch.input_ids, separate.batch.input_ids)
     assert fused.scored.rewards.tolist() == REWARDS
     assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
-    assert_gram_close(fused.rollout_grams["score_blocks"], separate.rollout_grams["score_blocks"],
-                      "K_score blocks")
+    assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
+                      separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")
     rows = {name: setup.probes.record(0, output, setup.model)
             for name, setup, output in (("fused", fused_setup, fused), ("separate", separate_setup, separate))}
     keys = [(r["matrix"], r["group"], r["k"]) for r in rows["separate"].spectra]
@@ -68,8 +69,9 @@ def test_fused_grams_equal_the_separate_pass_for_other_routes(tmp_path, override
     _, fused_capture, fused, _ = probe_step(tmp_path, True, *overrides)
     _, _, separate, _ = probe_step(tmp_path, False, *overrides)
     assert fused_capture.source == "training_pass"
-    for key in ("advantage", "score_blocks"):
-        assert_gram_close(fused.rollout_grams[key], separate.rollout_grams[key], key)
+    assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
+    assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
+                      separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")
 
 
 def test_probe_grams_are_taken_at_the_weights_of_the_loss(tmp_path):
@@ -104,18 +106,17 @@ def test_fusion_steps_aside_when_the_loss_is_not_the_advantage_objective(tmp_pat
 
 
 def test_score_blocks_from_the_advantage_blocks():
-    """K_adv = a a^T * K_score inside a group; groups with a zero advantage are recomputed."""
+    """K_adv = a a^T * K_score inside a group; groups with some zero advantages are recomputed."""
     scores = torch.randn(6, 5, dtype=torch.float64)
     k_score = scores @ scores.T  # [6, 6]
     a = torch.tensor([1.0, -2.0, 0.5, 0.0, 0.0, 0.0])  # group 0 informative, group 1 all zero
     k_adv = torch.outer(a, a).double() * k_score
     blocks = score_blocks_from_advantage(group_blocks(k_adv, 3), a)  # [2, 3, 3]
     torch.testing.assert_close(blocks[0], group_blocks(k_score, 3)[0], rtol=1e-12, atol=0)
-    assert score_groups_to_recompute(a, 2, {"score_group"}).tolist() == [False, True]
-    assert score_groups_to_recompute(a, 2, {"rollout_group"}).tolist() == [False, False]
+    assert score_groups_to_recompute(a, 2).tolist() == [False, False]  # all-zero: read by no matrix
     mixed = torch.tensor([1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
-    assert score_groups_to_recompute(mixed, 2, {"rollout_group"}).tolist() == [True, False]
-    assert score_groups_to_recompute(None, 2, {"rollout_group"}).tolist() == [True, True]
+    assert score_groups_to_recompute(mixed, 2).tolist() == [True, False]
+    assert score_groups_to_recompute(None, 2).tolist() == [True, True]
 
 
 def test_fused_capture_keeps_nothing_alive(tmp_path):

@@ -285,3 +285,42 @@ def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_st
     assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
     without_sum = ProbeSuite(ProbesConfig(matrices=["layer"]), model, tmp_path / "w1.pt")
     assert without_sum.step_capture(1, model, probe=False) is None
+
+
+def test_non_zero_rows_same_groups_for_the_score_control_and_problem_steps(tmp_path):
+    """Group 0 informative, group 1 zero-variance: rollout_batch has 2 non-zero rows of 4,
+    group_batch 1 of 2, score_group covers group 0 only (as rollout_group does), and each group
+    row names its problem's number of checked steps."""
+    model, batch = tiny_model(), padded_batch()
+    batch.problem_indices = [3, 1]
+    output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    matrices = ["rollout_group", "score_group", "rollout_batch", "group_batch"]
+    suite = ProbeSuite(ProbesConfig(matrices=matrices), model, tmp_path / "w0.pt",
+                       problem_steps=[1, 1, 1, 2])
+    rows = suite.record(0, output, model).ranks
+    by_key = {(r["matrix"], r["group"]): r for r in rows}
+    assert by_key[("rollout_batch", "all")]["n_nonzero_rows"] == 2
+    assert by_key[("group_batch", "all")]["n_nonzero_rows"] == 1
+    for matrix in ("rollout_group", "score_group"):
+        assert [g for m, g in by_key if m == matrix and g.startswith("g")] == ["g0"]
+        assert by_key[(matrix, "g0")]["n_nonzero_rows"] == 2
+        assert by_key[(matrix, "g0")]["problem_steps"] == 2  # problem 3
+        assert by_key[(matrix, "mean")]["n_zero_groups"] == 1
+        assert by_key[(matrix, "mean")]["n_nonzero_rows"] == 2.0
+
+
+def test_non_zero_rows_count_rollouts_with_any_non_zero_token_advantage(tmp_path):
+    """Per-token advantages: rollout 1 has none, rollout 0 one token's worth; group 1 all zero."""
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    advantages = torch.zeros(4, 9, dtype=torch.float64)
+    advantages[0, 4] = 0.5  # one completion token of rollout 0
+    advantages[1, 0] = 7.0  # a prompt position of rollout 1: not a completion token
+    output.advantages = advantages
+    suite = ProbeSuite(ProbesConfig(matrices=["rollout_group", "rollout_batch"]), model,
+                       tmp_path / "w0.pt")
+    rows = {(r["matrix"], r["group"]): r for r in suite.record(0, output, model).ranks}
+    assert rows[("rollout_batch", "all")]["n_nonzero_rows"] == 1
+    assert rows[("rollout_group", "g0")]["n_nonzero_rows"] == 1
+    assert rows[("rollout_group", "g0")]["numerical_rank"] == 1  # rank per non-zero row: 1
+    assert ("rollout_group", "g1") not in rows

@@ -24,6 +24,7 @@ IGNORED_KEYS = frozenset(
         "threads",
         "device",
         "checkpoint_every",
+        "keep_checkpoints",
         "task.path",
     }
 )

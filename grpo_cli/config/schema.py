@@ -213,6 +213,7 @@ class Config:
     cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers
     resume: bool = True  # continue from checkpoints/ if the run directory has one
     checkpoint_every: int = 10  # save a resumable checkpoint every N steps
+    keep_checkpoints: bool = False  # also keep each checkpoint's weights as checkpoints/step_<N>.pt (`grpo probe RUN --all-checkpoints`)
     progress: bool = True  # show progress bars: the steps' and transformers' (loading weights, GGUF conversion)
 
 

@@ -56,6 +56,7 @@ from grpo_cli.algorithm.scored import (
 )
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
+from grpo_cli.probes.composition import informative_distinct_mean
 from grpo_cli.probes.runner import ProbeSuite, check_matrices
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.lock import RunLock
@@ -380,6 +381,8 @@ class SpectraCallback(TrainerCallback):
             "credit_uniform_frac": credit_uniform_fraction(data.advantages, data.batch.completion_mask),
             **dict(zip(("groups_all_wrong", "groups_all_right", "groups_mixed"),
                        group_outcome_shares((rewards > self.success_threshold).float(), size).tolist(), strict=True)),
+            "distinct_completions": float(informative_distinct_mean(
+                data.batch.input_ids, data.batch.completion_mask, finite, size)),
         })
 
     def _config(self, args, state) -> dict:

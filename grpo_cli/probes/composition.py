@@ -2,7 +2,9 @@
 
 `group_composition` gives (minority m, majority M), the inputs of the closed-form rank
 predictions in grpo_cli/measures.py (`predicted_rank_measures`, with the model they assume);
-`count_distinct_rows` bounds a group's rank by its number of distinct completions.
+`count_distinct_rows` bounds a group's rank by its number of distinct completions, and
+`distinct_per_group` counts them for every group at once on the device (metrics.csv
+`distinct_completions`).
 
 The model holds only for advantages of the form c (r_i - mean r), c > 0, with binary r
 (`composition_applies`): grpo, dr_grpo and rloo without an overlong penalty. Not for reinforce
@@ -99,3 +101,30 @@ def count_distinct_rows(
     counted = mask > 0  # [R, L]
     keys = torch.cat([torch.where(counted, tokens, 0), counted.long()], dim=1)  # [R, 2L]
     return int(torch.unique(keys, dim=0).shape[0])
+
+
+def distinct_per_group(
+    tokens: torch.Tensor,  # [N, L] token ids, N = B * R
+    mask: torch.Tensor,  # [N, L] 1 on tokens that count
+    group_size: int,
+) -> torch.Tensor:  # [B] int64
+    """Distinct completions in each group (`count_distinct_rows` per group), without a host read:
+    row i is new when no earlier row j < i of its group has the same tokens under the same mask.
+
+    >>> t = torch.tensor([[5, 1], [5, 1], [5, 2], [7, 7], [7, 8], [7, 9]])
+    >>> distinct_per_group(t, torch.tensor([[1, 1]] * 3 + [[1, 0]] * 3), 3).tolist()
+    [2, 1]
+    """
+    keys = torch.where(mask > 0, tokens, -1).reshape(-1, group_size, tokens.shape[-1])  # [B, R, L]
+    same = (keys.unsqueeze(2) == keys.unsqueeze(1)).all(dim=-1)  # [B, R, R]
+    earlier = torch.ones(group_size, group_size, dtype=torch.bool, device=tokens.device).tril(-1)
+    return (~(same & earlier).any(dim=-1)).sum(dim=-1)  # [B]
+
+
+def informative_distinct_mean(tokens: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,
+                              group_size: int) -> torch.Tensor:  # 0-d float64
+    """metrics.csv's `distinct_completions`: mean distinct completions per informative group (one
+    whose rewards differ), NaN when no group is informative; on the device, no host read."""
+    groups = rewards.reshape(-1, group_size)  # [B, R]
+    informative = ((groups.max(dim=1).values - groups.min(dim=1).values).abs() >= 1e-12).double()  # [B]
+    return (distinct_per_group(tokens, mask, group_size).double() * informative).sum() / informative.sum()

@@ -32,7 +32,9 @@ non-zero
 exactly (up to rounding, which is relative). A row with a_i = 0 has zero loss coefficients, so the
 training backward carries nothing of its score gradient: the groups holding such rows (every
 zero-variance group) get their score blocks from a separate pass over their own rows
-(coefficients w), and only when a matrix reads them (`score_groups_to_recompute`). With per-token
+(coefficients w) where a matrix reads them (`score_groups_to_recompute`): groups with some rows
+of zero advantage and some not. All-zero groups are read by no matrix (score_group, like
+rollout_group, covers the groups with a non-zero advantage). With per-token
 advantages (process) there is no such identity and K_score takes the separate pass over all rows.
 
 Check (while the hooks are unverified, as in `chunked_gram`): the rows add up to the batch
@@ -110,15 +112,13 @@ class TrainingPassFactors:
 def score_groups_to_recompute(
     per_rollout: torch.Tensor | None,  # [N] each rollout's advantage; None: per-token advantages
     num_groups: int,
-    matrices: set[str],
 ) -> torch.Tensor:  # [B] bool
-    """Groups whose score block K_adv cannot give (module docstring) and some matrix reads."""
+    """Groups whose score block K_adv cannot give (module docstring) and some matrix reads:
+    score_group and rollout_group skip all-zero groups."""
     if per_rollout is None:
         return torch.ones(num_groups, dtype=torch.bool)
     zero = (per_rollout == 0).reshape(num_groups, -1).cpu()  # [B, R]
-    if "score_group" in matrices:
-        return zero.any(1)
-    return zero.any(1) & ~zero.all(1)  # rollout_group skips all-zero groups; |cos| reads the rest
+    return zero.any(1) & ~zero.all(1)
 
 
 def score_blocks_from_advantage(

@@ -103,6 +103,14 @@ def per_rollout_advantage(
     return torch.where(has_tokens, high, 0.0)
 
 
+def nonzero_advantage_rows(
+    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
+) -> torch.Tensor:  # [N] bool
+    """Rollouts with a non-zero advantage on some completion token: the non-zero rows of the
+    advantage-weighted matrices (ranks.csv `n_nonzero_rows`)."""
+    return ((advantages != 0) & (completion_mask > 0)).any(dim=-1)
+
+
 def _check_selection(matrices: set[str], layer_params: dict, gram_params: dict, probes_cfg,
                      model: torch.nn.Module) -> None:
     """A regex that selects no parameter would record rank 0 for every probe: refuse it."""
@@ -131,7 +139,7 @@ class ProbeSuite:
     """Which matrices to probe, when, and the reference weights W_0 for the update matrices."""
 
     def __init__(self, probes_cfg: ProbesConfig | DictConfig, model: torch.nn.Module, initial_path: Path,
-                 optimizer: torch.optim.Optimizer | None = None):
+                 optimizer: torch.optim.Optimizer | None = None, problem_steps: list[int] | None = None):
         check_matrices(probes_cfg.matrices)
         if probes_cfg.fused_gram not in FUSED_GRAM:
             raise ConfigError(
@@ -153,6 +161,8 @@ class ProbeSuite:
         self.gram_params = select_params(model, probes_cfg.param_regex)
         _check_selection(self.matrices, self.layer_params, self.gram_params, probes_cfg, model)
         self.optimizer = optimizer  # where fp32 master weights live (None: the parameters)
+        # checked steps of each training problem's reference solution (ranks.csv problem_steps)
+        self.problem_steps = problem_steps
         self.initial = self._initial_layers(initial_path)
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
         self._captured: dict[str, torch.Tensor] = {}
@@ -247,11 +257,13 @@ class ProbeSuite:
         size = batch.group_size
         grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
+        nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
-                      coherence=coherence(full))
+                      coherence=coherence(full), n_nonzero_rows=int(nonzero.sum()))
         if "group_batch" in self.matrices:
-            self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)))
+            self._add(rows, step, "group_batch", "all", singular_values_from_gram(group_sum_gram(full, size)),
+                      n_nonzero_rows=int(nonzero.reshape(-1, size).any(1).sum()))
         score_blocks = grams.get("score_blocks")  # [B, R, R]
         if not self.needs_score:
             return
@@ -314,14 +326,13 @@ class ProbeSuite:
         """One row per informative group, then mean/median aggregates over them."""
         batch = output.batch
         size = batch.group_size
-        advantages = output.advantages.reshape(-1, size, output.advantages.shape[-1])  # [B, R, L]
         correct = output.scored.correct.reshape(-1, size)  # [B, R]
         per_rollout = per_rollout_advantage(output.advantages, batch.completion_mask)  # [N] | None
         rollout_advantages = None if per_rollout is None else per_rollout.reshape(-1, size)  # [B, R]
-        kept = [  # zero-advantage groups have a zero matrix in rollout_group, kept out of the SVD
-            index for index in range(blocks.shape[0])
-            if matrix != "rollout_group" or bool(advantages[index].abs().gt(0).any())
-        ]
+        # zero-advantage groups have a zero matrix in rollout_group, kept out of the SVD; the
+        # score_group control covers the same groups
+        nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask).reshape(-1, size)  # [B, R]
+        kept = [index for index in range(blocks.shape[0]) if bool(nonzero[index].any())]
         zero_groups = blocks.shape[0] - len(kept)
         sigmas = singular_values_from_gram(blocks[kept]) if kept else None  # [G, R]
         group_rows = []
@@ -335,6 +346,7 @@ class ProbeSuite:
                 "mean_abs_cosine": mean_abs_cosine(
                     score_blocks[index] if score_blocks is not None else blocks[index]
                 ),
+                "n_nonzero_rows": int(nonzero[index].sum()),
             }
             if matrix == "rollout_group":  # cancellation (grpo_cli/probes/cancellation.py)
                 extras["coherence"] = coherence(blocks[index])
@@ -344,6 +356,8 @@ class ProbeSuite:
                         rollout_advantages[index].cpu().numpy(),
                         0.0 if math.isnan(extras["score_cosine"]) else extras["score_cosine"],
                     )
+            if self.problem_steps is not None and len(batch.problem_indices) == blocks.shape[0]:
+                extras["problem_steps"] = self.problem_steps[batch.problem_indices[index]]
             # closed forms only where their assumptions hold (grpo_cli/probes/composition.py)
             if (
                 matrix == "rollout_group"
@@ -367,7 +381,7 @@ class ProbeSuite:
         for aggregate, reduce in (("mean", statistics.fmean), ("median", statistics.median)):
             row = {"step": step, "matrix": matrix, "layer": "", "group": aggregate,
                    "n_rows": size, "n_zero_groups": zero_groups}
-            for column in RANK_MEASURES:
+            for column in (*RANK_MEASURES, "n_nonzero_rows"):
                 values = [r[column] for r in group_rows]
                 row[column] = reduce(values) if values else float("nan")
             for column in CANCELLATION_COLUMNS:
@@ -489,7 +503,7 @@ class StepCapture:
             return grams
         size = batch.group_size
         per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
-        recompute = score_groups_to_recompute(per_rollout, batch.num_rollouts // size, suite.matrices)
+        recompute = score_groups_to_recompute(per_rollout, batch.num_rollouts // size)
         blocks = (
             score_blocks_from_advantage(group_blocks(gram, size), per_rollout)
             if per_rollout is not None

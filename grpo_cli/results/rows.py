@@ -34,7 +34,7 @@ PROBE_METRICS = (
 # run.json's estimator_facts (grpo_cli/algorithm/advantages.py RegisteredEstimator.facts)
 ESTIMATOR_FACT_KEYS = ("name", "credit", "zero_sum_group")
 # run.json keys beyond the common ones, each documented in docs/results.md, by trainer
-EXTRA_RUN_KEYS = {"grpo-cli": (), "trl": ("loss_type",)}
+EXTRA_RUN_KEYS = {"grpo-cli": (), "trl": ("loss_type",), "grpo-probe": ("kind", "probe")}
 
 
 def utc_now() -> str:
@@ -54,7 +54,7 @@ def versions(**extra: str) -> dict:
 
 def run_record(
     *,
-    trainer: str,  # "grpo-cli" | "trl": who wrote the directory
+    trainer: str,  # "grpo-cli" | "trl" | "grpo-probe" (`grpo probe`): who wrote the directory
     seed: int,
     group_size: int,
     estimator_facts: Mapping,  # RegisteredEstimator.facts(): name, credit, zero_sum_group

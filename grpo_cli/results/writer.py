@@ -50,6 +50,7 @@ METRIC_COLUMNS = (
     "update_changed_frac",  # probe steps: entries of the update's weights changed since W_0
     "update_changed_frac_master",  # ... in the fp32 masters (empty without them)
     "update_changed_frac_bf16",  # ... in a bf16 round-to-nearest copy of the weights
+    "distinct_completions",  # mean distinct completions per informative group (mode collapse)
 )
 TIMING_COLUMNS = (
     "step",
@@ -77,7 +78,7 @@ EVENT_COLUMNS = ("step", "alarm", "value", "message")
 RANK_COLUMNS = (
     ("step", "matrix", "layer", "group", "n_rows", "n_zero_groups")
     + RANK_MEASURES
-    + ("minority", "majority", "distinct", "mean_abs_cosine")
+    + ("minority", "majority", "distinct", "mean_abs_cosine", "n_nonzero_rows", "problem_steps")
     + tuple(f"pred_{name}" for name in RANK_MEASURES)
     + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")

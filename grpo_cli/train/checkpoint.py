@@ -1,6 +1,7 @@
 """Resumable checkpoints: policy, optimizer (fp32 masters and rounding generators included),
 value head, alarm counters, per-problem success counts, the probes' running sums and the next
-step.
+step. With `keep_checkpoints=true` each one's weights (policy, value head, next step) are also
+kept as `step_<N>.pt`, N the step it continues from, for `grpo probe RUN --all-checkpoints`.
 
 The last two are kept (`latest.pt`, `previous.pt`): a checkpoint that cannot be read (a disk
 filled up, a copy cut short) is named in the log, set aside as `latest.pt.corrupt`, and the run
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 PREVIOUS = "previous.pt"
+SNAPSHOT = "step_{:06d}.pt"  # keep_checkpoints: the weights a run continues from at step N
 
 
 class CheckpointError(RuntimeError):
@@ -36,6 +38,29 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -
     if path.exists():
         path.replace(path.with_name(PREVIOUS))
     temporary.replace(path)
+
+
+def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:
+    """Keep the weights the run continues from at `next_step` (keep_checkpoints=true)."""
+    path = directory / SNAPSHOT.format(next_step)
+    state = {
+        "next_step": next_step,
+        "model": trainer.model.state_dict(),
+        "value_head": trainer.value_head.state_dict() if trainer.value_head is not None else None,
+    }
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    temporary.replace(path)
+    return path
+
+
+def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
+    """Load the policy (and value head) of a checkpoint or weights snapshot; return its step."""
+    state = torch.load(path, map_location=device, weights_only=False)
+    model.load_state_dict(state["model"])
+    if value_head is not None and state.get("value_head") is not None:
+        value_head.load_state_dict(state["value_head"])
+    return int(state["next_step"])
 
 
 def load_checkpoint(path: Path, trainer, monitor, probes=None) -> int:

@@ -59,17 +59,20 @@ class TrainingLoop:
             row = evaluate(trainer.backend, trainer.tokenizer, trainer.task, self.cfg, seed)
         return {"step": finished, **row}
 
-    def run_step(self, step: int) -> LoopStep:
+    def run_step(self, step: int, update: bool = True) -> LoopStep:
+        """Step `step`: with `update=False` (`grpo probe`), its probes at the current weights,
+        without the optimizer step or the held-out evaluation."""
         timer = self.timer
         timer.clear()
         self.memory.start_step()
-        probe_now = self.probes is not None and self.probes.due(step, self.steps)
+        probe_now = self.probes is not None and (not update or self.probes.due(step, self.steps))
         probe_rows, eval_row = None, None
         with timer.phase("other"):
-            # ---- the GRPO step (its phases are timed inside; the probes' hook reads its gradients) ----
+            # ---- the GRPO step (its phases are timed inside; the probes' hook reads its gradients;
+            # update=False stops before the optimizer: grpo probe) ----
             capture = (None if self.probes is None
                        else self.probes.step_capture(step, self.model, timer, probe=probe_now))
-            output = self.trainer.step(step, capture=capture)
+            output = self.trainer.step(step, capture=capture, update=update)
             # ---- probes: spectra of this step's gradients ----
             if probe_now:
                 with timer.phase("probes"):
@@ -77,7 +80,7 @@ class TrainingLoop:
                 output.metrics.update(probe_rows.metrics)
             # ---- held-out evaluation ----
             finished = step + 1
-            if self.evaluation_due(finished):
+            if update and self.evaluation_due(finished):
                 with timer.phase("eval"):
                     eval_row = self.evaluate(finished, seed=step_seed(self.cfg.seed, finished, salt=7))
         timings = timing_row(step, timer.take(), self.memory.step_peak_mb(), self.memory.phase_peaks())

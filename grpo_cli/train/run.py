@@ -130,7 +130,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
 
 def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, trackers) -> None:
     from grpo_cli.train.alarms import AlarmMonitor
-    from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint
+    from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint, save_weights_snapshot
     from grpo_cli.train.loop import TrainingLoop
     from grpo_cli.train.progress import StepProgress
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects
@@ -187,6 +187,8 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
             if (finished % cfg.checkpoint_every == 0 or finished == steps or events
                     or stops.requested):
                 save_checkpoint(results.checkpoint_path, finished, trainer, monitor, probes)
+                if cfg.keep_checkpoints:
+                    save_weights_snapshot(results.checkpoint_path.parent, finished, trainer)
                 record["checkpoint_step"] = finished
             results.write_status(record)
             if finished < steps:

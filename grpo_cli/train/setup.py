@@ -120,7 +120,8 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     trainer = GRPOTrainer(cfg, model, loaded.tokenizer, task, backend, device, reference, value_head)
     probes = None
     if cfg.probes.enabled and cfg.probes.every > 0:
-        probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer)
+        probes = ProbeSuite(cfg.probes, model, initial_layers_path, optimizer=trainer.optimizer,
+                            problem_steps=[len(problem.steps) for problem in task.train])
         rounded = probes.rounded_update_layers()
         if rounded:
             log(f"WARNING: `update` spectra of {len(rounded)} bf16 weights without fp32 master "

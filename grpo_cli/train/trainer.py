@@ -28,6 +28,7 @@ from grpo_cli.algorithm.scored import (
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
+from grpo_cli.probes.composition import informative_distinct_mean
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.rows import metrics_row
 from grpo_cli.rollout.base import SamplingSettings
@@ -277,8 +278,10 @@ class GRPOTrainer:
             and not checkpointing(self.model)
         )
 
-    def step(self, step: int, capture: ProbeCapture | None = None) -> StepOutput:
-        """One GRPO step. `capture` (the probes' hook) records gradients before the optimizer step.
+    def step(self, step: int, capture: ProbeCapture | None = None, update: bool = True) -> StepOutput:
+        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step;
+        `update=False` stops there (`grpo probe`: the step's probes at fixed weights, whose
+        weights, optimizer and sampler stay as they were).
 
         Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
         backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
@@ -412,15 +415,19 @@ class GRPOTrainer:
                 with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
                     if iteration == 0:
                         layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
-                    capture.after_backward()
+                    if update:
+                        capture.after_backward()
+            if not update:  # grpo probe: no optimizer step, no gradient sums
+                break
             with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
                 max_norm = self.cfg.optim.max_grad_norm
                 max_norm = max_norm if max_norm > 0 else math.inf
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
                 self.optimizer.step()
         timer.stop("update")
-        with timer.phase("sync_weights"):
-            self.backend.sync_weights(self.model)
+        if update:
+            with timer.phase("sync_weights"):
+                self.backend.sync_weights(self.model)
 
         # ---- metrics: every logged scalar in one read ----
         lengths = batch.completion_lengths()  # [N]
@@ -436,10 +443,11 @@ class GRPOTrainer:
             lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
             credit_uniform_share(advantages, mask),
             *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
+            informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform, all_wrong, all_right, mixed), correct = (
+         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct), correct = (
             read[: len(summary)], read[len(summary):])
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
@@ -475,6 +483,7 @@ class GRPOTrainer:
             "groups_all_wrong": all_wrong,
             "groups_all_right": all_right,
             "groups_mixed": mixed,
+            "distinct_completions": distinct,  # mean over informative groups (NaN: none)
         })
         return StepOutput(batch, advantages, scored, weights, layer_grads, rollout_grams, metrics)
 

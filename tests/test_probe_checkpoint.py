@@ -1,0 +1,125 @@
+"""`grpo probe`: a training step's probes at fixed weights, per R (grpo_cli/train/probe_checkpoint.py).
+
+The probe is the training step stopped before the optimizer, so at the same weights, prompts and
+seed its spectra must equal those a training run records at that step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from cli_helpers import grpo_run
+from typer.testing import CliRunner
+
+from grpo_cli.analysis.load import load_run
+from grpo_cli.cli import app
+
+FIXED_WEIGHT_MATRICES = {"rollout_group", "rollout_batch", "score_group", "group_batch", "layer"}
+SPECTRUM_KEYS = ["step", "matrix", "layer", "group", "k"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from test_models import save_tiny_llama
+
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny_llama(directory)
+    return directory
+
+
+def grpo_probe(target, out, *args):
+    return CliRunner().invoke(app, ["probe", str(target), "--out", str(out), *args],
+                              catch_exceptions=True)
+
+
+def assert_same_spectra(run_dir, probe_dir, steps):
+    trained = pd.read_parquet(run_dir / "spectra.parquet")
+    probed = pd.read_parquet(probe_dir / "spectra.parquet")
+    trained = trained[trained["step"].isin(steps) & trained["matrix"].isin(FIXED_WEIGHT_MATRICES)]
+    assert set(probed["matrix"]) == FIXED_WEIGHT_MATRICES  # update, grad_sum: not at fixed weights
+    assert set(trained["matrix"]) == FIXED_WEIGHT_MATRICES
+    probed = probed[probed["step"].isin(steps)]
+    assert len(trained) == len(probed) > 0
+    both = trained.merge(probed, on=SPECTRUM_KEYS, suffixes=("_run", "_probe"))
+    assert len(both) == len(trained)
+    assert (both["sigma_run"] - both["sigma_probe"]).abs().max() <= 1e-6
+
+
+def test_probe_of_a_model_directory_equals_a_one_step_run_at_every_r(tmp_path, cache_dir, tiny_model_dir):
+    # coin-flip rewards: every group is informative although the random model never answers right
+    model = ["model=hf", f"model.path={tiny_model_dir}", "model.name=tiny", "task.reward=random"]
+    trained = grpo_run(tmp_path / "runs", cache_dir, *model, "train.steps=1", "probes.every=1",
+                       "rollout.group_size=2,4", multirun=True)
+    assert trained.exit_code == 0, trained.output
+    out = tmp_path / "probe"
+    probed = grpo_probe(tiny_model_dir, out, "--group-sizes", "2,4", "experiment=smoke", model[-1],
+                        f"cache_dir={cache_dir}", "progress=false", "device=cpu")
+    assert probed.exit_code == 0, probed.output
+    for size in (2, 4):
+        run_dir = next((tmp_path / "runs" / "smoke").glob(f"R{size}-grpo-s0*"))
+        probe_dir = out / f"R{size}"
+        assert_same_spectra(run_dir, probe_dir, [0])
+        record = json.loads((probe_dir / "run.json").read_text())
+        assert (record["kind"], record["status"], record["group_size"]) == ("probe", "completed", size)
+        metrics = pd.read_csv(probe_dir / "metrics.csv")
+        assert metrics["step"].tolist() == [0]
+        # the same rollouts: the probe's batch statistics are the training step's
+        run_metrics = pd.read_csv(run_dir / "metrics.csv")
+        for column in ("reward_mean", "entropy", "completion_len_mean", "loss", "distinct_completions"):
+            assert metrics[column].iloc[0] == pytest.approx(run_metrics[column].iloc[0], abs=1e-9)
+        assert 1 <= metrics["distinct_completions"].iloc[0] <= size
+    analysed = CliRunner().invoke(app, ["analyze", str(out)], catch_exceptions=True)
+    assert analysed.exit_code == 0, analysed.output
+    assert (out / "analysis" / "summary.csv").is_file()
+
+
+def test_probe_of_every_kept_checkpoint_equals_the_run_at_those_steps(tmp_path, cache_dir):
+    trained = grpo_run(tmp_path, cache_dir, "train.steps=3", "checkpoint_every=1", "probes.every=1",
+                       "keep_checkpoints=true", "eval.every=0")
+    assert trained.exit_code == 0, trained.output
+    run_dir = next((tmp_path / "smoke").glob("R4-grpo-s0*"))
+    kept = sorted(path.name for path in (run_dir / "checkpoints").glob("step_*.pt"))
+    assert kept == ["step_000001.pt", "step_000002.pt", "step_000003.pt"]
+    out = tmp_path / "probe"
+    probed = grpo_probe(run_dir, out, "--group-sizes", "4", "--all-checkpoints")
+    assert probed.exit_code == 0, probed.output
+    assert sorted(set(pd.read_csv(out / "R4" / "ranks.csv")["step"])) == [1, 2, 3]
+    assert load_run(out / "R4").contradictions == []  # steps 1-3 only: no "missing step 0"
+    # the run probed steps 1 and 2 at the weights those checkpoints hold (step 3: after training)
+    assert_same_spectra(run_dir, out / "R4", [1, 2])
+    # one checkpoint file, other prompts: its step only, 2 prompts x R rows
+    one = grpo_probe(run_dir / "checkpoints" / "step_000002.pt", tmp_path / "one", "--group-sizes",
+                     "2", "--prompts", "2", "--seed", "5")
+    assert one.exit_code == 0, one.output
+    ranks = pd.read_csv(tmp_path / "one" / "R2" / "ranks.csv")
+    assert set(ranks["step"]) == {2}
+    assert ranks.loc[ranks["matrix"] == "rollout_batch", "n_rows"].tolist() == [4]
+    record = json.loads((tmp_path / "one" / "R2" / "run.json").read_text())
+    assert (record["probe"]["source_kind"], record["seed"]) == ("checkpoint", 5)
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        (lambda root: root / "nowhere", [], "no such file or directory"),
+        (lambda root: root, [], "not a run directory"),
+        (lambda root: root, ["--group-sizes", "1,4"], "every R must be >= 2"),
+        (lambda root: root, ["--group-sizes", "two"], "give integers separated by commas"),
+    ],
+)
+def test_bad_targets_and_options_are_one_line_errors(tmp_path, make, args, message):
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    result = grpo_probe(make(tmp_path), tmp_path / "out", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_bad_override_is_refused_before_any_model_is_built(tmp_path, tiny_model_dir):
+    typo = grpo_probe(tiny_model_dir, tmp_path / "out", "rollout.group_sise=3")
+    assert typo.exit_code == 2 and "group_sise" in typo.output
+    bad_value = grpo_probe(tiny_model_dir, tmp_path / "out", "rollout.temperature=-1")
+    assert bad_value.exit_code == 2 and "rollout.temperature" in bad_value.output
+    assert not (tmp_path / "out").exists()

@@ -45,6 +45,9 @@ from grpo_cli.train.credit import (
 from grpo_cli.train.policy_forward import checkpointing, forward_policy, token_probabilities
 from grpo_cli.train.problem_success import ProblemSuccess
 
+# What each micro-batch logs, as one [6] tensor read back once per pass
+LOGGED_TERMS = ("loss", "pg_loss", "clip_frac", "entropy_sum", "kl_sum", "value_loss")
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the run stops with status failed."""
@@ -56,6 +59,38 @@ class StepOutput(ProbedStep):
     steps the gradients captured before the update) and its metrics.csv row."""
 
     metrics: dict = field(default_factory=dict)  # one row of metrics.csv (grpo_cli/results/rows.py)
+
+
+@dataclass
+class Targets:
+    """What the update trains toward, from the advantages phase."""
+
+    advantages: torch.Tensor  # [N, L] each token's advantage
+    returns: torch.Tensor | None  # [N, L] the value head's targets (estimators with values)
+    tis: torch.Tensor  # [N, L] truncated importance weights (ones when algorithm.tis_cap <= 0)
+    old_logprobs: torch.Tensor | None  # [N, L] None with one pass: the training forward's own serve
+    ref_logprobs: torch.Tensor | None  # [N, L] the reference's, for the KL term (None when off)
+    single_pass: bool  # one pass at ratio 1, no value head, no TIS
+
+
+@dataclass
+class Update:
+    """One step's update: what every pass shares (fixed before the first), and what it logs."""
+
+    micro: list[slice]  # the micro-batches' row ranges
+    shares: list[float]  # each micro-batch's share of the batch's completion tokens
+    batch_tokens: float  # completion tokens in the batch (mask sum)
+    completion_positions: int  # ... as positions: the size of the metrics' log-prob gather
+    constant: int  # loss normaliser of algorithm.loss_agg=constant
+    weights: torch.Tensor  # [N, L] the loss's aggregation weights (the probes read them)
+    fused: bool  # the probes take their per-rollout factors from this forward and backward
+    shared_prompt_forward: bool  # one prompt forward per distinct prompt (off when fused)
+    prompt_keys: list[tuple[int, ...]] | None  # [N] each row's prompt tokens
+    policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
+    grad_norm: float = 0.0  # the first pass's gradient norm, before clipping
+    totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
+    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # probe steps: batch gradients
+    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and per-rollout Grams
 
 
 class ProbeCapture(Protocol):
@@ -138,7 +173,68 @@ class GRPOTrainer:
         """Context for the policy's forwards: bf16 autocast when model.autocast=bf16."""
         return policy_autocast(self.device, self.autocast_kind)
 
-    # ---- rollout and reward -------------------------------------------------------------------
+    def step(self, step: int, capture: ProbeCapture | None = None, update: bool = True) -> StepOutput:
+        """One GRPO step in four phases, each a method below, timed by `self.timer` under the
+        phase names of timings.csv (grpo_cli/results/rows.py PHASES):
+
+        1. rollout (`collect`): sample a group per prompt and score it (rollout, reward);
+        2. advantages (`_advantages`): the pre-update log-probs the update needs, then each token's
+           advantage (old_log_prob, advantage);
+        3. update (`_update`): forward, backward and optimizer per micro-batch and pass (forward,
+           backward, optimizer and the probes' hook inside update), then the sampler's copy of
+           the new weights (sync_weights);
+        4. metrics (`_metrics`): the metrics.csv row (the loop's `other`).
+
+        Host reads (device syncs on CUDA; tests/test_trainer_syncs.py counts them): the token
+        counts before the update, one per pass (its logged terms and gradient norm), and one for
+        the metrics row. `capture` (the probes' hook) records gradients before the optimizer step;
+        `update=False` stops there (`grpo probe`: the step's probes at fixed weights, whose weights,
+        optimizer and sampler stay as they were).
+        """
+        # 1. rollout: each prompt's group of completions, scored (dynamic sampling refills groups)
+        with self.autocast():
+            batch, scored, dropped = self.collect(step)
+        # 2. advantages: each token's advantage, with the log-probs the loss compares against
+        targets = self._advantages(batch, scored)
+        # 3. update: the passes over the batch, then the sampler gets the new weights
+        with self.timer.phase("update"):
+            passes = self._update(step, batch, targets, capture, apply=update)
+        if update:
+            with self.timer.phase("sync_weights"):
+                self.backend.sync_weights(self.model)
+        # 4. metrics: the metrics.csv row, in one host read
+        metrics = self._metrics(step, batch, scored, dropped, targets, passes)
+        return StepOutput(batch, targets.advantages, scored, passes.weights, passes.layer_grads,
+                          passes.rollout_grams, metrics)
+
+    # ---- 1. rollout and reward -------------------------------------------------------------------
+    def collect(self, step: int) -> tuple[RolloutBatch, ScoredBatch, int]:
+        """Rollouts for one step; with dynamic sampling, refill dropped zero-variance groups."""
+        algorithm = self.cfg.algorithm
+        batch = self.rollout(step, draw=0)
+        scored = self.score(batch)
+        if not algorithm.dynamic_sampling:
+            return batch, scored, 0
+        wanted = self.cfg.rollout.prompts_per_step
+        kept_batches, dropped = [], 0
+        candidate = batch
+        for draw in range(algorithm.dynamic_sampling_max_draws + 1):
+            if draw > 0:
+                candidate = self.rollout(step, draw)
+            candidate_scored = scored if draw == 0 else self.score(candidate)
+            informative = (~zero_variance_groups(candidate_scored.rewards, candidate.group_size)).nonzero()
+            informative = informative.flatten().tolist()
+            dropped += candidate.num_groups - len(informative)
+            have = sum(b.num_groups for b in kept_batches)
+            if informative:
+                kept_batches.append(select_groups(candidate, informative[: wanted - have]))
+            if sum(b.num_groups for b in kept_batches) >= wanted:
+                break
+        if not kept_batches:  # nothing informative within the cap: train on the last draw (zero grad)
+            kept_batches = [candidate]
+        batch = concat_batches(kept_batches, self.tokenizer.pad_token_id)
+        return batch, self.score(batch), dropped
+
     def sample_problems(self, step: int, draw: int) -> list[int]:
         rng = random.Random(step_seed(self.cfg.seed, step, salt=draw))
         return rng.sample(range(len(self.task.train)), self.cfg.rollout.prompts_per_step)
@@ -185,47 +281,27 @@ class GRPOTrainer:
             )
         return scored
 
-    def collect(self, step: int) -> tuple[RolloutBatch, ScoredBatch, int]:
-        """Rollouts for one step; with dynamic sampling, refill dropped zero-variance groups."""
-        algorithm = self.cfg.algorithm
-        batch = self.rollout(step, draw=0)
-        scored = self.score(batch)
-        if not algorithm.dynamic_sampling:
-            return batch, scored, 0
-        wanted = self.cfg.rollout.prompts_per_step
-        kept_batches, dropped = [], 0
-        candidate = batch
-        for draw in range(algorithm.dynamic_sampling_max_draws + 1):
-            if draw > 0:
-                candidate = self.rollout(step, draw)
-            candidate_scored = scored if draw == 0 else self.score(candidate)
-            informative = (~zero_variance_groups(candidate_scored.rewards, candidate.group_size)).nonzero()
-            informative = informative.flatten().tolist()
-            dropped += candidate.num_groups - len(informative)
-            have = sum(b.num_groups for b in kept_batches)
-            if informative:
-                kept_batches.append(select_groups(candidate, informative[: wanted - have]))
-            if sum(b.num_groups for b in kept_batches) >= wanted:
-                break
-        if not kept_batches:  # nothing informative within the cap: train on the last draw (zero grad)
-            kept_batches = [candidate]
-        batch = concat_batches(kept_batches, self.tokenizer.pad_token_id)
-        return batch, self.score(batch), dropped
-
-    # ---- update -------------------------------------------------------------------------------
-    def micro_batches(self, num_rows: int) -> list[slice]:
-        """Contiguous row ranges: indexing with them is a view (no index tensor, no host read)."""
-        size = max(1, self.cfg.train.micro_batch_size)
-        return [slice(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
-
-    def prompt_keys(self, batch: RolloutBatch) -> list[tuple[int, ...]] | None:
-        """Each row's prompt tokens [N] (rows of a group answer its problem), so the shared
-        prompt forward finds the distinct prompts without reading the batch back (None when the
-        batch does not say which problems it holds)."""
-        if len(batch.problem_indices) != batch.num_groups:
-            return None
-        return [tuple(self.prompt_ids[batch.problem_indices[row // batch.group_size]])
-                for row in range(batch.num_rollouts)]
+    # ---- 2. advantages ---------------------------------------------------------------------------
+    def _advantages(self, batch: RolloutBatch, scored: ScoredBatch) -> Targets:
+        """The pre-update log-probs (sampling policy, reference) and per-token probabilities the
+        estimator and the loss need, then each token's advantage and TIS weight."""
+        algorithm, timer = self.cfg.algorithm, self.timer
+        # With one pass over the batch the ratio is exactly 1 at the update, so the training
+        # forward's own detached log-probs serve as "old" and the extra forward is skipped.
+        single_pass = (
+            algorithm.num_iterations == 1 and self.value_head is None and algorithm.tis_cap <= 0
+        )
+        with timer.phase("old_log_prob"):
+            old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
+            token_probs = self.token_probs(batch)  # otb: each token's pi and sum pi^2
+            ref_logprobs = self.reference_logprobs(batch)  # [N, L] for the KL term, None when off
+        with timer.phase("advantage"):
+            advantages, returns = token_advantages(algorithm, batch, scored, values, token_probs)  # [N, L]
+            mask = batch.completion_mask  # [N, L]
+            tis = torch.ones_like(mask)
+            if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
+                tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
+        return Targets(advantages, returns, tis, old_logprobs, ref_logprobs, single_pass)
 
     def old_logprobs_and_values(self, batch: RolloutBatch):
         """Log-probs of the policy that sampled (and, for ppo, values) before any update."""
@@ -268,6 +344,147 @@ class GRPOTrainer:
                  for rows in self.micro_batches(batch.num_rollouts)]
             )
 
+    # ---- 3. update -------------------------------------------------------------------------------
+    def _update(self, step: int, batch: RolloutBatch, targets: Targets,
+                capture: ProbeCapture | None, apply: bool = True) -> Update:
+        """Forward, backward and optimizer per micro-batch, for each of algorithm.num_iterations
+        passes (`apply=False`: the first pass's forward, backward and probes only, no optimizer). No host read per micro-batch: the logged terms stay tensors until one read per pass
+        (`_read_pass`), which stops the run on a non-finite loss or norm before any update."""
+        algorithm, timer = self.cfg.algorithm, self.timer
+        update = self._plan_update(batch, targets, capture)  # host read: the token counts
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.model.train()
+        for iteration in range(algorithm.num_iterations):
+            first = iteration == 0
+            self.optimizer.zero_grad(set_to_none=True)
+            logged = []  # per micro-batch: LOGGED_TERMS [6]
+            for rows, share in zip(update.micro, update.shares, strict=True):
+                with capture.micro_batch(rows) if update.fused and first else nullcontext():
+                    logged.append(self._micro_batch(batch, rows, share, targets, update, first))
+            with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
+                norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            values, norm = self._read_pass(step, logged, norm_tensor)  # host read, once per pass
+            if first:
+                update.grad_norm = norm
+                update.totals = logged_totals(values, update.shares, update.batch_tokens)
+            if capture is not None:
+                with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
+                    if first:
+                        update.layer_grads, update.rollout_grams = capture.before_update(
+                            batch, targets.advantages, update.weights, update.fused)
+                    if apply:
+                        capture.after_backward()
+            if not apply:  # grpo probe: no optimizer step, no gradient sums
+                break
+            with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
+                max_norm = self.cfg.optim.max_grad_norm
+                max_norm = max_norm if max_norm > 0 else math.inf
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
+                self.optimizer.step()
+        return update
+
+    def _plan_update(self, batch: RolloutBatch, targets: Targets,
+                     capture: ProbeCapture | None) -> Update:
+        """What every pass shares: micro-batches, token counts (one host read), loss weights, and
+        whether the probes take their per-rollout factors from this update's forward and backward."""
+        algorithm = self.cfg.algorithm
+        mask = batch.completion_mask  # [N, L]
+        micro = self.micro_batches(batch.num_rollouts)
+        # one read: the batch's tokens, each micro-batch's, and the completion positions
+        token_counts = torch.stack(
+            [mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()]
+        ).tolist()
+        batch_tokens = float(token_counts[0])
+        constant = algorithm.loss_constant or self.settings.max_new_tokens
+        # probe step: the per-rollout factors from this forward and backward where exact; each
+        # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
+        fused = (
+            capture is not None and capture.training_pass and self.fused_probe_pass(targets.single_pass)
+            and (capture.unshare_prompts or not self.shared_prompt_forward)
+        )
+        return Update(
+            micro=micro,
+            shares=[count / max(batch_tokens, 1.0) for count in token_counts[1:-1]],
+            batch_tokens=batch_tokens,
+            completion_positions=int(token_counts[-1]),
+            constant=constant,
+            weights=aggregation_weights(mask, algorithm.loss_agg, constant, batch_tokens=batch_tokens,
+                                        batch_sequences=batch.num_rollouts),
+            fused=fused,
+            shared_prompt_forward=self.shared_prompt_forward and not fused,
+            prompt_keys=self.prompt_keys(batch),
+            policy_logprobs=torch.zeros_like(mask),
+        )
+
+    def _micro_batch(self, batch: RolloutBatch, rows: slice, share: float, targets: Targets,
+                     update: Update, first: bool) -> torch.Tensor:
+        """One micro-batch's forward, loss terms and backward; its LOGGED_TERMS [6] (no host read)."""
+        algorithm, timer = self.cfg.algorithm, self.timer
+        part = select_rows(batch, rows)
+        part_mask = part.completion_mask  # [n, L]
+        zero = part_mask.new_zeros(())
+        with timer.phase("forward"):  # the policy's forward and the loss terms
+            with self.autocast():
+                logprobs, entropy, hidden = forward_policy(
+                    self.model, part, want_hidden=self.value_head is not None,
+                    shared_prompt_forward=update.shared_prompt_forward, chunk_mb=self.chunk_mb,
+                    prompt_keys=None if update.prompt_keys is None else update.prompt_keys[rows],
+                )  # [n, L] each
+            if first:
+                update.policy_logprobs[rows] = logprobs.detach()
+            old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
+            pg_loss, stats = policy_loss(
+                logprobs, old, targets.advantages[rows] * targets.tis[rows], part_mask,
+                epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
+                agg=algorithm.loss_agg, constant=update.constant,
+                importance_sampling_level=algorithm.importance_sampling_level,
+                batch_tokens=update.batch_tokens, batch_sequences=batch.num_rollouts,
+            )
+            loss, kl_sum, v_loss = pg_loss, zero, zero
+            if targets.ref_logprobs is not None:
+                kl_tokens = kl_k3(logprobs, targets.ref_logprobs[rows], part_mask)  # [n, L]
+                loss = loss + algorithm.kl_coef * (update.weights[rows] * kl_tokens).sum()
+                kl_sum = (kl_tokens * part_mask).sum()
+            if self.value_head is not None:
+                v_loss = value_loss(self.value_head(hidden), targets.returns[rows], part_mask)
+                loss = loss + algorithm.value_coef * v_loss * share
+        with timer.phase("backward"):
+            loss.backward()
+        return torch.stack([
+            loss.detach(), pg_loss.detach(), stats["clip_frac"],
+            (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
+        ]).double()  # exact: .item() would give the same doubles
+
+    def _read_pass(self, step: int, logged: list[torch.Tensor],
+                   norm: torch.Tensor) -> tuple[list[list[float]], float]:
+        """The pass's one host read: each micro-batch's LOGGED_TERMS [micro-batches, 6] and the
+        gradient norm. A non-finite loss or norm stops the run here, before any update."""
+        read = torch.cat([torch.stack(logged).flatten(), norm.double().reshape(1)]).tolist()
+        width = len(LOGGED_TERMS)
+        values = [read[start : start + width] for start in range(0, len(read) - 1, width)]
+        bad = next((row for row in values if not math.isfinite(row[0])), None)
+        if bad is not None:
+            raise NonFiniteLossError(
+                f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); lower optim.lr or check the rewards"
+            )
+        if not math.isfinite(read[-1]):
+            raise NonFiniteLossError(f"step {step}: gradient norm is {read[-1]}")
+        return values, read[-1]
+
+    def micro_batches(self, num_rows: int) -> list[slice]:
+        """Contiguous row ranges: indexing with them is a view (no index tensor, no host read)."""
+        size = max(1, self.cfg.train.micro_batch_size)
+        return [slice(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+    def prompt_keys(self, batch: RolloutBatch) -> list[tuple[int, ...]] | None:
+        """Each row's prompt tokens [N] (rows of a group answer its problem), so the shared
+        prompt forward finds the distinct prompts without reading the batch back (None when the
+        batch does not say which problems it holds)."""
+        if len(batch.problem_indices) != batch.num_groups:
+            return None
+        return [tuple(self.prompt_ids[batch.problem_indices[row // batch.group_size]])
+                for row in range(batch.num_rollouts)]
+
     def fused_probe_pass(self, single_pass: bool) -> bool:
         """Whether a probe may take its per-rollout factors from this update's forward and
         backward: the loss gradient is exactly sum_i -sum_t w_it A_it grad log pi(y_it) (one pass at
@@ -278,170 +495,23 @@ class GRPOTrainer:
             and not checkpointing(self.model)
         )
 
-    def step(self, step: int, capture: ProbeCapture | None = None, update: bool = True) -> StepOutput:
-        """One GRPO step. `capture` (probe steps) records gradients before the optimizer step;
-        `update=False` stops there (`grpo probe`: the step's probes at fixed weights, whose
-        weights, optimizer and sampler stay as they were).
-
-        Phases (`self.timer`): rollout, reward, old_log_prob, advantage, then the update's forward,
-        backward and optimizer, with the rest of the update (micro-batch slicing, logged scalars)
-        under update, and sync_weights (the sampler's copy of the new weights).
-        """
-        algorithm, timer = self.cfg.algorithm, self.timer
-        # ---- rollout and reward (timed inside: rollout, reward) ----
-        with self.autocast():
-            batch, scored, dropped = self.collect(step)
-
-        # ---- old log-probs, advantages ----
+    # ---- 4. metrics ------------------------------------------------------------------------------
+    def _metrics(self, step: int, batch: RolloutBatch, scored: ScoredBatch, dropped: int,
+                 targets: Targets, update: Update) -> dict:
+        """The metrics.csv row: every scalar computed on the device, then one host read."""
         mask = batch.completion_mask  # [N, L]
-        # With one pass over the batch the ratio is exactly 1 at the update, so the training
-        # forward's own detached log-probs serve as "old" and the extra forward is skipped.
-        single_pass = (
-            algorithm.num_iterations == 1 and self.value_head is None and algorithm.tis_cap <= 0
-        )
-        with timer.phase("old_log_prob"):
-            old_logprobs, values = (None, None) if single_pass else self.old_logprobs_and_values(batch)
-            token_probs = self.token_probs(batch)  # otb: each token's pi and sum pi^2
-        with timer.phase("advantage"):
-            advantages, returns = token_advantages(algorithm, batch, scored, values, token_probs)  # [N, L]
-            tis = torch.ones_like(mask)
-            if algorithm.tis_cap > 0:  # truncated importance sampling: sampler -> policy correction
-                tis = (old_logprobs - batch.sampler_logprobs).exp().clamp(max=algorithm.tis_cap) * mask
-        with timer.phase("old_log_prob"):
-            ref_logprobs = self.reference_logprobs(batch)
-
-        # ---- update: forward, backward, optimizer per micro-batch and iteration ----
-        # No host sync per micro-batch: the logged terms stay tensors until one read per pass.
-        timer.start("update")
-        constant = algorithm.loss_constant or self.settings.max_new_tokens
-        micro = self.micro_batches(batch.num_rollouts)
-        in_completion = mask > 0  # [N, L]
-        # one read: the batch's tokens, each micro-batch's, and the completion positions
-        token_counts = torch.stack(
-            [mask.sum()] + [mask[rows].sum() for rows in micro] + [in_completion.sum().float()]
-        ).tolist()
-        batch_tokens = float(token_counts[0])
-        shares = [count / max(batch_tokens, 1.0) for count in token_counts[1:-1]]  # micro-batch token shares
-        completion_positions = int(token_counts[-1])
-        weights = aggregation_weights(
-            mask, algorithm.loss_agg, constant, batch_tokens=batch_tokens,
-            batch_sequences=batch.num_rollouts,
-        )  # [N, L]
-        layer_grads: dict[str, torch.Tensor] = {}
-        rollout_grams: dict[str, torch.Tensor] = {}
-        # probe step: the per-rollout factors from this forward and backward where exact; each
-        # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
-        fused = (
-            capture is not None and capture.training_pass and self.fused_probe_pass(single_pass)
-            and (capture.unshare_prompts or not self.shared_prompt_forward)
-        )
-        shared_prompt_forward = self.shared_prompt_forward and not fused
-        keys = self.prompt_keys(batch)
-        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
-        grad_norm = 0.0
-        self.model.train()
-        policy_logprobs = torch.zeros_like(mask)  # [N, L] first-pass log-probs, for the guard
-        zero = mask.new_zeros(())
-        for iteration in range(algorithm.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            logged = []  # per micro-batch: [loss, pg_loss, clip_frac, entropy sum, kl sum, value loss]
-            for rows, share in zip(micro, shares, strict=True):
-                part = select_rows(batch, rows)
-                part_mask = part.completion_mask
-                hooks = capture.micro_batch(rows) if fused and iteration == 0 else nullcontext()
-                with hooks:
-                    timer.start("forward")  # the policy's forward and the loss terms
-                    with self.autocast():
-                        logprobs, entropy, hidden = forward_policy(
-                            self.model, part, want_hidden=self.value_head is not None,
-                            shared_prompt_forward=shared_prompt_forward, chunk_mb=self.chunk_mb,
-                            prompt_keys=None if keys is None else keys[rows],
-                        )
-                    if iteration == 0:
-                        policy_logprobs[rows] = logprobs.detach()
-                    old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-                    pg_loss, stats = policy_loss(
-                        logprobs, old, advantages[rows] * tis[rows], part_mask,
-                        epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
-                        agg=algorithm.loss_agg, constant=constant,
-                        importance_sampling_level=algorithm.importance_sampling_level,
-                        batch_tokens=batch_tokens, batch_sequences=batch.num_rollouts,
-                    )
-                    loss, kl_sum, v_loss = pg_loss, zero, zero
-                    if ref_logprobs is not None:
-                        kl_tokens = kl_k3(logprobs, ref_logprobs[rows], part_mask)  # [n, L]
-                        kl_term = (weights[rows] * kl_tokens).sum()
-                        loss = loss + algorithm.kl_coef * kl_term
-                        kl_sum = (kl_tokens * part_mask).sum()
-                    if self.value_head is not None:
-                        part_values = self.value_head(hidden)
-                        v_loss = value_loss(part_values, returns[rows], part_mask)
-                        loss = loss + algorithm.value_coef * v_loss * share
-                    timer.stop("forward")
-                    with timer.phase("backward"):
-                        loss.backward()
-                logged.append(torch.stack([
-                    loss.detach(), pg_loss.detach(), stats["clip_frac"],
-                    (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
-                ]).double())  # exact: .item() would give the same doubles
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
-                norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            # one read per pass, the logged terms and the gradient norm: a non-finite loss or
-            # norm stops the run here, before any update
-            read = torch.cat([torch.stack(logged).flatten(), norm_tensor.double().reshape(1)]).tolist()
-            values = [read[start : start + 6] for start in range(0, len(read) - 1, 6)]  # [micro-batches, 6]
-            norm = read[-1]
-            bad = next((row for row in values if not math.isfinite(row[0])), None)
-            if bad is not None:
-                timer.stop("update")
-                raise NonFiniteLossError(
-                    f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); "
-                    "lower optim.lr or check the rewards"
-                )
-            if not math.isfinite(norm):
-                timer.stop("update")
-                raise NonFiniteLossError(f"step {step}: gradient norm is {norm}")
-            if iteration == 0:  # summed in micro-batch order, as the per-micro-batch reads did
-                grad_norm = norm
-                for (loss_v, pg_v, clip_v, entropy_v, kl_v, value_v), share in zip(values, shares, strict=True):
-                    totals["loss"] += loss_v
-                    totals["pg_loss"] += pg_v
-                    totals["clip"] += clip_v * share
-                    totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
-                    totals["kl"] += kl_v / max(batch_tokens, 1.0)
-                    totals["value_loss"] += value_v * share
-            if capture is not None:
-                with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
-                    if iteration == 0:
-                        layer_grads, rollout_grams = capture.before_update(batch, advantages, weights, fused)
-                    if update:
-                        capture.after_backward()
-            if not update:  # grpo probe: no optimizer step, no gradient sums
-                break
-            with timer.phase("optimizer"):  # clipping (by the norm read above) and the optimizer step
-                max_norm = self.cfg.optim.max_grad_norm
-                max_norm = max_norm if max_norm > 0 else math.inf
-                torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
-                self.optimizer.step()
-        timer.stop("update")
-        if update:
-            with timer.phase("sync_weights"):
-                self.backend.sync_weights(self.model)
-
-        # ---- metrics: every logged scalar in one read ----
         lengths = batch.completion_lengths()  # [N]
         # the sampler's and the policy's log-probs on completion tokens, in row-major order
         # (what boolean-mask indexing gives, without sizing the result by reading the mask)
-        positions = torch.nonzero_static(in_completion.flatten(), size=completion_positions)  # [T, 1]
-        logprob_diff = (batch.sampler_logprobs - policy_logprobs).abs().flatten()[positions[:, 0]]  # [T]
-        if not completion_positions:
+        positions = torch.nonzero_static((mask > 0).flatten(), size=update.completion_positions)  # [T, 1]
+        logprob_diff = (batch.sampler_logprobs - update.policy_logprobs).abs().flatten()[positions[:, 0]]  # [T]
+        if not update.completion_positions:
             logprob_diff = mask.new_zeros(1)  # both logged as 0.0
         summary = [
             scored.correct.mean(), scored.rewards.mean(), scored.rewards.std(correction=0),
             zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
             lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
-            credit_uniform_share(advantages, mask),
+            credit_uniform_share(targets.advantages, mask),
             *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
             informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
         ]
@@ -454,7 +524,8 @@ class GRPOTrainer:
             batch.problem_indices,
             [correct[start : start + batch.group_size] for start in range(0, len(correct), batch.group_size)],
         )
-        metrics = metrics_row({
+        totals = update.totals
+        return metrics_row({
             "step": step,
             "reward_mean": reward_mean,
             "reward_std": reward_std,
@@ -468,14 +539,14 @@ class GRPOTrainer:
             ),  # a lower bound when difficulty varies (grpo_cli/train/problem_success.py)
             "loss": totals["loss"],
             "pg_loss": totals["pg_loss"],
-            "kl": totals["kl"] if ref_logprobs is not None else math.nan,
+            "kl": totals["kl"] if targets.ref_logprobs is not None else math.nan,
             "value_loss": totals["value_loss"] if self.value_head is not None else math.nan,
             "entropy": totals["entropy"],
             "clip_frac": totals["clip"],
-            "grad_norm": grad_norm,
+            "grad_norm": update.grad_norm,
             "completion_len_mean": length_mean,
             "completion_len_max": int(length_max),
-            "tokens": int(batch_tokens),
+            "tokens": int(update.batch_tokens),
             "logprob_diff_mean": diff_mean,
             "logprob_diff_max": diff_max,
             "groups_dropped": dropped,
@@ -485,5 +556,19 @@ class GRPOTrainer:
             "groups_mixed": mixed,
             "distinct_completions": distinct,  # mean over informative groups (NaN: none)
         })
-        return StepOutput(batch, advantages, scored, weights, layer_grads, rollout_grams, metrics)
 
+
+def logged_totals(values: list[list[float]], shares: list[float],
+                  batch_tokens: float) -> dict[str, float]:
+    """The first pass's logged terms, from each micro-batch's LOGGED_TERMS: losses summed,
+    clip_frac and value loss weighted by token share, entropy and kl per completion token; summed
+    in micro-batch order, as the per-micro-batch reads did."""
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
+    for (loss_v, pg_v, clip_v, entropy_v, kl_v, value_v), share in zip(values, shares, strict=True):
+        totals["loss"] += loss_v
+        totals["pg_loss"] += pg_v
+        totals["clip"] += clip_v * share
+        totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
+        totals["kl"] += kl_v / max(batch_tokens, 1.0)
+        totals["value_loss"] += value_v * share
+    return totals

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.claims import claims_table
+from grpo_cli.analysis import collapse
+from grpo_cli.analysis.claims import ClaimRules, claims_table
 
 Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
 SUMMARY_COLUMNS = [
@@ -255,6 +256,7 @@ def blocks(result) -> list[Block]:
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
+        *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
         ("h2", "Runs"),
         (
             "p",
@@ -313,6 +315,8 @@ def blocks(result) -> list[Block]:
         ),
         ("table", result.composition.round(3)),
         ("list", composition_sentences(result.composition)),
+        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings,
+                         ClaimRules().rank_matrix, ClaimRules().rank_measure),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:

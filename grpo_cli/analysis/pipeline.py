@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_cli.analysis import collapse, plots, plots_collapse, plots_training, report, style
+from grpo_cli.analysis import (
+    collapse,
+    credit_compare,
+    plots,
+    plots_collapse,
+    plots_training,
+    report,
+    style,
+)
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis.claims import Claim, ClaimRules, judge_claims
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
@@ -95,6 +103,7 @@ class AnalysisResult:
     stages: pd.DataFrame = field(default_factory=pd.DataFrame)  # per variant x R x early/late stage
     stage_readings: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 2 per stage
     collapse_warnings: list[str] = field(default_factory=list)  # rank -> 2 as distinct falls
+    credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -233,6 +242,8 @@ def analyze(
         stages=stages,
         stage_readings=collapse.stage_readings(stages),
         collapse_warnings=collapse.collapse_warnings(stages),
+        credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
+                                                          rule.target),
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

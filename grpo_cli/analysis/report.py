@@ -235,6 +235,25 @@ def claim_blocks(result) -> list[Block]:
     return out
 
 
+def credit_comparison_blocks(table: pd.DataFrame) -> list[Block]:
+    """Claim 4 on every matrix x measure, on the same rows (analysis/credit_compare.py)."""
+    if table.empty:
+        return []
+    return [
+        ("h3", "Claim 4 on claim 2's matrices: outcome rank and slope beside the per-token "
+               "difference"),
+        ("p", "Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
+              "over seeds) and its slope per doubling of R (uncapped R), beside the per-token "
+              "estimator's rank and the difference (per-token minus outcome) on the same matrix. "
+              "Per-group matrices use informative groups only for every estimator, process only "
+              "problems with at least two checked steps; batch matrices are also read per "
+              "non-zero row (ppo's critic gives zero-variance groups non-zero rows). ppo and "
+              "process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` compares "
+              "credit on the very same rollouts."),
+        ("table", table),
+    ]
+
+
 def data_problem_blocks(runs) -> list[Block]:
     """A "Data problems" section: runs whose files contradict themselves (left out of all)."""
     lines = [f"{run.name}: {problem}" for run in runs for problem in run.contradictions]
@@ -257,6 +276,7 @@ def blocks(result) -> list[Block]:
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
         *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *credit_comparison_blocks(result.credit_comparison),
         ("h2", "Runs"),
         (
             "p",

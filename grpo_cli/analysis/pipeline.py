@@ -17,6 +17,7 @@ import pandas as pd
 from grpo_cli.analysis import (
     collapse,
     credit_compare,
+    matching,
     plots,
     plots_collapse,
     plots_training,
@@ -104,6 +105,8 @@ class AnalysisResult:
     stage_readings: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 2 per stage
     collapse_warnings: list[str] = field(default_factory=list)  # rank -> 2 as distinct falls
     credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
+    matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
+    matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -213,6 +216,8 @@ def analyze(
     collapse_frame = collapse.collapse_frame(analysed, ranks, claim_rules.rank_matrix,
                                              claim_rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
+    matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
+                                                                progress_bins, rule.target)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -244,6 +249,8 @@ def analyze(
         collapse_warnings=collapse.collapse_warnings(stages),
         credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
                                                           rule.target),
+        matching_coverage=matching_coverage,
+        matching_bins=matching_bins,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import collapse
+from grpo_cli.analysis import collapse, matching
 from grpo_cli.analysis.claims import ClaimRules, claims_table
 
 Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
@@ -319,6 +319,7 @@ def blocks(result) -> list[Block]:
         ),
         ("table", matched_table(result.matched)),
         ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
+        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),
         ("h2", "rollout_group vs the composition prediction"),

@@ -22,6 +22,7 @@ from grpo_cli.analysis import (
     plots_collapse,
     plots_training,
     report,
+    same_checkpoint,
     style,
 )
 from grpo_cli.analysis import composition as comp
@@ -107,6 +108,7 @@ class AnalysisResult:
     credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
     matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
     matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
+    same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -251,6 +253,8 @@ def analyze(
                                                           rule.target),
         matching_coverage=matching_coverage,
         matching_bins=matching_bins,
+        same_checkpoint=same_checkpoint.checkpoint_table(
+            analysed, ranks, claim_rules.rank_matrix, claim_rules.rank_measure, rule.target),
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import collapse, matching
+from grpo_cli.analysis import collapse, matching, same_checkpoint
 from grpo_cli.analysis.claims import ClaimRules, claims_table
 
 Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
@@ -277,6 +277,8 @@ def blocks(result) -> list[Block]:
         *claim_blocks(result),
         *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
         *credit_comparison_blocks(result.credit_comparison),
+        *same_checkpoint.blocks(result.same_checkpoint, ClaimRules().rank_matrix,
+                                ClaimRules().rank_measure),
         ("h2", "Runs"),
         (
             "p",

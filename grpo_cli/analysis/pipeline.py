@@ -24,6 +24,7 @@ from grpo_cli.analysis import (
     report,
     same_checkpoint,
     style,
+    token_weights,
 )
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis.claims import Claim, ClaimRules, judge_claims
@@ -109,6 +110,7 @@ class AnalysisResult:
     matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
     matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
     same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
+    token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -255,6 +257,7 @@ def analyze(
         matching_bins=matching_bins,
         same_checkpoint=same_checkpoint.checkpoint_table(
             analysed, ranks, claim_rules.rank_matrix, claim_rules.rank_measure, rule.target),
+        token_weights=token_weights.token_weight_table(analysed),
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

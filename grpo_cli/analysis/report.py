@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import collapse, matching, same_checkpoint
+from grpo_cli.analysis import collapse, matching, same_checkpoint, token_weights
 from grpo_cli.analysis.claims import ClaimRules, claims_table
 
 Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
@@ -275,6 +275,7 @@ def blocks(result) -> list[Block]:
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
+        *token_weights.blocks(result.token_weights),
         *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
         *credit_comparison_blocks(result.credit_comparison),
         *same_checkpoint.blocks(result.same_checkpoint, ClaimRules().rank_matrix,

@@ -21,6 +21,7 @@ def test_overlapping_ranges_are_matched_where_they_overlap():
     data = frame({4: [1.0, 2.0], 8: [2.0, 3.0]}, {4: [2.0, 2.2], 8: [2.5, 2.7]})
     coverage = matching.coverage_table(data, "distinct_completions", bins=2).set_index("group_size")
     assert set(coverage["matching"]) == {"possible"}
+    assert coverage["in common bins"].to_dict() == {4: 0.5, 8: 1.0}
     assert coverage.loc[4, "matched mean"] == pytest.approx(2.2)  # bin 1 only
     assert coverage.loc[8, "matched mean"] == pytest.approx(2.6)
     assert coverage.loc[4, "all-steps mean"] == pytest.approx(2.1)
@@ -41,8 +42,12 @@ def test_disjoint_ranges_say_no_matching_is_possible():
 def test_identical_ranges_say_the_matched_mean_is_a_reweighted_average():
     data = frame({4: [0.1, 0.5, 0.9], 8: [0.1, 0.5, 0.9]}, {4: [2.0, 2.0, 2.3], 8: [3.0, 2.0, 2.0]})
     coverage = matching.coverage_table(data, "reward", bins=3)
-    assert set(coverage["matching"]) == {"not needed"}
+    assert set(coverage["matching"]) == {"reweights only"}
     sentence = matching.sentences(coverage)[0]
+    assert sentence.startswith("training reward (rolling mean of reward_mean): no matching is possible")
     assert "reweighted whole-run average" in sentence and "R=8: 2.33 matched vs 2.33" in sentence
+    # one R's step outside the common range: 2 of 3 steps in common bins, below 90%
+    shifted = frame({4: [0.1, 0.5, 0.9], 8: [0.5, 0.9, 1.3]}, {4: [2.0] * 3, 8: [3.0] * 3})
+    assert set(matching.coverage_table(shifted, "reward", bins=3)["matching"]) == {"possible"}
     per_bin = matching.per_bin_table(data, "reward", bins=3)
     assert per_bin["slope / doubling"].tolist() == pytest.approx([1.0, 0.0, -0.3])

@@ -8,9 +8,9 @@ the CPU preset every R reaches all 8 training-reward bins). So, per candidate va
 (held-out accuracy when eval.csv has it, the training reward, and distinct completions per
 informative group, the group-composition variable that R itself bounds):
 
-- `coverage_table`: per variant and R, the variable's range on probe steps and the equal-width
-  bins it reaches, and whether any matching is possible (two R values sharing a bin) and needed
-  (the R values' bins differ);
+- `coverage_table`: per variant and R, the variable's range on probe steps, the equal-width
+  bins it reaches and the share of its probe steps in bins every R reaches: matching is not
+  possible without a common bin, and only reweights when every R lies almost wholly in them;
 - `per_bin_table`: within each bin that two or more judged R values reach, the rank per R and its
   slope per doubling of R: "does the rank depend on R at equal progress?", read per bin instead
   of averaged over bins;
@@ -26,6 +26,7 @@ from grpo_cli.analysis.collapse import judged_group_sizes, slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.tables import progress_at
 
+COMMON_SHARE = 0.9  # "reweights only": every R has >= 90% of its probe steps in common bins
 VARIABLES = {  # name -> what it is, in words
     "accuracy": "held-out accuracy (eval.csv, interpolated between evals)",
     "reward": "training reward (rolling mean of reward_mean)",
@@ -58,29 +59,36 @@ def _bins(progress: pd.Series, bins: int) -> tuple[np.ndarray, np.ndarray]:
     return edges, index
 
 
-def coverage_table(frame: pd.DataFrame, variable: str, bins: int) -> pd.DataFrame:
-    """Per variant and R: the variable's range on probe steps and the bins reached, with
-    `matching`: "not possible" (no bin shared by two R values), "not needed" (every R reaches
-    the same bins: a matched mean is a reweighted whole-run average) or "possible"."""
+def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
+                   common_share: float = COMMON_SHARE) -> pd.DataFrame:
+    """Per variant and R: the variable's range on probe steps, the bins reached, the share of
+    the R's probe steps in bins that every R reaches (`in common bins`), the mean rank over those
+    bins (`matched mean`, each bin weighted equally) beside the mean over all probe steps, and
+    `matching`: "not possible" (no bin every R reaches), "reweights only" (every R has at least
+    `common_share` of its probe steps in common bins: the R values cover the same progress, so
+    the matched mean is a reweighted whole-run average) or "possible"."""
     rows = []
     for variant, part in frame.groupby("variant", sort=True):
         edges, index = _bins(part["progress"], bins)
         part = part.assign(bin=index)
         reached = {int(r): set(p["bin"]) for r, p in part.groupby("group_size")}
-        shared = {b for b in range(bins) if sum(b in s for s in reached.values()) >= 2}
-        if len(reached) < 2 or not shared:
+        common = set.intersection(*reached.values()) if reached else set()
+        shares = {int(r): float(p["bin"].isin(common).mean()) for r, p in part.groupby("group_size")}
+        if len(reached) < 2 or not common:
             matching = "not possible"
-        elif all(s == next(iter(reached.values())) for s in reached.values()):
-            matching = "not needed"
+        elif min(shares.values()) >= common_share:
+            matching = "reweights only"
         else:
             matching = "possible"
         for size, p in part.groupby("group_size"):
+            in_common = p[p["bin"].isin(common)]
             rows.append({
                 "variable": variable, "variant": variant, "group_size": int(size),
                 "min": float(p["progress"].min()), "max": float(p["progress"].max()),
-                "bins reached": len(reached[int(size)]), "bins": bins, "matching": matching,
-                "matched mean": float(p.groupby("bin")["rank"].mean().loc[sorted(
-                    b for b in reached[int(size)] if b in shared)].mean()) if shared else np.nan,
+                "bins reached": len(reached[int(size)]), "bins": bins,
+                "in common bins": shares[int(size)], "matching": matching,
+                "matched mean": float(in_common.groupby("bin")["rank"].mean().mean())
+                if len(in_common) else np.nan,
                 "all-steps mean": float(p["rank"].mean()),
             })
     return pd.DataFrame(rows)
@@ -121,17 +129,17 @@ def sentences(coverage: pd.DataFrame) -> list[str]:
             + (f"{r['matched mean']:.2f} matched" if np.isfinite(r["matched mean"]) else "no shared bin")
             + f" vs {r['all-steps mean']:.2f} over all probe steps"
             for r in part.to_dict("records"))
+        reached = ", ".join(f"R={r['group_size']} {r['min']:.2f}-{r['max']:.2f} "
+                            f"({r['in common bins']:.0%} of its probe steps in common bins)"
+                            for r in part.to_dict("records"))
         if matching == "not possible":
-            out.append(f"{what}: no matching is possible, no bin is reached by two R values.")
-        elif matching == "not needed":
+            out.append(f"{what}: no matching is possible, no bin is reached by every R ({reached}).")
+        elif matching == "reweights only":
             out.append(
-                f"{what}: every R reaches the same {part['bins reached'].iloc[0]} of "
-                f"{part['bins'].iloc[0]} bins, so this variable does not separate the R values "
-                f"and a mean over matched bins is a reweighted whole-run average ({means}); "
-                "read the per-bin slopes instead.")
+                f"{what}: no matching is possible on this variable, because it does not separate "
+                f"the R values: every R covers the same range ({reached}), so a mean over common "
+                f"bins is a reweighted whole-run average ({means}). Read the per-bin slopes below.")
         else:
-            reached = ", ".join(f"R={r.group_size} {r.min:.2f}-{r.max:.2f}"
-                                for r in part.itertuples(index=False))
             out.append(f"{what}: the R values reach different ranges ({reached}), so matching "
                        f"compares them where they overlap ({means}).")
     return out

@@ -29,18 +29,8 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import DISTINCT_FALL, RANK_BAND, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.tables import metric_table
-
-# TODO(merge w29): these come from analysis/rules.py once it is on this branch
-RANK_TARGET = 2.0
-RANK_BAND = 0.5
-DISTINCT_FALL = 0.1  # collapse warning: distinct completions fall by >= 10% early -> late
-
-
-def judged_group_sizes(group_sizes, target: float = RANK_TARGET) -> list[int]:
-    sizes = sorted({int(r) for r in group_sizes})
-    uncapped = [r for r in sizes if r > target]
-    return uncapped if len(uncapped) >= 2 else sizes
 
 STAGES = ("early", "late")  # first and second half of a run's probe steps
 COLLAPSE_METRICS = ("distinct_completions", "entropy")

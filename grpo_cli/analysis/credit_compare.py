@@ -28,15 +28,15 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS, credit_kind
-from grpo_cli.analysis.collapse import judged_group_sizes, slope_per_doubling
+from grpo_cli.analysis.collapse import slope_per_doubling
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import MIN_CHECKED_STEPS, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.summary import last_part_means, rank_summary
 from grpo_cli.analysis.tables import LAYER_MEAN, META, run_meta
 
 PER_GROUP = ("rollout_group", "score_group")
 WHOLE = ("rollout_batch", "group_batch")
 PER_ROW = " per non-zero row"  # suffix of the measure read per non-zero row
-MIN_CHECKED_STEPS = 2  # process: problems with fewer checked steps give uniform credit anyway
 READINGS = {  # which reading of the paper a matrix covers
     "rollout_group": "per group: the R x P matrix of the zero-sum argument",
     "score_group": "per group, unweighted score rows (control: no advantages)",
@@ -102,7 +102,7 @@ def _family(estimator: str | None) -> str | None:
 
 
 def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
-                     target: float = 2.0) -> pd.DataFrame:
+                     target: float = RANK_TARGET) -> pd.DataFrame:
     """One row per matrix x measure x outcome variant x per-token variant: the reading, the
     outcome rank per R and its slope per doubling (judged R), the per-token rank per R, and the
     difference per R and on average (empty without both kinds of estimator)."""

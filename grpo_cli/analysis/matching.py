@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.collapse import judged_group_sizes, slope_per_doubling
+from grpo_cli.analysis.collapse import slope_per_doubling
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import MATCH_COMMON_SHARE, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.tables import progress_at
 
-COMMON_SHARE = 0.9  # "reweights only": every R has >= 90% of its probe steps in common bins
 VARIABLES = {  # name -> what it is, in words
     "accuracy": "held-out accuracy (eval.csv, interpolated between evals)",
     "reward": "training reward (rolling mean of reward_mean)",
@@ -60,7 +60,7 @@ def _bins(progress: pd.Series, bins: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
-                   common_share: float = COMMON_SHARE) -> pd.DataFrame:
+                   common_share: float = MATCH_COMMON_SHARE) -> pd.DataFrame:
     """Per variant and R: the variable's range on probe steps, the bins reached, the share of
     the R's probe steps in bins that every R reaches (`in common bins`), the mean rank over those
     bins (`matched mean`, each bin weighted equally) beside the mean over all probe steps, and
@@ -94,7 +94,7 @@ def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
     return pd.DataFrame(rows)
 
 
-def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, target: float = 2.0) -> pd.DataFrame:
+def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, target: float = RANK_TARGET) -> pd.DataFrame:
     """Per variant and bin shared by two or more judged R values: the bin's range, the rank per
     R (per run first, then over seeds) and its slope per doubling of R."""
     rows = []
@@ -146,7 +146,7 @@ def sentences(coverage: pd.DataFrame) -> list[str]:
 
 
 def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int,
-                    target: float = 2.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    target: float = RANK_TARGET) -> tuple[pd.DataFrame, pd.DataFrame]:
     """coverage_table and per_bin_table over every variable with data (held-out accuracy only
     when some run has eval.csv rows); `frame`: collapse.collapse_frame."""
     coverage, per_bin = [], []

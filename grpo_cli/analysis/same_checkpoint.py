@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.collapse import judged_group_sizes, slope_per_doubling
+from grpo_cli.analysis.collapse import slope_per_doubling
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import RANK_TARGET, judged_group_sizes
 
 PROBE_TRAINER = "grpo-probe"
 
@@ -32,7 +33,7 @@ def probe_source(run: Run) -> str:
 
 
 def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_group",
-                     measure: str = "erank_entropy", target: float = 2.0) -> pd.DataFrame:
+                     measure: str = "erank_entropy", target: float = RANK_TARGET) -> pd.DataFrame:
     """One row per probed source x variant x checkpoint step: the rank per R (mean over seeds of
     the step's value), the judged R values, the slope per doubling and the largest |rank -
     target| over them. Empty without `grpo probe` runs. `ranks`: tables.rank_table."""

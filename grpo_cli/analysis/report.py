@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.claims import claims_table
+from grpo_cli.analysis import collapse, matching, same_checkpoint, token_weights
+from grpo_cli.analysis.claims import ClaimRules, claims_table
 
 Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
 SUMMARY_COLUMNS = [
@@ -234,6 +235,25 @@ def claim_blocks(result) -> list[Block]:
     return out
 
 
+def credit_comparison_blocks(table: pd.DataFrame) -> list[Block]:
+    """Claim 4 on every matrix x measure, on the same rows (analysis/credit_compare.py)."""
+    if table.empty:
+        return []
+    return [
+        ("h3", "Claim 4 on claim 2's matrices: outcome rank and slope beside the per-token "
+               "difference"),
+        ("p", "Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
+              "over seeds) and its slope per doubling of R (uncapped R), beside the per-token "
+              "estimator's rank and the difference (per-token minus outcome) on the same matrix. "
+              "Per-group matrices use informative groups only for every estimator, process only "
+              "problems with at least two checked steps; batch matrices are also read per "
+              "non-zero row (ppo's critic gives zero-variance groups non-zero rows). ppo and "
+              "process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` compares "
+              "credit on the very same rollouts."),
+        ("table", table),
+    ]
+
+
 def data_problem_blocks(runs) -> list[Block]:
     """A "Data problems" section: runs whose files contradict themselves (left out of all)."""
     lines = [f"{run.name}: {problem}" for run in runs for problem in run.contradictions]
@@ -255,6 +275,11 @@ def blocks(result) -> list[Block]:
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
+        *token_weights.blocks(result.token_weights),
+        *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *credit_comparison_blocks(result.credit_comparison),
+        *same_checkpoint.blocks(result.same_checkpoint, ClaimRules().rank_matrix,
+                                ClaimRules().rank_measure),
         ("h2", "Runs"),
         (
             "p",
@@ -297,6 +322,7 @@ def blocks(result) -> list[Block]:
         ),
         ("table", matched_table(result.matched)),
         ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
+        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),
         ("h2", "rollout_group vs the composition prediction"),
@@ -313,6 +339,8 @@ def blocks(result) -> list[Block]:
         ),
         ("table", result.composition.round(3)),
         ("list", composition_sentences(result.composition)),
+        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings,
+                         ClaimRules().rank_matrix, ClaimRules().rank_measure),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:

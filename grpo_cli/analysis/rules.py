@@ -1,0 +1,214 @@
+"""Every verdict rule of `grpo analyze` and every threshold it uses, in one place.
+
+A judged number comes with an interval (analysis/bootstrap.py); its verdict is three-way:
+- supported: the whole interval lies inside the rule's region,
+- contradicted: the whole interval lies outside it,
+- inconclusive: the interval straddles a boundary of the region.
+A part with no data for an interval is "not judged" (and says why); a claim with no run its rule
+can use is "not measured". None of the thresholds below is in the paper: they are this tool's
+reading of "~2", "independent of R" and "well above 2", printed with every verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
+MIXED = "mixed"  # a claim whose parts are supported and contradicted
+NOT_JUDGED, NOT_MEASURED = "not judged", "not measured"
+CONTRAST = "contrast"  # shown beside a claim, not judged (claim 1's per-token estimators)
+VERDICT_WORDS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, MIXED, NOT_JUDGED, NOT_MEASURED)
+
+CONFIDENCE = 0.9  # two-sided level of every interval (`grpo analyze --confidence`)
+RANK_TARGET = 2.0  # claim 2: the claimed effective rank
+RANK_BAND = 0.5  # claim 2 (level): each judged R's rank within RANK_TARGET +- RANK_BAND
+GROWTH_TOLERANCE = 0.25  # claim 2b: |slope| of rank vs log2(R), rank units per doubling of R
+CREDIT_TOLERANCE = 1e-9  # claim 1: credit_uniform_frac >= 1 - CREDIT_TOLERANCE at every step
+MARGIN = 0.5  # claim 4: "well above": per-token rank >= outcome + MARGIN and >= target + MARGIN
+LAST_FRACTION = 0.25  # part of each run's probe steps averaged (steps >= (1 - f) * last step)
+RESAMPLES = 1000  # bootstrap resamples per judged number
+BOOTSTRAP_SEED = 0  # the bootstrap's RNG seed: `grpo analyze` is deterministic
+HAMED_RAO_MIN_POINTS = 10  # claim 3: autocorrelation is estimated (and corrected) from 10 points
+MAX_SEEDS_ADVICE = 1000  # "about N seeds would settle it" is not computed beyond this
+
+
+def capped_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:
+    """Group sizes whose per-group rank cannot exceed `target`: a group matrix has R rows, so
+    for R <= target its rank is forced (an informative R=2 group has rank <= 2, entropy rank in
+    [1, 2]) and says nothing about whether the rank grows with R."""
+    return sorted(int(r) for r in set(group_sizes) if r <= target)
+
+
+def judged_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:
+    """The R values claim 2 is judged on: the uncapped ones when at least two exist, else all."""
+    sizes = sorted({int(r) for r in group_sizes})
+    capped = set(capped_group_sizes(sizes, target))
+    uncapped = [r for r in sizes if r not in capped]
+    return uncapped if len(uncapped) >= 2 else sizes
+
+
+def three_way(low: float, high: float, region_low: float, region_high: float) -> str:
+    """supported / contradicted / inconclusive for the interval [low, high] against a region."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return INCONCLUSIVE
+    if region_low <= low and high <= region_high:
+        return SUPPORTED
+    if high < region_low or low > region_high:
+        return CONTRADICTED
+    return INCONCLUSIVE
+
+
+def combine(parts: Iterable[str]) -> str:
+    """A claim's verdict from its parts': supported when every judged part is, contradicted
+    when some are and none is supported, mixed when some are supported and others
+    contradicted, inconclusive otherwise; not judged when no part could be judged."""
+    judged = [v for v in parts if v in (SUPPORTED, CONTRADICTED, INCONCLUSIVE)]
+    if not judged:
+        return NOT_JUDGED
+    if all(v == SUPPORTED for v in judged):
+        return SUPPORTED
+    if CONTRADICTED in judged:
+        return MIXED if SUPPORTED in judged else CONTRADICTED
+    return INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The thresholds of the four claims' rules (defaults above); `grpo analyze` options set
+    some of them and every rule text is written from them."""
+
+    confidence: float = CONFIDENCE  # two-sided level of every interval
+    target: float = RANK_TARGET  # claim 2: the claimed rank
+    band: float = RANK_BAND  # claim 2c: |rank - target| allowed at each judged R
+    growth_tolerance: float = GROWTH_TOLERANCE  # claim 2b: |slope| per doubling of R allowed
+    credit_tolerance: float = CREDIT_TOLERANCE  # claim 1
+    margin: float = MARGIN  # claim 4
+    last_fraction: float = LAST_FRACTION  # part of each run's probe steps averaged
+    resamples: int = RESAMPLES  # bootstrap resamples
+    seed: int = BOOTSTRAP_SEED  # bootstrap RNG seed
+    rank_matrix: str = "rollout_group"  # claim 2's headline matrix ...
+    rank_measure: str = "erank_entropy"  # ... and measure (also claim 4's measure)
+    falsifier_matrix: str = "rollout_batch"  # claim 4's matrix (not capped at R rows)
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1), not {self.confidence}")
+        if not 0 < self.last_fraction <= 1:
+            raise ValueError(f"last_fraction must be in (0, 1], not {self.last_fraction}")
+        if self.resamples < 100:
+            raise ValueError(f"resamples must be at least 100, not {self.resamples}")
+
+    @property
+    def trend_level(self) -> float:
+        """Claim 3's one-sided test level: (1 - confidence) / 2, so that its verdict agrees with
+        a two-sided interval at `confidence` (0.05 at the default 0.9)."""
+        return (1 - self.confidence) / 2
+
+    # ---- claim 2 -----------------------------------------------------------------------------
+    def slope_zero(self, low: float, high: float) -> str:
+        """2a, the literal claim "rank does not depend on R" (slope = 0). No interval fits
+        inside a point, so supported needs 0 inside an interval no wider than the tolerance;
+        contradicted when the interval excludes 0."""
+        if math.isfinite(low) and math.isfinite(high) and (low > 0 or high < 0):
+            return CONTRADICTED
+        return three_way(low, high, -self.growth_tolerance, self.growth_tolerance)
+
+    def growth_small(self, low: float, high: float) -> str:
+        """2b: is the growth small, |slope| <= growth_tolerance per doubling of R?"""
+        return three_way(low, high, -self.growth_tolerance, self.growth_tolerance)
+
+    def level(self, intervals: Iterable[tuple[float, float]]) -> str:
+        """2c: is every judged R's rank within target +- band? Contradicted if any R's whole
+        interval is outside, supported if every R's whole interval is inside."""
+        parts = [three_way(lo, hi, self.target - self.band, self.target + self.band)
+                 for lo, hi in intervals]
+        if not parts:
+            return NOT_JUDGED
+        if CONTRADICTED in parts:
+            return CONTRADICTED
+        return SUPPORTED if all(p == SUPPORTED for p in parts) else INCONCLUSIVE
+
+    # ---- claim 4 -----------------------------------------------------------------------------
+    def well_above(self, difference: tuple[float, float], per_token: tuple[float, float]) -> str:
+        """Claim 4 on one pair at one R: per-token minus outcome >= margin and per-token rank
+        >= target + margin (intervals of both)."""
+        a = three_way(*difference, self.margin, math.inf)
+        b = three_way(*per_token, self.target + self.margin, math.inf)
+        if CONTRADICTED in (a, b):
+            return CONTRADICTED
+        return SUPPORTED if a == b == SUPPORTED else INCONCLUSIVE
+
+    # ---- the rules in words ------------------------------------------------------------------
+    def interval_text(self) -> str:
+        return (
+            f"Intervals are {self.confidence:.0%} hierarchical bootstrap intervals "
+            f"({self.resamples} resamples, seed {self.seed}): seeds are resampled, then probe "
+            "steps within a seed, then groups within a step where per-group values exist; the "
+            "percentile interval is widened by sqrt(n/(n-1)) t_(n-1)/z for n seeds, because "
+            "with 2-4 seeds a plain percentile bootstrap is too narrow (one seed: no interval). "
+            "Supported: the whole interval lies inside the rule's region; contradicted: the whole "
+            "interval lies outside; inconclusive: it straddles a boundary. The flip probability "
+            "is the share of (widened) resamples whose reading differs from the estimate's."
+        )
+
+    def rank_text(self) -> str:
+        """Claim 2's rule (the `grpo analyze` verdict rule for every matrix x measure)."""
+        target, band, tol = f"{self.target:g}", f"{self.band:g}", f"{self.growth_tolerance:g}"
+        return (
+            f"Per run, the mean over its last {self.last_fraction:.0%} of probe steps; per R, "
+            f"the mean over seeds. R <= {target} is capped (a group of R rows has rank <= R), so "
+            "the rule is judged on the uncapped R values when at least two exist. "
+            "2a (the literal claim, rank independent of R): the least-squares slope of rank "
+            "against log2(R); contradicted when its interval excludes 0, supported when the "
+            f"interval contains 0 and lies within +-{tol}. 2b (is the growth small?): supported "
+            f"when the slope's interval lies within +-{tol} rank units per doubling of R, "
+            f"contradicted when it lies outside. 2c (~{target}): supported when every judged R's "
+            f"interval lies within {target} +- {band}, contradicted when one lies outside. "
+            "One R: 2a and 2b are not judged. " + self.interval_text()
+        )
+
+    def text(self, claim: int) -> str:
+        """Claim `claim`'s rule in words, from the thresholds above."""
+        target = f"{self.target:g}"
+        if claim == 1:
+            return (
+                "Per estimator, credit_uniform_frac (metrics.csv: the fraction of rollouts whose "
+                "completion tokens all got the same advantage) at every step of every run. "
+                "For outcome estimators this is true by construction (one scalar advantage is "
+                "broadcast over the tokens): it checks the wiring, not the paper. Supported iff "
+                f">= 1 - {self.credit_tolerance:g} at every step, contradicted otherwise; ppo "
+                "and process (per-token credit) are shown for contrast, not judged."
+            )
+        if claim == 2:
+            return (
+                f"{self.rank_matrix} / {self.rank_measure} (the group's R x P gradient that the "
+                "paper's zero-sum argument is about), for every grpo, dr_grpo or rloo variant. "
+                + self.rank_text()
+            )
+        if claim == 3:
+            return (
+                "Per variant, R and measure (grad_sparsity, grad_hoyer on probe steps; steps "
+                "with a zero gradient left out), a Mann-Kendall test of S = sum over seeds of "
+                "sum_{i<j} sign(x_j - x_i): exact null distribution of S (the seeds' Kendall "
+                "distributions convolved, no ties assumed, which is conservative) when every "
+                f"series has fewer than {HAMED_RAO_MIN_POINTS} points, else the normal "
+                "approximation with Hamed-Rao's autocorrelation correction of Var(S). Supported "
+                f"iff growth is significant at the one-sided {self.trend_level:.1%} level "
+                "((1 - confidence) / 2), contradicted iff decline is, inconclusive otherwise "
+                "(never 'fails' for want of significance). Sen's slope (median of within-seed "
+                "pairwise slopes, per 100 steps) gives the trend's size with an interval. "
+                "Beside it, the reading 'the fraction of zero-advantage groups grows' "
+                "(zero_variance_frac over every step), judged the same way."
+            )
+        return (
+            f"{self.falsifier_matrix} / {self.rank_measure} at matched training reward: per R, "
+            "the rank is averaged within training-reward bins (first within a run, then over "
+            "seeds), then over the bins that both the outcome variant (grpo, dr_grpo, rloo) and "
+            "the per-token variant (ppo, process) reach. Supported iff the intervals of "
+            f"per-token minus outcome and of the per-token rank lie above {self.margin:g} and "
+            f"{target} + {self.margin:g}; contradicted iff either lies below. "
+            f"{self.falsifier_matrix} is used because a group matrix has only R rows, so at "
+            f"R = 2 no estimator can raise its rank above 2. " + self.interval_text()
+        )

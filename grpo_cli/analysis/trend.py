@@ -1,0 +1,140 @@
+"""Claim 3's trend test: Mann-Kendall pooled over seeds, exact for short series, Hamed-Rao's
+autocorrelation correction for long ones, and Sen's slope with an interval (pure numpy).
+
+S = sum over series of sum_{i<j} sign(x_j - x_i). Under "no trend" (every ordering of a series
+equally likely, no ties) a series of n points has S = n(n-1)/2 - 2 I with I its number of
+inversions, whose distribution is the Mahonian one (the convolution of uniforms on 0..k-1,
+k = 1..n); the pooled S is the seeds' I distributions convolved. Ties make |S| smaller, so the
+tie-free null is conservative. With 3-8 probe steps the normal approximation's true level is far
+below its nominal one (0-1.6% for a nominal 2.5%), hence the exact null. From
+HAMED_RAO_MIN_POINTS points a series' lag-k autocorrelations can be estimated: the normal
+approximation is used with Var(S) multiplied by Hamed & Rao's (1998) factor
+1 + 2 / (n(n-1)(n-2)) sum_k (n-k)(n-k-1)(n-k-2) rho_k, rho_k the significant autocorrelations
+of the ranks of the Sen-detrended series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+from grpo_cli.analysis.rules import HAMED_RAO_MIN_POINTS
+
+NORMAL = NormalDist()
+
+
+@lru_cache(maxsize=256)
+def inversion_distribution(lengths: tuple[int, ...]) -> np.ndarray:
+    """P(I = i), i = 0..sum n(n-1)/2, of the pooled inversion count of series of `lengths`."""
+    dist = np.ones(1)
+    for n in lengths:
+        for k in range(2, n + 1):  # convolve with the uniform distribution on 0..k-1
+            dist = np.convolve(dist, np.full(k, 1.0 / k))
+    return dist
+
+
+def _sign_sum(x: np.ndarray) -> float:
+    diff = x[None, :] - x[:, None]  # [n, n]: x_j - x_i
+    return float(np.sign(diff[np.triu_indices(len(x), k=1)]).sum())
+
+
+def _kendall_var(n: int) -> float:
+    return n * (n - 1) * (2 * n + 5) / 18
+
+
+def _pair_slopes(times: np.ndarray, x: np.ndarray) -> np.ndarray:
+    i, j = np.triu_indices(len(x), k=1)
+    dt = times[j] - times[i]
+    keep = dt != 0
+    return (x[j] - x[i])[keep] / dt[keep]
+
+
+def hamed_rao_factor(times: np.ndarray, x: np.ndarray, level: float = 0.05) -> float:
+    """Hamed-Rao variance factor n/n* of one series (1 when it has too few points)."""
+    n = len(x)
+    if n < HAMED_RAO_MIN_POINTS:
+        return 1.0
+    slopes = _pair_slopes(times, x)
+    detrended = x - (np.median(slopes) if slopes.size else 0.0) * times
+    ranks = np.argsort(np.argsort(detrended)).astype(float)
+    ranks -= ranks.mean()
+    denom = float(ranks @ ranks)
+    if denom == 0:
+        return 1.0
+    bound = NORMAL.inv_cdf(1 - level / 2) / math.sqrt(n)
+    total = 0.0
+    for k in range(1, n - 2):
+        rho = float(ranks[:-k] @ ranks[k:]) / denom
+        if abs(rho) > bound:
+            total += (n - k) * (n - k - 1) * (n - k - 2) * rho
+    return 1 + 2 * total / (n * (n - 1) * (n - 2))
+
+
+def lag1_autocorrelation(x: np.ndarray) -> float:
+    if len(x) < 3:
+        return math.nan
+    centred = x - x.mean()
+    denom = float(centred @ centred)
+    return float(centred[:-1] @ centred[1:]) / denom if denom else math.nan
+
+
+def mann_kendall(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float) -> dict:
+    """The pooled test on independent series [(steps, values), ...], each ordered in time.
+
+    Returns S, n_points, p_up (P(S >= observed) under no trend: growth), p_down (decline),
+    min_p (p_up of strictly increasing series of the same lengths: the most the data could
+    show), z (normal, continuity-corrected, after any Hamed-Rao factor), method, the mean lag-1
+    autocorrelation, and Sen's slope (per step) with its interval at two-sided 1 - 2 level.
+    """
+    series = [(np.asarray(t, float), np.asarray(x, float)) for t, x in series if len(x) >= 2]
+    out = {"S": 0.0, "n_points": int(sum(len(x) for _, x in series)), "p_up": math.nan,
+           "p_down": math.nan, "min_p": math.nan, "z": math.nan, "method": "-",
+           "lag1": math.nan, "factor": 1.0, "sen": math.nan, "sen_low": math.nan,
+           "sen_high": math.nan}
+    if not series:
+        return out
+    lengths = tuple(sorted(len(x) for _, x in series))
+    s = sum(_sign_sum(x) for _, x in series)
+    factors = [hamed_rao_factor(t, x) for t, x in series]
+    var = sum(_kendall_var(len(x)) * f for (_, x), f in zip(series, factors, strict=True))
+    pairs = sum(n * (n - 1) // 2 for n in lengths)
+    sd = math.sqrt(max(var, 1e-12))
+    out |= {"S": s, "factor": float(np.mean(factors)),
+            "z": (s - math.copysign(1.0, s)) / sd if s else 0.0,
+            "lag1": float(np.nanmean([lag1_autocorrelation(x) for _, x in series] or [math.nan]))
+            if any(len(x) >= 3 for _, x in series) else math.nan}
+    if max(lengths) < HAMED_RAO_MIN_POINTS:
+        dist = inversion_distribution(lengths)
+        cdf = np.cumsum(dist)
+        # S >= s  <=>  I <= (pairs - s) / 2;  S <= s  <=>  I >= (pairs - s) / 2
+        up = math.floor((pairs - s) / 2 + 1e-9)
+        down = math.ceil((pairs - s) / 2 - 1e-9)
+        out["p_up"] = float(cdf[up]) if up >= 0 else 0.0
+        out["p_down"] = float(1 - cdf[down - 1]) if down >= 1 else 1.0
+        out["min_p"] = float(dist[0])
+        out["method"] = "exact"
+        # the smallest c with P(S >= c) <= level sets Sen's interval (Gilbert 1987)
+        tail = np.cumsum(dist)  # P(I <= i) = P(S >= pairs - 2i)
+        ok = np.nonzero(tail <= level)[0]
+        critical = pairs - 2 * ok[-1] if ok.size else math.inf
+    else:
+        out["p_up"] = 1 - NORMAL.cdf((s - 1) / sd)
+        out["p_down"] = NORMAL.cdf((s + 1) / sd)
+        out["min_p"] = 1 - NORMAL.cdf((pairs - 1) / sd)
+        out["method"] = "normal, Hamed-Rao"
+        critical = NORMAL.inv_cdf(1 - level) * sd
+    slopes = np.sort(np.concatenate([_pair_slopes(t, x) for t, x in series]))
+    if slopes.size:
+        out["sen"] = float(np.median(slopes))
+        if math.isfinite(critical):
+            lo = int(math.floor((slopes.size - critical) / 2))
+            hi = int(math.ceil((slopes.size + critical) / 2))
+            out["sen_low"] = float(slopes[lo - 1]) if lo >= 1 else -math.inf
+            out["sen_high"] = float(slopes[hi]) if hi < slopes.size else math.inf
+        else:
+            out["sen_low"], out["sen_high"] = -math.inf, math.inf
+    return out

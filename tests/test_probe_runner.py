@@ -66,6 +66,34 @@ def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
     assert torch.allclose(derived, direct, rtol=1e-6, atol=1e-9 * direct.abs().max())
 
 
+def test_zero_variance_groups_are_left_out_of_the_separate_pass(tmp_path):
+    """Group 0 (rewards 1, 1) has zero advantages: its rows do not run, K_adv is zero there and
+    its score block is NaN (read by no matrix); group 1's blocks equal a pass over every row."""
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        grams = suite._grams(0, batch, output.loss_weights, output.advantages, model)
+        every = per_rollout_grams(
+            model, batch.input_ids, batch.attention_mask, {"k": output.loss_weights},
+            suite.gram_params,
+        )["k"].gram
+    finally:
+        handle.remove()
+    assert seen == [2, 4]  # the probe ran group 1's two rows; the reference all four
+    assert float(grams["advantage"][:2].abs().max()) == 0.0
+    assert float(grams["advantage"][2:, 2:].abs().max()) > 0
+    assert bool(grams["score_blocks"][0].isnan().all())
+    assert torch.allclose(grams["score_blocks"][1], every[2:, 2:], rtol=1e-6, atol=1e-12)
+    nothing = step_output(batch, torch.tensor([1.0, 1.0, 0.0, 0.0]))  # no informative group
+    empty = suite._grams(0, batch, nothing.loss_weights, nothing.advantages, model)
+    assert len(seen) == 2 and float(empty["advantage"].abs().max()) == 0.0
+
+
 def test_per_rollout_advantage_detects_token_level_credit():
     mask = torch.tensor([[0.0, 1, 1], [0, 1, 0]])
     assert per_rollout_advantage(torch.tensor([[0.0, 2, 2], [0, -1, 0]]), mask).tolist() == [2, -1]

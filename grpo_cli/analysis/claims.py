@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS, credit_kind
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.summary import Rule, verdict_rows
 from grpo_cli.analysis.tables import metric_table, progress_edges, with_x
@@ -119,8 +118,13 @@ def _estimators(runs: list[Run]) -> dict[str, str | None]:
     return {run.variant: run.config.get(ESTIMATOR_KEY) for run in runs}
 
 
+def _facts(runs: list[Run]) -> dict[str, dict]:
+    """variant label -> its runs' estimator facts (run.json's estimator_facts; Run.estimator_facts)."""
+    return {run.variant: run.estimator_facts for run in runs}
+
+
 def _zero_sum_variants(runs: list[Run]) -> list[str]:
-    return sorted(v for v, e in _estimators(runs).items() if e in GROUP_ZERO_SUM_ESTIMATORS)
+    return sorted(v for v, f in _facts(runs).items() if f["zero_sum_group"])
 
 
 def _label(variant: str, estimator: str | None) -> str:
@@ -131,10 +135,11 @@ def _label(variant: str, estimator: str | None) -> str:
 def credit_claim(runs: list[Run], rules: ClaimRules) -> Claim:
     table = metric_table(runs, ["credit_uniform_frac"])
     estimators = _estimators(runs)
+    facts = _facts(runs)
     rows = []
     for variant, estimator in sorted(estimators.items()):
         values = table.loc[table["variant"] == variant, "value"]
-        kind = credit_kind(estimator)
+        kind = facts[variant]["credit"]
         if values.empty:
             verdict = UNDETERMINED
         elif kind == "outcome":
@@ -289,8 +294,8 @@ def falsifier_claim(
 ) -> Claim:
     """`ranks`: tables.rank_table; compared within `progress_bins` training-reward bins."""
     estimators = _estimators(runs)
-    outcome = [v for v, e in estimators.items() if e in GROUP_ZERO_SUM_ESTIMATORS]
-    per_token = [v for v, e in estimators.items() if credit_kind(e) == "per_token"]
+    outcome = _zero_sum_variants(runs)
+    per_token = [v for v, f in _facts(runs).items() if f["credit"] == "per_token"]
     if not outcome or not per_token:
         return Claim(
             4,

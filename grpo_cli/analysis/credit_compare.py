@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS, credit_kind
 from grpo_cli.analysis.collapse import slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rules import MIN_CHECKED_STEPS, RANK_TARGET, judged_group_sizes
@@ -66,7 +65,7 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
         if ranks.empty or "matrix" not in ranks:
             continue
         have = [m for m in measures if m in ranks]
-        estimator = run.config.get("algorithm.name")
+        estimator = run.estimator_facts["name"]
         numeric = ranks.assign(**{c: pd.to_numeric(ranks[c], errors="coerce")
                                   for c in [*have, "n_nonzero_rows"] if c in ranks})
         for matrix in (*PER_GROUP, *WHOLE, "layer"):
@@ -95,10 +94,12 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[columns]
 
 
-def _family(estimator: str | None) -> str | None:
-    if estimator in GROUP_ZERO_SUM_ESTIMATORS:
+def _family(facts: dict) -> str | None:
+    """"outcome" for zero-sum outcome estimators (grpo, dr_grpo, rloo), the estimator's name for
+    per-token ones (each its own row), None for the rest (run.json estimator_facts)."""
+    if facts["zero_sum_group"] and facts["credit"] == "outcome":
         return "outcome"
-    return estimator if credit_kind(estimator) == "per_token" else None
+    return facts["name"] if facts["credit"] == "per_token" else None
 
 
 def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
@@ -106,9 +107,10 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     """One row per matrix x measure x outcome variant x per-token variant: the reading, the
     outcome rank per R and its slope per doubling (judged R), the per-token rank per R, and the
     difference per R and on average (empty without both kinds of estimator)."""
-    estimators = {run.variant: run.config.get("algorithm.name") for run in runs}
-    outcome = sorted(v for v, e in estimators.items() if _family(e) == "outcome")
-    per_token = sorted(v for v, e in estimators.items() if _family(e) not in (None, "outcome"))
+    facts = {run.variant: run.estimator_facts for run in runs}
+    estimators = {variant: f["name"] for variant, f in facts.items()}
+    outcome = sorted(v for v, f in facts.items() if _family(f) == "outcome")
+    per_token = sorted(v for v, f in facts.items() if _family(f) not in (None, "outcome"))
     summary = rank_summary(last_part_means(same_rows_table(runs, measures), last_fraction))
     if summary.empty or not outcome or not per_token:
         return pd.DataFrame()

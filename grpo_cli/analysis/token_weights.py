@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.algorithm.kinds import credit_kind
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.tables import metric_table
 
@@ -28,14 +27,14 @@ UNIFORM, NOT_UNIFORM, NOT_RECORDED = "uniform", "not uniform", "not recorded"
 def token_weight_table(runs: list[Run]) -> pd.DataFrame:
     """variant, estimator, credit, runs, steps, mean and min uniform fraction, the share of
     steps with a non-uniform rollout, and the reading (module docstring)."""
-    estimators = {run.variant: run.config.get("algorithm.name") for run in runs}
+    facts = {run.variant: run.estimator_facts for run in runs}
     table = metric_table(runs, [COLUMN])
     rows = []
-    for variant, estimator in sorted(estimators.items(), key=lambda item: str(item[0])):
+    for variant, fact in sorted(facts.items(), key=lambda item: str(item[0])):
         values = table.loc[table["variant"] == variant, "value"]
         rows.append({
-            "variant": variant or str(estimator), "estimator": estimator,
-            "credit": credit_kind(estimator),
+            "variant": variant or str(fact["name"]), "estimator": fact["name"],
+            "credit": fact["credit"],
             "runs": table.loc[table["variant"] == variant, "run_id"].nunique(),
             "steps": len(values),
             "mean uniform frac": values.mean() if len(values) else np.nan,

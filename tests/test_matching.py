@@ -28,7 +28,16 @@ def test_overlapping_ranges_are_matched_where_they_overlap():
     per_bin = matching.per_bin_table(data, "distinct_completions", bins=2)
     assert per_bin["bin"].tolist() == ["2-3"]
     assert per_bin["slope / doubling"].iloc[0] == pytest.approx(0.4)  # 2.2 -> 2.6 in one doubling
-    assert "overlap" in matching.sentences(coverage.reset_index())[0]
+    assert "moves by at most 0.10 from its all-steps mean" in matching.sentences(coverage.reset_index())[0]
+
+
+def test_capped_r_does_not_decide_the_common_bins():
+    # R=2 sits at 2 distinct completions, outside the range R=4 and R=8 share
+    data = frame({2: [1.0, 1.0], 4: [3.0, 4.0], 8: [3.0, 4.0]},
+                 {2: [1.5, 1.5], 4: [2.0, 2.2], 8: [2.5, 2.7]})
+    coverage = matching.coverage_table(data, "distinct_completions", bins=3).set_index("group_size")
+    assert set(coverage["matching"]) == {"reweights only"}
+    assert coverage.loc[2, "in common bins"] == 0.0
 
 
 def test_disjoint_ranges_say_no_matching_is_possible():

@@ -66,17 +66,19 @@ def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
     bins (`matched mean`, each bin weighted equally) beside the mean over all probe steps, and
     `matching`: "not possible" (no bin every R reaches), "reweights only" (every R has at least
     `common_share` of its probe steps in common bins: the R values cover the same progress, so
-    the matched mean is a reweighted whole-run average) or "possible"."""
+    the matched mean is a reweighted whole-run average) or "possible". Common bins are those
+    every judged (uncapped) R reaches (rules.judged_group_sizes)."""
     rows = []
     for variant, part in frame.groupby("variant", sort=True):
         edges, index = _bins(part["progress"], bins)
         part = part.assign(bin=index)
         reached = {int(r): set(p["bin"]) for r, p in part.groupby("group_size")}
-        common = set.intersection(*reached.values()) if reached else set()
+        judged = judged_group_sizes(reached)  # capped R (R=2: 2 distinct at most) do not decide
+        common = set.intersection(*(reached[r] for r in judged)) if judged else set()
         shares = {int(r): float(p["bin"].isin(common).mean()) for r, p in part.groupby("group_size")}
-        if len(reached) < 2 or not common:
+        if len(judged) < 2 or not common:
             matching = "not possible"
-        elif min(shares.values()) >= common_share:
+        elif min(shares[r] for r in judged) >= common_share:
             matching = "reweights only"
         else:
             matching = "possible"
@@ -133,15 +135,18 @@ def sentences(coverage: pd.DataFrame) -> list[str]:
                             f"({r['in common bins']:.0%} of its probe steps in common bins)"
                             for r in part.to_dict("records"))
         if matching == "not possible":
-            out.append(f"{what}: no matching is possible, no bin is reached by every R ({reached}).")
+            out.append(f"{what}: no matching is possible, no bin is reached by every judged R "
+                       f"({reached}).")
         elif matching == "reweights only":
             out.append(
                 f"{what}: no matching is possible on this variable, because it does not separate "
                 f"the R values: every R covers the same range ({reached}), so a mean over common "
                 f"bins is a reweighted whole-run average ({means}). Read the per-bin slopes below.")
         else:
-            out.append(f"{what}: the R values reach different ranges ({reached}), so matching "
-                       f"compares them where they overlap ({means}).")
+            gap = (part["matched mean"] - part["all-steps mean"]).abs().max()
+            out.append(f"{what}: the judged R values share part of their range ({reached}); over "
+                       f"the common bins the rank moves by at most {gap:.2f} from its all-steps "
+                       f"mean ({means}).")
     return out
 
 

@@ -14,7 +14,7 @@ from grpo_cli.analysis.load import load_runs
 STEPS = (0, 5, 10, 15)
 # (group, minority, problem_steps, erank_entropy) per-group rows of rollout_group
 GROUPS = {
-    "grpo": [("g0", 1, 3, 2.0), ("g1", 2, 3, 2.4)],  # informative groups only, as the probe writes
+    "grpo": [("g0", 1, 1, 2.0), ("g1", 2, 3, 2.4)],  # informative groups only, as the probe writes
     "ppo": [("g0", 1, 3, 2.5), ("g1", 2, 3, 2.9), ("g2", 0, 3, 4.0)],  # g2: equal rewards
     "process": [("g0", 1, 1, 2.0), ("g1", 1, 3, 3.0)],  # g0: a one-step problem
 }
@@ -54,10 +54,12 @@ def runs(tmp_path):
 def test_same_rows_leave_out_zero_variance_groups_and_one_step_problems(runs):
     table = credit_compare.same_rows_table(runs, ["erank_entropy"])
     group = table[(table["matrix"] == "rollout_group") & (table["group_size"] == 4)]
-    means = group.groupby("variant")["value"].mean()
-    assert means["grpo"] == pytest.approx(2.2)
-    assert means["ppo"] == pytest.approx(2.7)  # not (2.5 + 2.9 + 4.0) / 3: g2's rewards are equal
-    assert means["process"] == pytest.approx(3.0)  # g0's problem has one checked step
+    informative = group[group["stat"] == "informative groups"].groupby("variant")["value"].mean()
+    assert informative["grpo"] == pytest.approx(2.2)
+    assert informative["ppo"] == pytest.approx(2.7)  # not (2.5 + 2.9 + 4.0) / 3: g2's rewards are equal
+    multi_step = group[group["stat"] == "multi-step problems"].groupby("variant")["value"].mean()
+    assert multi_step["process"] == pytest.approx(3.0)  # g0's problem has one checked step
+    assert multi_step["grpo"] == pytest.approx(2.4)  # ... and so has grpo's g0
     batch = table[(table["matrix"] == "rollout_batch") & (table["group_size"] == 4)]
     per_row = batch[batch["measure"] == "erank_entropy per non-zero row"].groupby("variant")["value"].mean()
     assert per_row.to_dict() == pytest.approx({"grpo": 0.5, "ppo": 0.375, "process": 7 / 12})
@@ -71,7 +73,10 @@ def test_comparison_puts_outcome_rank_slope_and_difference_on_each_matrix(runs):
     assert group["outcome slope"] == pytest.approx(0.1)  # +0.1 from R=4 to R=8, one doubling
     assert group["difference"] == "R=4: +0.50, R=8: +0.50"
     assert group["reading"].startswith("per group")
-    assert rows[("rollout_group", "erank_entropy", "process")]["mean difference"] == pytest.approx(0.8)
+    # process against grpo on the same kind of groups: multi-step problems on both sides
+    process = rows[("rollout_group", "erank_entropy", "process")]
+    assert process["mean difference"] == pytest.approx(0.6)
+    assert process["reading"].endswith("multi-step problems")
     # on the batch matrix ppo reads +3 (R=4) and +6 (R=8) from its extra rows, but per
     # non-zero row it is lower: (9/24 - 6/12) * R/4
     batch = rows[("rollout_batch", "erank_entropy", "ppo")]

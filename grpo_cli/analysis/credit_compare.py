@@ -9,8 +9,9 @@ same footing:
 
 - `rollout_group`, `score_group`: the per-group rows (ranks.csv group g<b>) of informative groups
   only (minority >= 1: the rewards differ), for every estimator, so outcome and per-token
-  estimators are read on the same kind of group; `process` only on problems with at least two
-  checked steps (ranks.csv `problem_steps` >= 2: one-step problems give uniform credit anyway).
+  estimators are read on the same kind of group; `process` against the outcome estimators on
+  problems with at least two checked steps only, on both sides (ranks.csv `problem_steps` >= 2:
+  one-step problems give uniform credit anyway).
 - `rollout_batch`, `group_batch`: the whole matrix, and its rank per non-zero row (rank /
   `n_nonzero_rows`), which does not grow just because more rows are non-zero.
 - `layer`: the mean over layers (the layer stable rank, the one measure that reads "~2 whatever R").
@@ -45,19 +46,26 @@ READINGS = {  # which reading of the paper a matrix covers
 }
 
 
-def _informative_groups(rows: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
-    """Per-group rows of groups whose rewards differ; process: problems with >= 2 checked steps."""
+INFORMATIVE, MULTI_STEP, WHOLE_MATRIX = "informative groups", "multi-step problems", "all"
+
+
+def _group_selections(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per-group rows of groups whose rewards differ (`INFORMATIVE`), and of those the groups
+    whose problem has at least MIN_CHECKED_STEPS checked steps (`MULTI_STEP`, where process's
+    credit can differ from uniform; absent without `problem_steps`)."""
     if "minority" in rows:
         rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
-    if estimator == "process" and "problem_steps" in rows:
-        rows = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= MIN_CHECKED_STEPS]
-    return rows
+    out = {INFORMATIVE: rows}
+    if "problem_steps" in rows:
+        out[MULTI_STEP] = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= MIN_CHECKED_STEPS]
+    return out
 
 
 def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     """Long table (META + step, matrix, layer, stat, measure, value) of every run's ranks read
-    on the same rows for every estimator (module docstring); `<measure> per non-zero row` for
-    the whole-batch matrices."""
+    on the same rows for every estimator (module docstring): per-group matrices with `stat`
+    INFORMATIVE and MULTI_STEP, whole matrices with `stat` "all" and `<measure> per non-zero
+    row` beside each measure."""
     columns = [*META, "step", "matrix", "layer", "stat", "measure", "value"]
     parts = []
     for run in runs:
@@ -65,14 +73,14 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
         if ranks.empty or "matrix" not in ranks:
             continue
         have = [m for m in measures if m in ranks]
-        estimator = run.estimator_facts["name"]
         numeric = ranks.assign(**{c: pd.to_numeric(ranks[c], errors="coerce")
                                   for c in [*have, "n_nonzero_rows"] if c in ranks})
         for matrix in (*PER_GROUP, *WHOLE, "layer"):
             rows = numeric[numeric["matrix"] == matrix]
             if matrix in PER_GROUP:
-                rows = _informative_groups(rows[rows["group"].str.startswith("g")], estimator)
-                wide = rows.groupby("step", as_index=False)[have].mean()
+                selections = {stat: picked.groupby("step", as_index=False)[have].mean()
+                              for stat, picked in _group_selections(
+                                  rows[rows["group"].str.startswith("g")]).items()}
             elif matrix in WHOLE:
                 rows = rows[rows["group"].isin(["all", ""])]
                 wide = rows[["step", *have]].copy()
@@ -80,15 +88,17 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
                     nonzero = rows["n_nonzero_rows"].where(rows["n_nonzero_rows"] > 0)
                     for m in have:
                         wide[m + PER_ROW] = rows[m] / nonzero
+                selections = {WHOLE_MATRIX: wide}
             else:
                 rows = rows[rows["group"].isin(["all", ""])]
-                wide = rows.groupby("step", as_index=False)[have].mean()
-            if wide.empty:
-                continue
-            long = wide.melt(id_vars="step", var_name="measure").dropna(subset=["value"])
-            long = long[long["value"] != 0]  # a zero matrix has no rank (tables.py)
+                selections = {WHOLE_MATRIX: rows.groupby("step", as_index=False)[have].mean()}
             layer = LAYER_MEAN if matrix == "layer" else ""
-            parts.append(long.assign(matrix=matrix, layer=layer, stat="same rows", **run_meta(run)))
+            for stat, wide in selections.items():
+                if wide.empty:
+                    continue
+                long = wide.melt(id_vars="step", var_name="measure").dropna(subset=["value"])
+                long = long[long["value"] != 0]  # a zero matrix has no rank (tables.py)
+                parts.append(long.assign(matrix=matrix, layer=layer, stat=stat, **run_meta(run)))
     if not parts:
         return pd.DataFrame(columns=columns)
     return pd.concat(parts, ignore_index=True)[columns]
@@ -115,21 +125,27 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     if summary.empty or not outcome or not per_token:
         return pd.DataFrame()
     means = {key: dict(zip(part["group_size"].astype(int), part["mean"], strict=True))
-             for key, part in summary.groupby(["variant", "matrix", "measure"], sort=False)}
+             for key, part in summary.groupby(["variant", "matrix", "stat", "measure"], sort=False)}
     rows = []
-    for (variant, matrix, measure), base in means.items():
+    for (variant, matrix, stat, measure), base in means.items():
         if variant not in outcome:
             continue
         judged = judged_group_sizes(base, target)
         slope = slope_per_doubling(judged, [base[r] for r in judged])
         for other in per_token:
-            theirs = means.get((other, matrix, measure), {})
+            # process against the outcome estimator on multi-step problems, the rest on
+            # informative groups (per-group matrices); whole matrices as they are
+            wanted = MULTI_STEP if facts[other]["name"] == "process" else INFORMATIVE
+            if stat not in (wanted, WHOLE_MATRIX):
+                continue
+            theirs = means.get((other, matrix, stat, measure), {})
             common = sorted(set(base) & set(theirs))
             difference = {r: theirs[r] - base[r] for r in common}
             rows.append({
                 "matrix": matrix, "measure": measure,
                 "reading": READINGS.get(matrix, matrix)
-                + (" (rank / non-zero rows)" if measure.endswith(PER_ROW) else ""),
+                + (" (rank / non-zero rows)" if measure.endswith(PER_ROW) else "")
+                + (f"; {stat}" if stat != WHOLE_MATRIX else ""),
                 "outcome": variant or estimators[variant], "per-token": other or estimators[other],
                 "outcome rank": _per_r(base), "outcome slope": slope,
                 "per-token rank": _per_r(theirs),

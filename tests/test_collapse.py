@@ -96,3 +96,5 @@ def test_analyze_warns_in_the_summary_and_draws_the_figure(runs, tmp_path):
     assert "WARNING: Mode collapse (R=8)" in summary
     assert "claim 2 per stage" in summary
     assert result.figures["collapse"].is_file()
+    stages = pd.read_csv(result.files["stages_csv"])
+    assert len(stages) == 3 * 2 and set(stages["stage"]) == {"early", "late"}

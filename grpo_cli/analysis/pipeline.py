@@ -324,3 +324,13 @@ def _write(result: AnalysisResult) -> None:
         "summary_md": out / "summary.md",
         "report": out / "report.html",
     }
+    # issue 30's readings as data beside the summary (written only when there is something)
+    for name, table in (
+        ("stages", result.stages), ("stage_readings", result.stage_readings),
+        ("credit_comparison", result.credit_comparison), ("matching", result.matching_coverage),
+        ("matching_bins", result.matching_bins), ("same_checkpoint", result.same_checkpoint),
+        ("token_weights", result.token_weights),
+    ):
+        if not table.empty:
+            table.to_csv(out / f"{name}.csv", index=False)
+            result.files[f"{name}_csv"] = out / f"{name}.csv"

@@ -301,6 +301,25 @@ def test_ddp_row_weights_add_up_to_the_global_batchs():
     assert not torch.allclose(stacked, weights(mask, "bnpo", 1))  # not m / 7
 
 
+def test_vllm_importance_ratio_reweighs_each_token():
+    """TRL multiplies each token's loss by vLLM's importance ratio (a constant): the row weights
+    are w_it rho_it, per token or, in sequence modes, per row ([N, 1])."""
+    from grpo_cli.integrations.trl_batch import trl_rows
+
+    mask = torch.tensor([[1.0, 1, 0], [1, 1, 1]])
+    output = {"prompt_ids": torch.zeros(2, 1, dtype=torch.long), "prompt_mask": torch.ones(2, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(2, 3, dtype=torch.long), "completion_mask": mask.long(),
+              "advantages": torch.tensor([1.0, -1.0]), "num_items_in_batch": mask.sum()}
+    plain = trl_rows(output, "dapo", 3)["weights"]
+    assert torch.allclose(plain, mask / 5)
+    ratio = torch.tensor([[0.5, 2.0, 1.0], [1.0, 0.0, 3.0]])  # 0: a token_mask mode dropped it
+    assert torch.allclose(trl_rows({**output, "importance_sampling_ratio": ratio}, "dapo", 3)["weights"],
+                          mask / 5 * ratio)
+    per_row = torch.tensor([[2.0], [0.25]])  # sequence_truncate / sequence_mask
+    assert torch.allclose(trl_rows({**output, "importance_sampling_ratio": per_row}, "grpo", 3)["weights"],
+                          trl_rows(output, "grpo", 3)["weights"] * per_row)
+
+
 def test_parameter_share_gives_each_parameter_to_one_process():
     params = {name: torch.nn.Parameter(torch.zeros(size)) for name, size in
               (("a", 10), ("b", 6), ("c", 5), ("d", 1))}

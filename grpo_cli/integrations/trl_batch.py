@@ -4,9 +4,9 @@ not imported here.
 
 TRL (trl/trainer/grpo_trainer.py, `_compute_loss`) minimises agg(-min(r A, clip(r) A) m) over
 the tokens of the optimizer step's N rollouts, r = exp(logp - logp_old) the token ratio and m
-the loss mask. When TRL computes no old log-probs (one pass per generation, generation aligned
-with the optimizer step, no vLLM importance correction), logp_old = logp.detach(): r = 1, the
-clip is inactive, and the gradient of rollout i's share of the loss is
+the loss mask. With one pass per generation and generation aligned with the optimizer step,
+logp_old = logp.detach() (TRL computes none, or, under vLLM's correction, computes it at the same
+weights): r = 1, the clip is inactive, and the gradient of rollout i's share of the loss is
 
     g_i = -A_i sum_t w_it grad log pi(y_it | prefix),
 
@@ -24,9 +24,16 @@ rows (dapo: num_items_in_batch counts every process's tokens, and TRL divides it
 averages the gradients, so a row's weight is its process's w_it / P: for grpo, dr_grpo and dapo
 that is the single-process weight over all N rows; for bnpo it is a token mean per process.
 
+With vLLM generation and `vllm_importance_sampling_correction=True` (TRL's default), TRL computes
+logp_old with the training model before the step (so r = 1 still) and multiplies each token's
+loss by rho_it = exp(logp_old - logp_vllm), truncated or masked by `vllm_importance_sampling_mode`
+(a constant, no gradient); the row is then -A_i sum_t w_it rho_it grad log pi, and w_it above is
+replaced by w_it rho_it: the probes record the corrected gradient, the one TRL's loss
+differentiates.
+
 That is grpo-cli's per-rollout row "advantage x loss token weights" (docs/results.md), so the
 probes need only the batch, w and A. Settings that change the gradient otherwise (a KL term, a
-ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
+PPO ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
 are refused by `unsupported_settings`, each with the setting's name.
 """
 
@@ -65,8 +72,6 @@ def unsupported_settings(args, trainer=None) -> list[str]:
             f"steps_per_generation={per_generation} != gradient_accumulation_steps={accumulation}: "
             "one generation must be exactly one optimizer step's batch"
         )
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
-        problems.append("use_vllm with vllm_importance_sampling_correction=True: the loss is reweighted by a sampler ratio")
     if getattr(args, "importance_sampling_level", "token") != "token":
         problems.append(f"importance_sampling_level={args.importance_sampling_level!r}: only 'token' is verified")
     if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
@@ -111,7 +116,8 @@ ROW_FIELDS = {
     "loss_mask": (0, False),  # [N, Lc] float, tokens the loss counts (tool tokens masked)
     "sampler_logprobs": (0, False),  # [N, Lc] float, vLLM's / generate's log-probs (0: none)
     "advantages": (0, False),  # [N, Lc] A_i on every completion column
-    "weights": (0, False),  # [N, Lc] w_it: share of the optimizer step's (all-process) gradient
+    "weights": (0, False),  # [N, Lc] w_it: share of the optimizer step's (all-process) gradient,
+    # times vLLM's importance-sampling ratio where TRL applies one
 }
 
 
@@ -140,6 +146,9 @@ def trl_rows(
         advantages = advantages.unsqueeze(1).expand(-1, completion_ids.shape[1])
     weights = loss_weights(loss_type, loss_mask, max_completion_length, output.get("num_items_in_batch"),
                            processes) / processes
+    ratio = output.get("importance_sampling_ratio")  # [N, Lc] or [N, 1]: vLLM's correction, or None
+    if ratio is not None:  # TRL multiplies each token's loss by it (a constant: no gradient)
+        weights = weights * ratio.float()
     return {
         "prompt_ids": output["prompt_ids"], "prompt_mask": output["prompt_mask"],
         "completion_ids": completion_ids, "completion_mask": completion_mask,

@@ -57,7 +57,7 @@ def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
-    derived = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    derived = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
     direct = per_rollout_grams(
         model, batch.input_ids, batch.attention_mask,
         {"k": -(output.loss_weights * output.advantages)}, suite.gram_params,
@@ -142,7 +142,7 @@ def test_row_chunked_probe_matches_one_pass(tmp_path):
                              gram_row_chunk=row_chunk)
         suite = ProbeSuite(cfg, model, tmp_path / "w0.pt")
         # per-token advantages: two coefficient sets (advantage and score) through the chunks
-        grams[row_chunk] = suite._grams(0, batch, output.loss_weights, token_level, model)
+        grams[row_chunk] = suite.rollout_grams(0, batch, output.loss_weights, token_level, model)
         spectra[row_chunk] = suite.record(0, output, model).spectra
     assert set(grams[3]) == {"advantage", "score_blocks"}
     for key, whole in grams[0].items():
@@ -169,8 +169,8 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner_module, "per_rollout_grams", recording)
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
-    first = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
-    second = suite._grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
+    first = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    second = suite.rollout_grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
     assert checks == [True, False]
     torch.testing.assert_close(second, first, rtol=1e-12, atol=0)  # skipping it changes nothing
 
@@ -185,7 +185,7 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
     checks.clear()
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w1.pt")
     for step in range(2):
-        suite._grams(step, batch, output.loss_weights, output.advantages, model)
+        suite.rollout_grams(step, batch, output.loss_weights, output.advantages, model)
     assert checks == [True, True]
 
 
@@ -202,7 +202,7 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     # rows g_i = -a_i s_i with a = (c, -c): coherence (K11 + K22 - 2 K12) / (2 (K11 + K22)) of
     # the score Gram K, and the closed form at a zero-sum pair: (1 - cos) / 2
     output = step_output(batch, rewards)
-    score = suite._grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
+    score = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
     k11, k22, k12 = float(score[0, 0]), float(score[1, 1]), float(score[0, 1])
     assert g0["coherence"] == pytest.approx((k11 + k22 - 2 * k12) / (2 * (k11 + k22)), rel=1e-6)
     assert g0["score_cosine"] == pytest.approx(k12 / math.sqrt(k11 * k22), rel=1e-6)

@@ -15,23 +15,30 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_cli.analysis import composition as comp
-from grpo_cli.analysis import plots, plots_training, report, style
-from grpo_cli.analysis.claims import Claim, ClaimRules, judge_claims
+from grpo_cli.analysis import plots, plots_claims, plots_training, report, style
+from grpo_cli.analysis import rules as rules_module
+from grpo_cli.analysis.claims import (
+    Claim,
+    falsifier_variants,
+    judge_claims,
+    zero_sum_variants,
+)
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
+from grpo_cli.analysis.rank_verdict import matched_readings, rank_verdicts
+from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.summary import (
-    Rule,
+    SUMMARY_KEYS,
     accuracy_summary,
     last_part_means,
-    matched_verdicts,
     rank_summary,
-    verdicts,
 )
 from grpo_cli.analysis.tables import (
     ALIGNS,
     X_LABELS,
     X_NOTES,
     event_table,
+    group_table,
     measures_present,
     metric_table,
     progress_edges,
@@ -40,12 +47,20 @@ from grpo_cli.analysis.tables import (
 )
 
 FIGURES = {
+    "claim2": "Claim 2: the headline rank against R with its bootstrap intervals (bars), the "
+    "band around 2 (grey), the cap rank <= R (dotted; hatched: R <= 2, forced) and the slope "
+    "fitted over the judged R values.",
+    "claim3": "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction "
+    "(every step) over training, mean over seeds with a min-max band.",
+    "claim4": "Claim 4: outcome vs per-token estimators' rank on the falsifier matrix against R "
+    "(last part of training, with intervals); the verdict compares them at matched reward.",
     "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
     "end of training (or --steps), one colour per R, one line style per step.",
     "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
     "triangles = training-health alarms (events.csv).",
-    "rank_vs_R": "Effective rank (mean over the last part of training) against R; dashed line at 2, "
-    "grey band = tolerance; hollow markers = matched-progress means.",
+    "rank_vs_R": "Effective rank (mean over the last part of training) against R, with its "
+    "bootstrap interval (bar); dashed line at 2, grey band = the rule's band; hatched = R <= 2, "
+    "where a group's rank is capped at R; hollow markers = matched-progress means.",
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
     "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "
     "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
@@ -73,10 +88,11 @@ class AnalysisResult:
     analysed: list[Run]  # the runs that enter averages, verdicts and figures
     grouping: Grouping  # which config keys differ
     measures: list[str]  # rank measures analysed
-    rule: Rule  # the verdict rule
-    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std, n_seeds
-    verdicts: pd.DataFrame  # one row per variant x matrix x measure (on last-part means)
-    matched: pd.DataFrame  # the same verdicts at matched progress
+    rules: Rules  # every verdict rule and threshold (analysis/rules.py)
+    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std,
+    # n_seeds, and for verdict rows the interval (low, high) and capped
+    verdicts: pd.DataFrame  # one row per variant x matrix x measure (rank_verdict.py)
+    matched: pd.DataFrame  # point readings of claim 2's rule at matched progress
     composition: pd.DataFrame  # mean |measured - predicted| of rollout_group per-group rows
     accuracy: pd.DataFrame  # held-out accuracy at the first and last eval, per variant x R
     title: str  # experiment name(s)
@@ -98,6 +114,14 @@ REHEARSAL_NOTE = (
     "(model.weights=random, task.reward=random). They test that the code runs at this size and "
     "how much memory and time it takes; their ranks and verdicts say nothing about GRPO."
 )
+
+
+def _numeric_problems(runs: list[Run]) -> list[str]:
+    """Notes for non-numeric cells that load.py found in ranks.csv (left out, never silent)."""
+    return [
+        f"{run.name}: {problem}" for run in runs for problem in run.problems
+        if "not a number" in problem or "non-numeric" in problem
+    ]
 
 
 class NoUsableRuns(ValueError):
@@ -129,9 +153,10 @@ def analyze(
     out: Path | None = None,
     measure: str = "all",
     align: str = "step",
-    tolerance: float = 0.5,
-    trend_threshold: float = 0.25,
-    last_fraction: float = 0.25,
+    tolerance: float = rules_module.RANK_BAND,
+    trend_threshold: float = rules_module.GROWTH_TOLERANCE,
+    last_fraction: float = rules_module.LAST_FRACTION,
+    confidence: float = rules_module.CONFIDENCE,
     steps: list[int] | None = None,
     include_incomplete: bool = False,
     progress_bins: int = 8,
@@ -144,14 +169,16 @@ def analyze(
     measure; `align` ("step" | "reward" | "accuracy") is the x-axis of the rank and dynamics
     figures; matched-progress verdicts use `align`, or the training reward when align="step".
     `follows_r`: config keys that change with R by design (grouping.py), not variants.
+    `tolerance` (claim 2's band around 2), `trend_threshold` (its growth tolerance per doubling
+    of R), `last_fraction` and `confidence` (every interval's level) set analysis/rules.Rules.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("give at least one run or sweep directory")
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {', '.join(ALIGNS)}, not {align!r}")
-    if not 0 < last_fraction <= 1:
-        raise ValueError(f"last_fraction must be in (0, 1], not {last_fraction}")
+    rules = Rules(band=tolerance, growth_tolerance=trend_threshold,
+                  last_fraction=last_fraction, confidence=confidence)
     runs = load_runs(paths)
     notes: list[str] = []
     analysed, include_incomplete = _select(runs, include_incomplete, notes)
@@ -167,7 +194,6 @@ def analyze(
         raise NoUsableRuns(f"no run to analyse among {len(runs)}: {states}")
     grouping = group_runs(runs, basis=analysed, follows_r=follows_r)
     measures = measures_present(analysed, measure)
-    rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
 
     ranks = rank_table(analysed, measures)
     if ranks.attrs.get("zero_rows"):
@@ -182,17 +208,21 @@ def analyze(
             f"no finite rank values for {', '.join(empty)} (e.g. no group with "
             "unequal rewards at any probe step), so no verdict for them"
         )
-    summary = rank_summary(last_part_means(ranks, last_fraction))
+    notes += _numeric_problems(analysed)
+    if ranks.empty:
+        notes.append("no rank value in any ranks.csv (no probe step, or no informative group): "
+                     "claims 2 and 4 cannot be judged")
+    verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules)
+    summary = rank_summary(last_part_means(ranks, last_fraction)).merge(
+        intervals, on=[*SUMMARY_KEYS, "group_size"], how="left"
+    )
     matched_progress = align if align != "step" else "reward"
     edges = progress_edges(analysed, matched_progress, progress_bins)
-    matched = matched_verdicts(
-        with_x(ranks, analysed, matched_progress, edges), rule, matched_progress
+    matched = matched_readings(
+        with_x(ranks, analysed, matched_progress, edges), rules, matched_progress
     )
     comp_table = comp.composition_table(analysed, measures)
-    rank_verdicts = verdicts(summary, rule)
-    claims = judge_claims(
-        analysed, rank_verdicts, matched, ranks, ClaimRules(rank=rule), last_fraction, progress_bins
-    )
+    claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -200,9 +230,9 @@ def analyze(
         analysed=analysed,
         grouping=grouping,
         measures=measures,
-        rule=rule,
+        rules=rules,
         summary=summary,
-        verdicts=rank_verdicts,
+        verdicts=verdicts,
         matched=matched,
         composition=comp.departure(comp_table),
         accuracy=accuracy_summary(analysed),
@@ -245,8 +275,20 @@ def _figures(
     ranks_x = with_x(ranks, runs, align, edges)
     metrics_x = with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges)
     per_run = last_part_means(ranks, result.last_fraction)
-    measures, rule = result.measures, result.rule
+    measures, rules = result.measures, result.rules
     made = {
+        "claim2": plots_claims.claim2_figure(
+            result.summary, result.verdicts, zero_sum_variants(runs), rules, styles, title
+        ),
+        "claim3": plots_claims.claim3_figure(
+            with_x(metric_table(
+                [r for r in runs if r.variant in zero_sum_variants(runs)],
+                list(plots_claims.CLAIM3_PANELS)), runs, "step", None),
+            styles, title,
+        ),
+        "claim4": plots_claims.claim4_figure(
+            result.summary, falsifier_variants(runs), rules, styles, title
+        ),
         "spectra": plots.spectra_figure(runs, steps, styles, title),
         "effective_rank": plots.effective_rank_figure(
             ranks_x, alarms, measures, styles, aligned_title, xlabel
@@ -258,8 +300,7 @@ def _figures(
             measures,
             styles,
             title,
-            rule,
-            result.last_fraction,
+            rules,
         ),
         "accuracy": plots_training.accuracy_figure(runs, styles, title),
         "dynamics": plots_training.dynamics_figure(

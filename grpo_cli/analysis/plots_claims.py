@@ -108,7 +108,7 @@ def claim4_figure(summary: pd.DataFrame, variants: list[str], rules: Rules, styl
                   & (summary["measure"] == rules.rank_measure)
                   & summary["variant"].isin(variants)]
     name = f"{rules.falsifier_matrix} / {rules.rank_measure}"
-    if sel.empty:
+    if sel["variant"].nunique() < 2:
         return empty_figure(f"{title}: claim 4", f"no {name} ranks for an outcome and a "
                             "per-token estimator")
     grid = new_figure(1, 1, width=5.0, height=3.6)

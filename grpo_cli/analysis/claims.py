@@ -392,10 +392,13 @@ def falsifier_claim(
                                          bs.seeds_to_settle(b, [target + margin], rules.confidence))
                              if x]
                     seeds = max(needs) if needs else None
+                below = [what for what, iv, bound in (
+                    (f"the difference is wholly below {margin:g}", diff, margin),
+                    (f"the per-token rank is wholly below {target + margin:g}", b,
+                     target + margin)) if iv.high < bound]
                 decided = {
-                    SUPPORTED: f"both intervals above {margin:g} and {target + margin:g}",
-                    CONTRADICTED: f"the difference below {margin:g} or the per-token rank below "
-                                  f"{target + margin:g}",
+                    SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
+                    CONTRADICTED: " and ".join(below),
                     INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or "
                                   f"{target + margin:g} (per-token rank)",
                 }[verdict]

@@ -122,8 +122,13 @@ def _r_list(sizes) -> str:
 def slope_parts(per_r: dict, judged: list[int], capped: list[int], rules: Rules):
     """2a and 2b from the per-R intervals; returns (parts, slope interval or None)."""
     tol = rules.growth_tolerance
-    note = f" (R={', '.join(map(str, capped))} capped, left out)" if capped and not set(
-        capped) & set(judged) else ""
+    capped_text = ", ".join(f"R={r}" for r in capped)
+    if capped and not set(capped) & set(judged):
+        note = f" ({capped_text} capped, left out)"
+    elif capped:
+        note = f" ({capped_text} capped but kept: fewer than two R > {rules.target:g})"
+    else:
+        note = ""
     if len(judged) < 2:
         why = f"only one value of R ({_r_list(judged)})" if judged else "no value of R"
         return [
@@ -198,7 +203,9 @@ def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
     decided = {
         SUPPORTED: f"every interval inside [{lo:g}, {hi:g}]",
         CONTRADICTED: f"{', '.join(f'R={r}' for r, iv in zip(judged, ivs, strict=True) if iv.high < lo or iv.low > hi)} wholly outside [{lo:g}, {hi:g}]",
-        INCONCLUSIVE: f"some interval straddles {lo:g} or {hi:g}, or is missing",
+        INCONCLUSIVE: "; ".join(
+            f"R={r} straddles {lo:g} or {hi:g}" if iv.finite else f"R={r} has no interval"
+            for r, iv in zip(judged, ivs, strict=True) if not (lo <= iv.low and iv.high <= hi)),
     }[verdict]
     n = min(iv.n for iv in ivs)
     return Part("2c", question, verdict,

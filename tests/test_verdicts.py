@@ -202,3 +202,18 @@ def test_cli_write_docs_and_confidence(tmp_path):
     bad = CliRunner().invoke(app, ["analyze", str(tmp_path / "res"), "--write-docs", "nope",
                                    "--docs-page", str(page)])
     assert bad.exit_code == 2 and "expected one" in bad.output
+
+
+def test_a_probe_run_resamples_its_groups_instead_of_seeds(tmp_path):
+    """`grpo probe` (run.json kind "probe"): one set of weights and one seed per R, so the prompt
+    groups are the resampled units; a training run with one seed gets no interval."""
+    import json
+
+    for r in (4, 8):
+        run = write_run(tmp_path, group_size=r, seed=0, matrices=("rollout_group",), groups=12,
+                        rank=2.0, group_spread=0.01)
+        info = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps(info | {"kind": "probe"}))
+    result = analyze([tmp_path], measure="erank_entropy", figures=False)
+    row = result.verdicts.iloc[0]
+    assert np.isfinite(row["slope_low"]) and row["verdict_level"] == "supported"

@@ -212,7 +212,8 @@ def analyze(
     if ranks.empty:
         notes.append("no rank value in any ranks.csv (no probe step, or no informative group): "
                      "claims 2 and 4 cannot be judged")
-    verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules)
+    probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
+    verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules, probes)
     summary = rank_summary(last_part_means(ranks, last_fraction)).merge(
         intervals, on=[*SUMMARY_KEYS, "group_size"], how="left"
     )

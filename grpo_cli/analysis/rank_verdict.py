@@ -102,14 +102,24 @@ def _runs(rows: pd.DataFrame, groups: dict, use_groups: bool) -> list[bs.RunStep
     return runs
 
 
-def _per_r(part: pd.DataFrame, groups: dict, use_groups: bool, rules: Rules, rng):
-    """R -> (interval, raw replicates) for one variant x matrix x measure."""
+def _per_r(part: pd.DataFrame, groups: dict, use_groups: bool, rules: Rules, rng,
+           same_weights: frozenset[str] = frozenset()):
+    """R -> (interval, raw replicates) for one variant x matrix x measure. A single `grpo probe`
+    run (`same_weights`: one set of weights, so no seed-to-seed training variation) resamples
+    its prompt groups instead of seeds."""
     out = {}
     for size, rows in part.groupby("group_size"):
         runs = _runs(rows, groups, use_groups)
         estimate = bs.nested_mean(runs) if runs else math.nan
         if not math.isfinite(estimate):
             continue
+        if len(runs) == 1 and use_groups and rows["run_id"].iloc[0] in same_weights:
+            pooled = np.concatenate([g for _, g in runs[0]])  # every group of the window
+            if pooled.size >= 2:
+                draws = pooled[rng.integers(0, pooled.size, (rules.resamples, pooled.size))]
+                raw = estimate + draws.mean(axis=1) - pooled.mean()
+                out[int(size)] = (bs.interval(estimate, raw, pooled.size, rules.confidence), raw)
+                continue
         raw = bs.mean_replicates(runs, rng, rules.resamples) if len(runs) >= 2 else EMPTY
         out[int(size)] = (bs.interval(estimate, raw, len(runs), rules.confidence), raw)
     return out
@@ -230,9 +240,11 @@ def subject(variant: str, matrix: str, measure: str) -> str:
     return f"{matrix} / {measure}" + (f" ({variant})" if variant else "")
 
 
-def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules
+def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
+                  same_weights: frozenset[str] = frozenset()
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(verdicts: one row per variant x matrix x measure, intervals: one row per R of each)."""
+    """(verdicts: one row per variant x matrix x measure, intervals: one row per R of each).
+    `same_weights`: run ids of `grpo probe` runs (groups, not seeds, are resampled)."""
     window = verdict_rows(last_part(ranks, rules.last_fraction)) if not ranks.empty else ranks
     lookup = _group_lookup(groups, window)
     rows, intervals = [], []
@@ -242,7 +254,7 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules
         variant, matrix, layer, stat, measure = key
         use_groups = stat == "mean" and matrix in PER_GROUP_MATRICES
         per_r = _per_r(part, lookup.get((variant, matrix, measure), {}), use_groups, rules,
-                       rng_for(rules, *key))
+                       rng_for(rules, *key), same_weights)
         sizes = sorted(per_r)
         judged = judged_group_sizes(sizes, rules.target)
         capped = capped_group_sizes(sizes, rules.target)

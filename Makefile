@@ -16,7 +16,7 @@ PIP_INSTALL = $(PY) -m pip install --quiet
 SWEEP_R ?= 2,4,8,16
 PAPER_R ?= 2,4,8
 SMOLLM2_R ?= 2 4 8
-SEEDS ?= 0,1
+SEEDS ?= 0,1,2,3
 # smollm2-cpu's seeds (three, for intervals over seeds) and smollm2-cpu-credit's estimators and
 # group size (process needs checked <<a+b=c>> steps, which SmolLM2's one-sentence answers lack)
 SMOLLM2_SEEDS ?= 0,1,2
@@ -63,7 +63,7 @@ lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import
 	$(VENV)/bin/ruff check grpo_cli tests scripts
 	$(VENV)/bin/lint-imports
 
-reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8,16} (SWEEP_R=...) x seeds 0,1 (SEEDS=...), then grpo analyze
+reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8,16} (SWEEP_R=...) x seeds 0-3 (SEEDS=...; fewer seeds read inconclusive), then grpo analyze
 	$(GRPO) run -m experiment=cpu_rank_collapse rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
 	$(GRPO) analyze results/cpu_rank_collapse
 
@@ -77,8 +77,8 @@ rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no do
 gpu-report: $(STAMP) ## Every GPU figure in one run (~25 min on one H100): tests, CUDA runs, rollout tok/s, --vs-trl, rehearsal; DRY=1 checks the plan on CPU (ARGS=--only 3,4 ...)
 	$(PY) -m grpo_cli.gpu_report $(if $(DRY),--dry-run) $(ARGS)
 
-settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R, then analyze
-	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) hydra/launcher=local_parallel
+settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R x seeds 0-3 (SEEDS=...), then analyze
+	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
 smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMOLLM2_R="2 4 8 16") x seeds 0,1,2 (SMOLLM2_SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each, whole-model probes every 4 steps, then analyze

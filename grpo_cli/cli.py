@@ -110,9 +110,14 @@ def analyze(
     out: Annotated[Path | None, typer.Option(help="Output directory (default <first>/analysis).")] = None,
     measure: Annotated[str, typer.Option(help="Rank measure to plot, or 'all'.")] = "all",
     align: Annotated[str, typer.Option(help="x-axis: step | reward | accuracy.")] = "step",
-    tolerance: Annotated[float, typer.Option(help="Verdict: |rank - 2| allowed.")] = 0.5,
-    trend: Annotated[float, typer.Option(help="Verdict: max |slope| of rank vs log2 R.")] = 0.25,
+    tolerance: Annotated[float, typer.Option(help="Claim 2c: |rank - 2| allowed at each judged R.")] = 0.5,
+    trend: Annotated[float, typer.Option(help="Claim 2b: |slope| of rank vs log2 R allowed.")] = 0.25,
     last_fraction: Annotated[float, typer.Option(help="Part of training averaged for summaries.")] = 0.25,
+    confidence: Annotated[float, typer.Option(help="Two-sided level of every interval; claim 3 tests at (1 - confidence) / 2.")] = 0.9,
+    write_docs: Annotated[str | None, typer.Option(
+        "--write-docs", help="Rewrite the block <!-- generated:claims:TAG --> ... "
+        "<!-- /generated:claims:TAG --> of --docs-page from these results.")] = None,
+    docs_page: Annotated[Path, typer.Option(help="The page --write-docs rewrites.")] = Path("docs/interpreting.md"),
     follows_r: Annotated[list[str] | None, typer.Option(
         "--follows-r", help="A config key that changes with R by design (e.g. "
         "rollout.prompts_per_step for a fixed number of rollouts per step): part of the R axis, "
@@ -120,6 +125,8 @@ def analyze(
 ) -> None:
     """Turn results into plots, summary.csv/summary.md and a self-contained report.html."""
     from grpo_cli.analysis import analyze as run_analysis
+    from grpo_cli.analysis.docs_blocks import DocsBlockError
+    from grpo_cli.analysis.docs_blocks import write_docs as write_docs_block
     from grpo_cli.analysis.grouping import GroupingError
     from grpo_cli.analysis.pipeline import NoUsableRuns
 
@@ -132,19 +139,24 @@ def analyze(
             tolerance=tolerance,
             trend_threshold=trend,
             last_fraction=last_fraction,
+            confidence=confidence,
             follows_r=follows_r or (),
         )
+        if write_docs:
+            source = " ".join(str(p) for p in paths)
+            typer.echo(f"rewrote {write_docs_block(result, docs_page, write_docs, source)} "
+                       f"(block {write_docs})")
     except NoUsableRuns as error:
         typer.secho(f"nothing analysed: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=1) from None
-    except GroupingError as error:
+    except (GroupingError, DocsBlockError, ValueError) as error:  # bad options or markers
         typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
     for run in result.runs:
         for problem in run.contradictions:
             typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)
         for problem in run.problems:
-            if "torn" in problem:
+            if "torn" in problem or "not a number" in problem or "non-numeric" in problem:
                 typer.secho(f"warning: {run.name}: {problem}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.out_dir}")
 

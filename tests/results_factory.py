@@ -3,8 +3,9 @@
 `write_run` writes one run directory; `write_sweep` writes R x seed runs side by side. Every rank
 measure of a whole-matrix or aggregate row equals `rank(group_size, seed, step)` (layer rows are
 offset by LAYER_OFFSETS, which average to 0), so summaries can be checked by hand. Per-group
-rollout_group rows get the closed-form prediction plus `composition_offset`, and the prediction
-over distinct completions `duplicates_gap` below the prediction; as the probe does, estimators
+rollout_group rows get the closed-form prediction plus `composition_offset` (or, with
+`group_spread`, values spread evenly about the aggregate row, whose mean they equal), and the
+prediction over distinct completions `duplicates_gap` below the prediction; as the probe does, estimators
 outside grpo/dr_grpo/rloo get no prediction.
 """
 
@@ -104,6 +105,7 @@ def _rank_rows(
     composition_offset: float,
     duplicates_gap: float = 0.0,
     predicted: bool = True,
+    group_spread: float | None = None,
 ) -> list[dict]:
     rows = []
     for matrix in matrices:
@@ -123,7 +125,10 @@ def _rank_rows(
                     "distinct": 2,
                     "mean_abs_cosine": 0.5,
                 }
-                row |= {m: pred[m] + composition_offset for m in RANK_MEASURES}
+                if group_spread is None:
+                    row |= {m: pred[m] + composition_offset for m in RANK_MEASURES}
+                else:  # symmetric about the aggregate: the groups' mean is the `mean` row
+                    row |= dict.fromkeys(RANK_MEASURES, value + group_spread * (b - (groups - 1) / 2))
                 if predicted:
                     row |= {f"pred_{m}": pred[m] for m in RANK_MEASURES}
                     row |= {f"pred_distinct_{m}": pred[m] - duplicates_gap for m in RANK_MEASURES}
@@ -224,6 +229,7 @@ def write_run(
     median_offset: float = 0.0,
     composition_offset: float = 0.0,
     duplicates_gap: float = 0.0,
+    group_spread: float | None = None,
     alarms: Iterable[tuple[int, str, float, str]] = (),
     error: str | None = None,
     skip: Iterable[str] = (),
@@ -317,6 +323,7 @@ def write_run(
                 composition_offset,
                 duplicates_gap,
                 estimator in ("grpo", "dr_grpo", "rloo"),
+                group_spread,
             )
         ]
     )

@@ -12,10 +12,11 @@ import pytest
 from results_factory import LAYER_OFFSETS, write_run, write_sweep
 
 from grpo_cli.analysis import analyze
-from grpo_cli.analysis.summary import Rule
+from grpo_cli.analysis.rules import Rules
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("spectra", "effective_rank", "rank_vs_R", "accuracy", "dynamics", "composition", "collapse")
+FIGURES = ("claim2", "claim3", "claim4", "spectra", "effective_rank", "rank_vs_R", "accuracy",
+           "dynamics", "composition", "collapse")
 # one matrix of each kind (per-group, whole, per-layer) keeps the 7-measure figures small
 MATRICES = ("rollout_group", "rollout_batch", "update")
 FAST = ("rollout_batch", "group_batch")  # tests that judge one whole matrix
@@ -64,6 +65,7 @@ def test_import_does_not_pull_in_torch():
         "import grpo_cli.analysis as analysis\n"
         "from grpo_cli.analysis import analyze, load, grouping, tables, summary, composition\n"
         "from grpo_cli.analysis import plots, plots_training, report, style, pipeline\n"
+        "from grpo_cli.analysis import rules, bootstrap, trend, rank_verdict, plots_claims\n"
         "from grpo_cli import measures\n"
         "assert callable(analysis.analyze)\n"
         "print('ok')\n"
@@ -73,12 +75,17 @@ def test_import_does_not_pull_in_torch():
     assert done.stdout.strip() == "ok"
 
 
-def test_flat_rank_holds_for_every_matrix_and_measure(flat):
+def test_flat_rank_with_two_seeds_is_never_contradicted(flat):
+    """Two seeds 0.1 apart: each R's interval sits inside 2 +- 0.5 for the whole matrices, but
+    two seeds cannot pin the slope within +-0.25: inconclusive, not supported."""
     _, result = flat
     verdicts = result.verdicts
     assert set(verdicts["matrix"]) == set(MATRICES)
     assert len(verdicts) == len(MATRICES) * 7
-    assert (verdicts["verdict"] == "holds").all()
+    assert set(verdicts["verdict"]) == {"inconclusive"}
+    whole = verdicts[verdicts["matrix"] != "rollout_group"]
+    assert (whole["verdict_level"] == "supported").all()
+    assert (verdicts["judged"] == "4, 8").all() and (verdicts["capped"] == "2").all()
     assert np.allclose(verdicts["slope"], 0.0, atol=1e-9)
     assert np.allclose(verdicts["max_deviation"], 0.05)
 
@@ -155,19 +162,23 @@ def test_files_figures_and_report(flat):
     for name in FIGURES:
         data = (out / f"{name}.png").read_bytes()
         assert data[:8] == PNG_MAGIC, name
-        assert len(data) > 20_000, name
+        if name != "claim4":  # no per-token estimator here: a small figure that says so
+            assert len(data) > 20_000, name
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(FIGURES)
     assert 'src="' not in html.replace('src="data:image/png;base64,', "")  # nothing external
     assert "Runs differ in: rollout.group_size, seed" in html
     assert "CUDA out of memory" in html and "incomplete" in html
-    assert html.index("Verdicts") < html.index("data:image/png")  # summary on top
+    # the answer first: the four verdicts, each beside its figure, before the runs and tables
+    assert html.index("Claim 2:") < html.index('alt="claim2"') < html.index("<h2>Runs</h2>")
+    assert html.index('alt="claim2"') < html.index("Claim 3:")
+    assert "<details><summary>One sentence per matrix x measure" in html
 
 
 def test_summary_md_prints_rule_and_status(flat):
     root, result = flat
     text = (root / "analysis" / "summary.md").read_text()
-    assert Rule().text(0.25) in text
+    assert Rules().rank_text() in text
     assert "1 failed (excluded from every average)" in text
     assert "1 incomplete (excluded)" in text
     assert "| R8-grpo-s2 | incomplete |" in text
@@ -179,31 +190,38 @@ def test_summary_csv_is_tidy(flat):
     table = pd.read_csv(root / "analysis" / "summary.csv")
     assert set(table["kind"]) == {"claim", "rank", "verdict", "verdict_matched", "composition", "accuracy"}
     verdicts = table[table["kind"] == "verdict"]
-    assert len(verdicts) == len(MATRICES) * 7 and (verdicts["verdict"] == "holds").all()
+    assert len(verdicts) == len(MATRICES) * 7 and (verdicts["verdict"] == "inconclusive").all()
+    rank_rows = table[(table["kind"] == "rank") & (table["stat"] != "median")
+                      & table["layer"].isin([np.nan, "mean over layers"])]
+    assert rank_rows["low"].notna().all() and (rank_rows["low"] < rank_rows["mean"]).all()
     ranks = table[(table["kind"] == "rank") & (table["matrix"] == "rollout_batch")]
     assert np.allclose(ranks["mean"], 2.05) and (ranks["n_seeds"] == 2).all()
 
 
-def test_rank_equal_to_r_fails_on_trend(tmp_path):
+def test_rank_equal_to_r_is_contradicted(tmp_path):
     write_sweep(tmp_path, matrices=FAST, rank=lambda r, seed, step: float(r))
     result = analyze([tmp_path], measure="erank_entropy", figures=False)
     row = _rows(result.verdicts, matrix="rollout_batch").iloc[0]
-    assert row["verdict"] == "fails"
-    assert row["slope"] == pytest.approx(3.0)  # means 2, 4, 8 against log2 R = 1, 2, 3
+    assert row["verdict"] == "contradicted"
+    assert row["slope"] == pytest.approx(4.0)  # R=2 capped: means 4, 8 against log2 R = 2, 3
     assert row["max_deviation"] == pytest.approx(6.0)
-    assert "R=4, R=8 lie(s) more than 0.5 from 2" in row["sentence"]
+    assert "R=4, R=8 wholly outside [1.5, 2.5]" in row["sentence"]
     assert set(result.verdicts["measure"]) == {"erank_entropy"}
 
 
-def test_trend_alone_fails_and_threshold_is_configurable(tmp_path):
+def test_trend_alone_contradicts_2a_and_2b_and_threshold_is_configurable(tmp_path):
     means = {2: 1.7, 4: 2.0, 8: 2.3}  # all within 0.5 of 2, slope 0.3 per doubling
     write_sweep(tmp_path, matrices=FAST, rank=lambda r, seed, step: means[r])
     strict = analyze([tmp_path], measure="stable_rank", figures=False)
     row = _rows(strict.verdicts, matrix="group_batch").iloc[0]
-    assert row["verdict"] == "fails" and row["slope"] == pytest.approx(0.3)
-    assert "changes by +0.30 per doubling" in row["sentence"]
+    assert row["slope"] == pytest.approx(0.3)
+    assert (row["verdict_slope_zero"], row["verdict_growth"], row["verdict_level"]) == (
+        "contradicted", "contradicted", "supported")
+    assert row["verdict"] == "mixed"
+    assert "is +0.30 [+0.30, +0.30] per doubling" in row["sentence"]
     loose = analyze([tmp_path], measure="stable_rank", trend_threshold=0.35, figures=False)
-    assert (loose.verdicts["verdict"] == "holds").all()
+    assert (loose.verdicts["verdict_growth"] == "supported").all()
+    assert (loose.verdicts["verdict_slope_zero"] == "contradicted").all()  # still not 0
     assert "0.35 rank units per doubling" in (tmp_path / "analysis" / "summary.md").read_text()
 
 
@@ -260,7 +278,8 @@ def test_sweep_still_running_is_analysed(tmp_path):
     result = analyze([tmp_path], measure="erank_entropy", align="reward")  # progress x-axis
     assert any("no run has completed yet" in note for note in result.notes)
     assert set(_rows(result.summary, matrix="group_batch")["group_size"]) == {2, 4}
-    assert (result.verdicts["verdict"] == "holds").all()
+    assert (result.verdicts["verdict"] == "inconclusive").all()  # one seed: no interval
+    assert "at least 2 seeds per R are needed" in result.verdicts["sentence"].iloc[0]
     names = {run.name: run for run in result.runs}
     assert "ranks.csv missing" in names["R8-grpo-s0"].problems
     assert names["R16-grpo-s0"].status == "incomplete"
@@ -289,7 +308,7 @@ def test_estimators_are_grouped_and_judged_separately(tmp_path):
     # experiment.name differs too, but is implied by algorithm.name, so it is not a variant key
     assert result.grouping.differing == ["rollout.group_size", "algorithm.name", "seed"]
     by_variant = _rows(result.verdicts, matrix="rollout_batch").set_index("variant")["verdict"]
-    assert by_variant.to_dict() == {"estimator=grpo": "holds", "estimator=ppo": "fails"}
+    assert by_variant.to_dict() == {"estimator=grpo": "supported", "estimator=ppo": "contradicted"}
     assert (out / "summary.csv").exists() and not (tmp_path / "sweep-grpo" / "analysis").exists()
     table = pd.read_csv(out / "summary.csv")
     assert set(table["estimator"].dropna()) == {"grpo", "ppo"}
@@ -318,8 +337,8 @@ def test_matched_progress_compares_equal_reward(tmp_path):
     result = analyze([tmp_path], measure="erank_entropy", align="reward", figures=False)
     by_step = _rows(result.verdicts, matrix="rollout_batch").iloc[0]
     matched = _rows(result.matched, matrix="rollout_batch").iloc[0]
-    assert by_step["verdict"] == "fails" and by_step["slope"] > 0.5
-    assert matched["verdict"] == "holds" and abs(matched["slope"]) < 0.1
+    assert by_step["verdict"] == "contradicted" and by_step["slope"] > 0.5
+    assert matched["reading"] == "inside" and abs(matched["slope"]) < 0.1
     assert matched["common_bins"].startswith(("1 ", "2 ", "3 "))
 
 
@@ -332,7 +351,9 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError):
         analyze([tmp_path / "nowhere"], figures=False)
     single = analyze([tmp_path], measure="stable_rank", figures=False)
-    assert (single.verdicts["verdict"] == "undetermined").all()
+    assert (single.verdicts["verdict"] == "not judged").all()
+    with pytest.raises(ValueError, match="confidence"):
+        analyze([tmp_path], confidence=1.0, figures=False)
 
 
 def test_zero_matrices_are_left_out(tmp_path):
@@ -358,4 +379,4 @@ def test_accuracy_alignment_and_spectra_steps(tmp_path):
     write_sweep(tmp_path, matrices=FAST, group_sizes=(2, 4), seeds=(0,))
     result = analyze([tmp_path], measure="erank_entropy", align="accuracy", figures=False)
     assert result.matched_progress == "accuracy"
-    assert (result.matched["verdict"] == "holds").all()
+    assert (result.matched["reading"] == "inside").all()

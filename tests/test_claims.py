@@ -11,9 +11,11 @@ import yaml
 from results_factory import write_run, write_sweep
 
 from grpo_cli.analysis import analyze
-from grpo_cli.analysis.claims import ClaimRules, combine, credit_claim, mann_kendall, sparsity_claim
+from grpo_cli.analysis.claims import credit_claim, sparsity_claim
 from grpo_cli.analysis.grouping import GroupingError, group_runs
 from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import Rules, combine
+from grpo_cli.analysis.trend import mann_kendall
 
 MATRICES = ("rollout_group", "rollout_batch")
 
@@ -28,7 +30,7 @@ def _direct(root, judge):
     """One metrics-based claim straight from the loaded runs (no rank tables: fast)."""
     runs = load_runs([root])
     group_runs(runs)
-    return judge(runs, ClaimRules())
+    return judge(runs, Rules())
 
 
 def _sweep(root, estimators=("grpo",), **kwargs):
@@ -37,25 +39,69 @@ def _sweep(root, estimators=("grpo",), **kwargs):
 
 
 def test_combine_rule():
-    assert combine(["holds", "holds"]) == "holds"
-    assert combine(["fails", "undetermined"]) == "fails"
-    assert combine(["holds", "fails"]) == "mixed"
-    assert combine(["holds", "undetermined"]) == "mixed"
-    assert combine(["undetermined"]) == "undetermined"
-    assert combine([]) == "undetermined"
+    assert combine(["supported", "supported"]) == "supported"
+    assert combine(["contradicted", "not judged"]) == "contradicted"
+    assert combine(["contradicted", "inconclusive"]) == "contradicted"
+    assert combine(["supported", "contradicted"]) == "mixed"
+    assert combine(["supported", "inconclusive"]) == "inconclusive"
+    assert combine(["supported", "not judged"]) == "supported"
+    assert combine(["not judged"]) == "not judged"
+    assert combine([]) == "not judged"
 
 
-def test_mann_kendall_closed_form():
-    # one increasing series of 3: S = 3 pairs, Var = 3*2*11/18, z = (3 - 1) / sqrt(Var)
-    test = mann_kendall([np.array([1.0, 2.0, 3.0])])
-    assert test["S"] == 3
-    assert test["var"] == pytest.approx(11 / 3)
-    assert test["z"] == pytest.approx(2 / math.sqrt(11 / 3))
-    assert test["max_z"] == pytest.approx(test["z"])
+def _series(*values):
+    return [(np.arange(len(v), dtype=float), np.array(v, dtype=float)) for v in values]
+
+
+def test_mann_kendall_exact_null_closed_form():
+    # one increasing series of 3: S = 3 pairs; of the 3! orders only this one has S = 3
+    test = mann_kendall(_series([1.0, 2.0, 3.0]), level=0.05)
+    assert test["S"] == 3 and test["method"] == "exact"
+    assert test["p_up"] == pytest.approx(1 / 6) and test["p_down"] == pytest.approx(1.0)
+    assert test["min_p"] == pytest.approx(1 / 6)
+    assert test["z"] == pytest.approx(2 / math.sqrt(11 / 3))  # Var = 3*2*11/18
+    # S = 1 for n = 3 (orders 1 3 2 and 2 1 3 have one inversion): P(S >= 1) = 3/6
+    assert mann_kendall(_series([1.0, 3.0, 2.0]), 0.05)["p_up"] == pytest.approx(0.5)
+    # pooled over two increasing series of 4: P = (1/24)^2
+    assert mann_kendall(_series([1, 2, 3, 4], [0, 1, 2, 3]), 0.05)["p_up"] == pytest.approx(
+        1 / 576)
     # pooling: a rising and a falling series cancel
-    pooled = mann_kendall([np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0])])
+    pooled = mann_kendall(_series([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]), 0.05)
     assert pooled["S"] == 0 and pooled["z"] == 0
-    assert np.isnan(mann_kendall([np.array([1.0])])["z"])
+    assert np.isnan(mann_kendall(_series([1.0]), 0.05)["z"])
+
+
+def test_mann_kendall_exact_null_matches_enumeration():
+    """P(S >= s) from the Mahonian recursion equals the count over all 5! orderings."""
+    from itertools import permutations
+
+    values = [0.3, 0.1, 0.7, 0.5, 0.9]
+    observed = mann_kendall(_series(values), 0.05)
+    def s_of(order):
+        return sum(np.sign(order[j] - order[i]) for i in range(5) for j in range(i + 1, 5))
+    count = sum(s_of(p) >= observed["S"] for p in permutations(range(5)))
+    assert observed["p_up"] == pytest.approx(count / 120)
+
+
+def test_mann_kendall_long_series_use_hamed_rao_and_sen_slope():
+    steps = np.arange(40, dtype=float)
+    test = mann_kendall([(steps, 0.5 * steps)], 0.05)  # a straight line: Sen's slope is exact
+    assert test["method"] == "normal, Hamed-Rao"
+    assert test["sen"] == pytest.approx(0.5)
+    assert test["sen_low"] == pytest.approx(0.5) and test["sen_high"] == pytest.approx(0.5)
+
+
+def test_no_trend_series_read_supported_no_more_often_than_the_level():
+    """Claim 3's false-positive rate over simulated no-trend sparsity series, 2-4 seeds of 3-8
+    probe steps (the CPU presets' range) stays at or below the test level."""
+    rng = np.random.default_rng(0)
+    level = Rules().trend_level
+    for seeds, points in ((2, 4), (4, 6), (3, 8)):
+        hits = sum(
+            mann_kendall(_series(*rng.normal(size=(seeds, points))), level)["p_up"] <= level
+            for _ in range(1500)
+        )
+        assert hits / 1500 <= level + 2 * math.sqrt(level * (1 - level) / 1500), (seeds, points)
 
 
 # ---- claim 1 -----------------------------------------------------------------------------------
@@ -63,9 +109,10 @@ def test_claim1_holds_with_per_token_estimator_shown_as_contrast(tmp_path):
     _sweep(tmp_path, estimators=("grpo",), credit_uniform=1.0)
     _sweep(tmp_path, estimators=("ppo",), credit_uniform=0.25)
     claim = _direct(tmp_path, credit_claim)
-    assert claim.verdict == "holds"
+    assert claim.verdict == "supported"
     verdicts = dict(zip(claim.table["estimator"], claim.table["verdict"], strict=True))
-    assert verdicts == {"grpo": "holds", "ppo": "contrast"}
+    assert verdicts == {"grpo": "supported", "ppo": "contrast"}
+    assert "by construction" in claim.evidence
     assert "0.250" in claim.evidence
 
 
@@ -74,27 +121,32 @@ def test_claim1_fails_on_one_non_uniform_step(tmp_path):
         tmp_path, credit_uniform=lambda r, seed, step: 0.9 if (r, seed, step) == (4, 1, 7) else 1
     )
     claim = _direct(tmp_path, credit_claim)
-    assert claim.verdict == "fails"
+    assert claim.verdict == "contradicted"
     assert claim.table["min uniform frac"].iloc[0] == pytest.approx(0.9)
 
 
 def test_claim1_undetermined_and_not_measured(tmp_path):
     _sweep(tmp_path / "a", credit_uniform=np.nan)  # the column is empty
-    assert _direct(tmp_path / "a", credit_claim).verdict == "undetermined"
+    assert _direct(tmp_path / "a", credit_claim).verdict == "not judged"
     _sweep(tmp_path / "b", estimators=("process",), credit_uniform=0.5)
     assert _direct(tmp_path / "b", credit_claim).verdict == "not measured"
 
 
 # ---- claim 2 -----------------------------------------------------------------------------------
-def test_claim2_holds_fails_undetermined(tmp_path):
-    _sweep(tmp_path / "flat", rank=2.1, seeds=(0,))
+def test_claim2_supported_contradicted_not_judged(tmp_path):
+    # every seed equal: the intervals have no width
+    _sweep(tmp_path / "flat", rank=2.1, seeds=(0, 1), group_spread=0.0)
     claim = _claims(tmp_path / "flat")[2]
-    assert claim.verdict == "holds"
+    assert claim.verdict == "supported"
     assert list(claim.table["matrix"]) == ["rollout_group"]
-    _sweep(tmp_path / "grows", rank=lambda r, seed, step: float(r), seeds=(0,))
-    assert _claims(tmp_path / "grows")[2].verdict == "fails"
-    _sweep(tmp_path / "one_r", group_sizes=(4,), rank=2.0, seeds=(0,))
-    assert _claims(tmp_path / "one_r")[2].verdict == "undetermined"
+    assert claim.parts_text == "2a supported, 2b supported, 2c supported"
+    _sweep(tmp_path / "grows", rank=lambda r, seed, step: float(r), seeds=(0, 1),
+           group_spread=0.0)
+    assert _claims(tmp_path / "grows")[2].verdict == "contradicted"
+    _sweep(tmp_path / "one_r", group_sizes=(4,), rank=2.0, seeds=(0, 1))
+    one_r = _claims(tmp_path / "one_r")[2]
+    assert one_r.verdict == "not judged"
+    assert "only one value of R (R=4): a slope needs two" in one_r.evidence
     _sweep(tmp_path / "ppo_only", estimators=("ppo",), rank=2.0, seeds=(0,))
     assert _claims(tmp_path / "ppo_only")[2].verdict == "not measured"
 
@@ -103,16 +155,26 @@ def test_claim2_holds_fails_undetermined(tmp_path):
 def test_claim3_holds_when_sparsity_and_hoyer_rise(tmp_path):
     _sweep(tmp_path)  # factory defaults rise with the step
     claim = _direct(tmp_path, sparsity_claim)
-    assert claim.verdict == "holds"
-    assert set(claim.table["measure"]) == {"grad_sparsity", "grad_hoyer"}
+    assert claim.verdict == "supported"
+    sparsity = claim.table[claim.table["reading"] == "sparsity"]
+    assert set(sparsity["measure"]) == {"grad_sparsity", "grad_hoyer"}
     assert list(claim.table["seeds"].unique()) == [2]
-    assert (claim.table["points"] == 8).all()  # probe steps 0, 5, 10, 15 x 2 seeds
+    assert (sparsity["points"] == 8).all()  # probe steps 0, 5, 10, 15 x 2 seeds
+    # exact null: two strictly increasing series of 4 points, P = (1/24)^2
+    assert np.allclose(sparsity["p (growth)"], 1 / 576)
+    # the zero-advantage reading is shown beside it, over every step
+    zero = claim.table[claim.table["reading"] == "zero-advantage groups"]
+    assert set(zero["measure"]) == {"zero_variance_frac"} and (zero["points"] == 40).all()
+    assert "zero-advantage reading" in claim.evidence
 
 
-def test_claim3_fails_when_flat_or_falling_and_mixed_when_r_disagree(tmp_path):
+def test_claim3_flat_is_inconclusive_falling_contradicted_and_mixed_when_r_disagree(tmp_path):
     _sweep(tmp_path / "flat", sparsity=lambda r, seed, step: 0.3, hoyer=lambda r, s, t: 0.5 - t)
     claim = _direct(tmp_path / "flat", sparsity_claim)
-    assert claim.verdict == "fails"
+    verdicts = claim.table.groupby("measure")["verdict"].unique().to_dict()
+    assert list(verdicts["grad_sparsity"]) == ["inconclusive"]  # not significant: never "fails"
+    assert list(verdicts["grad_hoyer"]) == ["contradicted"]
+    assert claim.verdict == "contradicted"
     _sweep(
         tmp_path / "mixed",
         sparsity=lambda r, seed, step: step if r < 8 else -step,
@@ -120,21 +182,23 @@ def test_claim3_fails_when_flat_or_falling_and_mixed_when_r_disagree(tmp_path):
     claim = _direct(tmp_path / "mixed", sparsity_claim)
     assert claim.verdict == "mixed"
     falling = claim.table[(claim.table["measure"] == "grad_sparsity") & (claim.table["R"] == 8)]
-    assert falling["verdict"].item() == "fails" and falling["z"].item() < 0
+    assert falling["verdict"].item() == "contradicted" and falling["S"].item() < 0
 
 
 def test_claim3_undetermined_with_too_few_probe_steps(tmp_path):
     # one seed, probe steps 0 and 5: even a perfect rise has z = 0
     _sweep(tmp_path, seeds=(0,), steps=10)
     claim = _direct(tmp_path, sparsity_claim)
-    assert claim.verdict == "undetermined"
-    assert (claim.table["verdict"] == "undetermined").all()
+    assert claim.verdict == "not judged"
+    sparsity = claim.table[claim.table["reading"] == "sparsity"]
+    assert (sparsity["verdict"] == "not judged").all()
+    assert "even a strictly increasing series would give p = 0.500" in claim.parts[0].sentence
 
 
 # ---- claim 4 -----------------------------------------------------------------------------------
 def _settle(root, ppo_rank: float, ppo_reward=None):
-    """grpo at rank 2 and ppo at `ppo_rank`, one seed each (rollout_batch only)."""
-    common = {"matrices": ("rollout_batch",), "seeds": (0,)}
+    """grpo at rank 2 and ppo at `ppo_rank`, two equal seeds each (rollout_batch only)."""
+    common = {"matrices": ("rollout_batch",), "seeds": (0, 1)}
     _sweep(root, estimators=("grpo",), rank=2.0, **common)
     extra = {"reward": ppo_reward} if ppo_reward else {}
     _sweep(root, estimators=("ppo",), rank=ppo_rank, **common, **extra)
@@ -143,7 +207,7 @@ def _settle(root, ppo_rank: float, ppo_reward=None):
 def test_claim4_holds_when_per_token_rank_is_well_above(tmp_path):
     _settle(tmp_path, ppo_rank=4.0)
     claim = _claims(tmp_path)[4]
-    assert claim.verdict == "holds"
+    assert claim.verdict == "supported"
     table = claim.table
     assert list(table["R"]) == [2, 4, 8]
     assert np.allclose(table["difference"], 2.0)
@@ -152,13 +216,13 @@ def test_claim4_holds_when_per_token_rank_is_well_above(tmp_path):
 
 def test_claim4_fails_when_per_token_rank_stays_near_2(tmp_path):
     _settle(tmp_path, ppo_rank=2.2)
-    assert _claims(tmp_path)[4].verdict == "fails"
+    assert _claims(tmp_path)[4].verdict == "contradicted"
 
 
 def test_claim4_undetermined_without_matched_reward(tmp_path):
     _settle(tmp_path, ppo_rank=4.0, ppo_reward=lambda r, seed, step, steps: 0.95)
     claim = _claims(tmp_path)[4]
-    assert claim.verdict == "undetermined"
+    assert claim.verdict == "not judged"
     assert (claim.table["common reward bins"] == 0).all()
 
 
@@ -193,7 +257,7 @@ def test_incomplete_claim_rows_do_not_break_analysis(tmp_path):
 
 
 # ---- keys that follow R ----------------------------------------------------------------------------
-def _budget_sweep(root, seeds=(0,)):
+def _budget_sweep(root, seeds=(0, 1)):
     """R = 2, 4, 8 at a fixed 32 rollouts per step: prompts_per_step = 32 / R."""
     _sweep(root, rank=lambda r, seed, step: float(r), seeds=seeds)
     for path in root.glob("**/config.yaml"):
@@ -204,10 +268,10 @@ def _budget_sweep(root, seeds=(0,)):
 
 def test_a_key_that_follows_r_joins_the_r_axis_instead_of_splitting_variants(tmp_path):
     _budget_sweep(tmp_path)
-    assert _claims(tmp_path)[2].verdict == "undetermined"  # three variants, one R each
+    assert _claims(tmp_path)[2].verdict == "not judged"  # three variants, one R each
     result = analyze([tmp_path], figures=False, follows_r=["rollout.prompts_per_step"])
     claims = {claim.number: claim for claim in result.claims}
-    assert claims[2].verdict == "fails"  # rank = R across the one variant
+    assert claims[2].verdict == "contradicted"  # rank = R across the one variant
     assert "rollout.prompts_per_step (follows R: R=2: 16, R=4: 8, R=8: 4)" in result.grouping.describe()
     assert result.grouping.variant_keys == []
 

@@ -190,7 +190,7 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     result = analyze([sweep], measure="erank_entropy", figures=False)
     assert len(result.analysed) == 2 and result.grouping.variant_keys == []
     verdict = result.verdicts[result.verdicts.matrix == "rollout_batch"]
-    assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in ("holds", "fails", "inconclusive")
+    assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in ("supported", "contradicted", "inconclusive", "mixed")
     assert set(result.summary[result.summary.matrix == "rollout_batch"]["group_size"]) == {2, 4}
 
 

@@ -5,112 +5,73 @@
 3. Gradient sparsity grows over training.
 4. Per-token credit (the paper's falsifier) raises the rank well above 2.
 
-A claim is judged in parts (per estimator, per R, per measure); the parts' verdicts are "holds",
-"fails" or "undetermined" (too little data to tell), and `combine` turns them into the claim's
-verdict: "holds" when every part holds, "fails" when every part that could be judged fails,
-"mixed" when some hold and others fail or cannot be judged, "undetermined" when no part could
-be judged, and "not measured" when the results hold no run the claim's rule can use (e.g. claim 4
-needs an outcome and a per-token estimator side by side, as in `make settle`).
+Every rule and threshold lives in analysis/rules.py. A claim is judged in parts (per estimator,
+per R, per measure, and for claim 2 the questions 2a / 2b / 2c); each part is supported,
+contradicted or inconclusive from an interval (or "not judged", saying why), and
+`rules.combine` turns the parts into the claim's verdict. "not measured": the results hold no
+run the claim's rule can use (e.g. claim 4 needs an outcome and a per-token estimator side by
+side, as in `make settle`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis import bootstrap as bs
+from grpo_cli.analysis import trend
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.summary import Rule, verdict_rows
+from grpo_cli.analysis.rank_verdict import Part, rng_for, settle_text
+from grpo_cli.analysis.rules import (
+    CONTRADICTED,
+    CONTRAST,
+    INCONCLUSIVE,
+    NOT_JUDGED,
+    NOT_MEASURED,
+    SUPPORTED,
+    Rules,
+    combine,
+)
+from grpo_cli.analysis.summary import verdict_rows
 from grpo_cli.analysis.tables import metric_table, progress_edges, with_x
 
-HOLDS, FAILS, MIXED = "holds", "fails", "mixed"
-UNDETERMINED, NOT_MEASURED = "undetermined", "not measured"
 ESTIMATOR_KEY = "algorithm.name"
 SPARSITY_METRICS = ("grad_sparsity", "grad_hoyer")
+ZERO_ADVANTAGE_METRIC = "zero_variance_frac"  # claim 3's second reading: zero-advantage groups
 STATEMENTS = {
     1: "Under outcome-only rewards every token of a rollout gets the same advantage.",
     2: "The gradient matrix has effective rank ~2 whatever the group size R.",
     3: "Gradient sparsity grows over training.",
     4: "Per-token credit raises the rank well above 2.",
 }
-
-
-@dataclass(frozen=True)
-class ClaimRules:
-    """Thresholds of the four rules; `rank` is claim 2's rule (the `grpo analyze` verdict rule)."""
-
-    rank: Rule = field(default_factory=Rule)
-    credit_tolerance: float = 1e-9  # claim 1: credit_uniform_frac >= 1 - tolerance at every step
-    trend_z: float = 1.96  # claim 3: Mann-Kendall z above this (one-sided 2.5% level)
-    margin: float = 0.5  # claim 4: per-token rank >= outcome rank + margin and >= 2 + margin
-    rank_matrix: str = "rollout_group"  # claim 2's headline matrix ...
-    rank_measure: str = "erank_entropy"  # ... and measure (also claim 4's measure)
-    falsifier_matrix: str = "rollout_batch"  # claim 4's matrix (not capped at R rows)
-
-    def text(self, claim: int, last_fraction: float) -> str:
-        target = f"{self.rank.target:g}"
-        if claim == 1:
-            return (
-                "Per estimator, credit_uniform_frac (metrics.csv: the fraction of rollouts whose "
-                "completion tokens all got the same advantage) is read at every step of every "
-                f"run. An outcome estimator holds iff it is >= 1 - {self.credit_tolerance:g} at "
-                "every step; ppo and process (per-token credit) are shown for contrast, not "
-                "judged."
-            )
-        if claim == 2:
-            return (
-                f"The rank verdict below ({self.rank_matrix} / {self.rank_measure}, the group's "
-                "R x P gradient that the paper's zero-sum argument is about), for every grpo, "
-                "dr_grpo or rloo variant: " + self.rank.text(last_fraction)
-            )
-        if claim == 3:
-            return (
-                "Per variant, R and measure (grad_sparsity, grad_hoyer on probe steps), a "
-                "Mann-Kendall trend test over steps, pooled over seeds: S = sum over seeds of "
-                "sum_{i<j} sign(x_j - x_i), Var = sum n(n-1)(2n+5)/18 (no tie correction, "
-                f"which is conservative), z = (S - sign S) / sqrt(Var); steps with a zero "
-                "gradient (grad_norm 0: every group had equal rewards) are left out, being fully "
-                "sparse by definition. Holds iff z > "
-                f"{self.trend_z:g} (growth at the one-sided 2.5% level), fails otherwise; "
-                "undetermined when even a strictly increasing series could not reach that z "
-                "(too few probe steps). Judged on grpo, dr_grpo and rloo variants."
-            )
-        return (
-            f"{self.falsifier_matrix} / {self.rank_measure} at matched training reward: per R, "
-            "the rank is averaged within training-reward bins (first within a run, then over "
-            "seeds), then over the bins that both the outcome variant (grpo, dr_grpo, rloo) and "
-            "the per-token variant (ppo, process) reach. Holds iff the per-token rank is >= the "
-            f"outcome rank + {self.margin:g} and >= {target} + {self.margin:g}; undetermined "
-            f"without a common bin. {self.falsifier_matrix} is used because a group matrix has "
-            "only R rows, so at R = 2 no estimator can raise its rank above 2."
-        )
+FIGURES = {2: "claim2", 3: "claim3", 4: "claim4"}  # the one figure beside each verdict
 
 
 @dataclass
 class Claim:
     number: int  # 1..4, see STATEMENTS
-    verdict: str  # holds | fails | mixed | undetermined | not measured
-    evidence: str  # the numbers behind the verdict, in one or two sentences
+    verdict: str  # rules.VERDICT_WORDS
+    evidence: str  # the numbers behind the verdict, one sentence per part
     table: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per judged part
-    rule: str = ""  # the rule, in words (ClaimRules.text)
+    rule: str = ""  # the rule, in words (Rules.text)
+    parts: list[Part] = field(default_factory=list)  # the headline parts, in order
 
     @property
     def statement(self) -> str:
         return STATEMENTS[self.number]
 
-
-def combine(parts: list[str]) -> str:
-    """A claim's verdict from its parts' verdicts (module docstring)."""
-    determined = [v for v in parts if v in (HOLDS, FAILS)]
-    if not determined:
-        return UNDETERMINED
-    if all(v == HOLDS for v in parts):
-        return HOLDS
-    if all(v == FAILS for v in determined):
-        return FAILS
-    return MIXED
+    @property
+    def parts_text(self) -> str:
+        """e.g. "2a contradicted, 2b inconclusive, 2c supported" (claim 2's questions)."""
+        names = [p for p in self.parts if p.name in ("2a", "2b", "2c")]
+        by_name: dict[str, list[str]] = {}
+        for p in names:
+            by_name.setdefault(p.name, []).append(p.verdict)
+        return ", ".join(f"{name} {combine(v)}" for name, v in by_name.items())
 
 
 def _estimators(runs: list[Run]) -> dict[str, str | None]:
@@ -123,8 +84,14 @@ def _facts(runs: list[Run]) -> dict[str, dict]:
     return {run.variant: run.estimator_facts for run in runs}
 
 
-def _zero_sum_variants(runs: list[Run]) -> list[str]:
+def zero_sum_variants(runs: list[Run]) -> list[str]:
     return sorted(v for v, f in _facts(runs).items() if f["zero_sum_group"])
+
+
+def falsifier_variants(runs: list[Run]) -> list[str]:
+    """The outcome (grpo, dr_grpo, rloo) and per-token variants that claim 4 compares."""
+    return sorted(v for v, f in _facts(runs).items()
+                  if f["zero_sum_group"] or f["credit"] == "per_token")
 
 
 def _label(variant: str, estimator: str | None) -> str:
@@ -132,7 +99,8 @@ def _label(variant: str, estimator: str | None) -> str:
 
 
 # ---- claim 1: uniform credit -------------------------------------------------------------------
-def credit_claim(runs: list[Run], rules: ClaimRules) -> Claim:
+def credit_claim(runs: list[Run], rules: Rules) -> Claim:
+    """True by construction for outcome estimators (a check of the wiring, not of the paper)."""
     table = metric_table(runs, ["credit_uniform_frac"])
     estimators = _estimators(runs)
     facts = _facts(runs)
@@ -141,11 +109,11 @@ def credit_claim(runs: list[Run], rules: ClaimRules) -> Claim:
         values = table.loc[table["variant"] == variant, "value"]
         kind = facts[variant]["credit"]
         if values.empty:
-            verdict = UNDETERMINED
+            verdict = NOT_JUDGED
         elif kind == "outcome":
-            verdict = HOLDS if values.min() >= 1 - rules.credit_tolerance else FAILS
+            verdict = SUPPORTED if values.min() >= 1 - rules.credit_tolerance else CONTRADICTED
         else:
-            verdict = "contrast"
+            verdict = CONTRAST
         rows.append(
             {
                 "variant": _label(variant, estimator),
@@ -167,14 +135,19 @@ def credit_claim(runs: list[Run], rules: ClaimRules) -> Claim:
         for r in rows
         if r["steps"]
     )
-    return Claim(1, verdict, evidence or "no credit_uniform_frac recorded", frame)
+    evidence = (evidence or "no credit_uniform_frac recorded") + (
+        ". For outcome estimators this holds by construction (one advantage per rollout)."
+        if judged else ""
+    )
+    return Claim(1, verdict, evidence, frame)
 
 
 # ---- claim 2: rank ~2 whatever R -------------------------------------------------------------
 def rank_claim(
-    runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: ClaimRules
+    runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules
 ) -> Claim:
-    variants = _zero_sum_variants(runs)
+    """The headline rows of `verdicts` (rank_verdict.rank_verdicts) for the zero-sum variants."""
+    variants = zero_sum_variants(runs)
     pick = verdicts["variant"].isin(variants)
     primary = verdicts[
         pick
@@ -182,119 +155,193 @@ def rank_claim(
         & (verdicts["measure"] == rules.rank_measure)
     ]
     matched_by = {
-        (m.variant, m.matrix, m.measure): m.verdict for m in matched.itertuples(index=False)
+        (m.variant, m.matrix, m.measure): m.reading for m in matched.itertuples(index=False)
     }
-    rows = [
-        {
+    rows = []
+    for v in primary.itertuples(index=False):
+        row = {
             "variant": _label(v.variant, _estimators(runs).get(v.variant)),
             "matrix": v.matrix,
             "measure": v.measure,
-            **{f"R={r}": m for r, m in sorted(v.means.items())},
-            "slope / doubling": v.slope,
-            "max dev. from 2": v.max_deviation,
+            **{f"R={r}": iv.text(2) + (" capped" if str(r) in v.capped.split(", ") else "")
+               for r, iv in sorted(v.intervals.items())},
+            "slope / doubling": (
+                f"{v.slope:+.2f} [{v.slope_low:+.2f}, {v.slope_high:+.2f}]"
+                if np.isfinite(v.slope_low) else ("-" if np.isnan(v.slope) else f"{v.slope:+.2f}")
+            ),
+            "2a slope = 0": v.verdict_slope_zero,
+            "2b growth small": v.verdict_growth,
+            "2c ~2": v.verdict_level,
             "verdict": v.verdict,
-            "at matched progress": matched_by.get((v.variant, v.matrix, v.measure), "-"),
+            "at matched progress (point)": matched_by.get((v.variant, v.matrix, v.measure), "-"),
         }
-        for v in primary.itertuples(index=False)
-    ]
+        rows.append(row)
     if not rows:
         return Claim(
             2,
             NOT_MEASURED,
-            f"no {rules.rank_matrix} / {rules.rank_measure} ranks from a grpo, dr_grpo or rloo run",
+            f"no {rules.rank_matrix} / {rules.rank_measure} ranks from a grpo, dr_grpo or rloo "
+            "run (no probe step, or no informative group)",
             pd.DataFrame(),
         )
+    parts = [p for v in primary.itertuples(index=False) for p in v.parts]
     counts = verdicts[pick]["verdict"].value_counts()
+    words = ", ".join(f"{counts[w]} {w}" for w in counts.index)
     evidence = " ".join(primary["sentence"]) + (
-        f" Over every matrix x measure pair of these variants: {counts.get(HOLDS, 0)} hold, "
-        f"{counts.get(FAILS, 0)} fail, {counts.get(UNDETERMINED, 0)} undetermined "
-        "(table 'Verdicts' below)."
+        f" Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
     )
-    return Claim(2, combine(list(primary["verdict"])), evidence, pd.DataFrame(rows))
+    verdicts_ = list(primary["verdict"])
+    verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
+    return Claim(2, verdict, evidence, pd.DataFrame(rows), parts=parts)
 
 
 # ---- claim 3: sparsity grows -------------------------------------------------------------------
-def mann_kendall(series: list[np.ndarray]) -> dict:
-    """Pooled Mann-Kendall statistic over independent series (each ordered in time).
+def _trend_row(series, rules: Rules, rng) -> tuple[dict, str, float, int | None]:
+    """The test on one variant x measure x R: (numbers, verdict, flip probability, seeds)."""
+    level = rules.trend_level
+    test = trend.mann_kendall(series, level)
+    if not np.isfinite(test["min_p"]) or test["min_p"] > level:
+        return test, NOT_JUDGED, math.nan, None
+    if test["p_up"] <= level:
+        verdict = SUPPORTED
+    elif test["p_down"] <= level:
+        verdict = CONTRADICTED
+    else:
+        verdict = INCONCLUSIVE
+    share = trend.growth_share(series, level, rng)
+    flip = share if verdict != SUPPORTED else 1 - share
+    seeds = None
+    if verdict == INCONCLUSIVE and test["z"] > 0:
+        z_needed = trend.NORMAL.inv_cdf(1 - level)
+        seeds = math.ceil(len(series) * (z_needed / test["z"]) ** 2)
+    return test, verdict, flip, seeds
 
-    Returns S, Var, z (continuity-corrected) and max_z, the z of strictly increasing series of
-    the same lengths (the most the data could show).
-    """
-    s, var, pairs = 0.0, 0.0, 0
-    for x in series:
-        n = len(x)
-        if n < 2:
-            continue
-        diff = x[None, :] - x[:, None]  # [n, n]: x_j - x_i
-        s += float(np.sign(diff[np.triu_indices(n, k=1)]).sum())
-        var += n * (n - 1) * (2 * n + 5) / 18
-        pairs += n * (n - 1) // 2
-    if var <= 0:
-        return {"S": s, "var": var, "z": np.nan, "max_z": np.nan}
-    z = (s - math.copysign(1.0, s)) / math.sqrt(var) if s else 0.0
-    return {"S": s, "var": var, "z": z, "max_z": (pairs - 1) / math.sqrt(var)}
 
-
-def sparsity_claim(runs: list[Run], rules: ClaimRules) -> Claim:
-    variants = _zero_sum_variants(runs)
-    table = metric_table(runs, [*SPARSITY_METRICS, "grad_norm"])
+def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
+    variants = zero_sum_variants(runs)
+    table = metric_table(runs, [*SPARSITY_METRICS, ZERO_ADVANTAGE_METRIC, "grad_norm"])
     table = table[table["variant"].isin(variants)]
     # a zero gradient (every group had equal rewards) is fully sparse by definition: left out
     zero = table.loc[(table["metric"] == "grad_norm") & (table["value"] == 0), ["run_id", "step"]]
     keep = ~table.set_index(["run_id", "step"]).index.isin(pd.MultiIndex.from_frame(zero))
-    table = table[keep & table["metric"].isin(SPARSITY_METRICS)]
-    rows = []
+    sparse = table[keep & table["metric"].isin(SPARSITY_METRICS)]
+    table = pd.concat([sparse, table[table["metric"] == ZERO_ADVANTAGE_METRIC]])
+    rows, parts = [], []
     for (variant, metric, size), part in table.groupby(["variant", "metric", "group_size"]):
         series = [
-            rows_.sort_values("step")["value"].to_numpy(float)
-            for _, rows_ in part.groupby("run_id")
+            (r.sort_values("step")["step"].to_numpy(float),
+             r.sort_values("step")["value"].to_numpy(float))
+            for _, r in part.groupby("run_id")
         ]
-        test = mann_kendall(series)
-        if not np.isfinite(test["max_z"]) or test["max_z"] <= rules.trend_z:
-            verdict = UNDETERMINED
-        else:
-            verdict = HOLDS if test["z"] > rules.trend_z else FAILS
+        test, verdict, flip, seeds = _trend_row(series, rules, rng_for(rules, variant, metric, size))
         first, last = part["step"].min(), part["step"].max()
+        label = _label(variant, _estimators(runs).get(variant))
+        reading = "zero-advantage groups" if metric == ZERO_ADVANTAGE_METRIC else "sparsity"
+        sen = f"{100 * test['sen']:+.3f} [{100 * test['sen_low']:+.3f}, {100 * test['sen_high']:+.3f}]"
         rows.append(
             {
-                "variant": _label(variant, _estimators(runs).get(variant)),
+                "variant": label,
+                "reading": reading,
                 "measure": metric,
                 "R": int(size),
                 "seeds": len(series),
-                "points": int(sum(len(x) for x in series)),
+                "points": test["n_points"],
                 "first": part.loc[part["step"] == first, "value"].mean(),
                 "last": part.loc[part["step"] == last, "value"].mean(),
                 "S": test["S"],
-                "z": test["z"],
+                "p (growth)": test["p_up"],
+                "Sen slope / 100 steps": sen,
+                "lag-1 autocorr.": test["lag1"],
+                "test": test["method"],
                 "verdict": verdict,
+                "flip": flip,
             }
         )
+        if verdict == NOT_JUDGED:
+            sentence = (f"{metric}, R={size}{f' ({label})' if variant else ''}: not judged; "
+                        f"{test['n_points']} points in {len(series)} series: even a strictly "
+                        f"increasing series would give p = {test['min_p']:.3f} > "
+                        f"{rules.trend_level:g}.")
+        else:
+            decided = {
+                SUPPORTED: f"growth significant (p = {test['p_up']:.3g} <= {rules.trend_level:g})",
+                CONTRADICTED: f"decline significant (p = {test['p_down']:.3g})",
+                INCONCLUSIVE: f"neither growth (p = {test['p_up']:.3g}) nor decline significant "
+                              f"at {rules.trend_level:g}",
+            }[verdict]
+            extra = settle_text(verdict, flip, seeds, len(series))
+            if verdict == INCONCLUSIVE and seeds is None:
+                extra = f"; flips in {flip:.0%} of resamples" if np.isfinite(flip) else ""
+                extra += "; no sign of growth, so more seeds would not make it supported"
+            sentence = (f"{metric}, R={size}{f' ({label})' if variant else ''}: {verdict}; "
+                        f"{decided}; Sen's slope {sen} per 100 steps ({test['method']})"
+                        f"{extra}.")
+        parts.append(Part("3" if reading == "sparsity" else "3z", reading, verdict, sentence,
+                          flip, seeds))
     frame = pd.DataFrame(rows)
-    if frame.empty:
+    if frame.empty or not (frame["reading"] == "sparsity").any():
         return Claim(
             3,
             NOT_MEASURED,
             "no grad_sparsity / grad_hoyer on probe steps of a grpo, dr_grpo or rloo run",
             frame,
+            parts=parts,
         )
-    evidence = "; ".join(
-        f"{metric}: "
-        + ", ".join(
-            f"R={r.R} {r.first:.3f} -> {r.last:.3f} (z {r.z:+.2f}, {r.verdict})"
-            for r in part.itertuples(index=False)
-        )
-        for metric, part in frame.groupby("measure", sort=False)
-    )
-    return Claim(3, combine(list(frame["verdict"])), evidence, frame)
+    judged = [p for p in parts if p.name == "3"]
+    zero_adv = [p for p in parts if p.name == "3z"]
+    evidence = " ".join(p.sentence for p in judged)
+    if zero_adv:
+        evidence += (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step): "
+                     f"{combine(p.verdict for p in zero_adv)}.")
+    return Claim(3, combine(p.verdict for p in judged), evidence, frame, parts=parts)
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------
+def _binned_runs(table: pd.DataFrame, variant: str, size: int, common: list) -> list[dict]:
+    """Per run of `variant` at R=`size`: {bin centre: the values of its steps in that bin}."""
+    rows = table[(table["variant"] == variant) & (table["group_size"] == size)
+                 & table["x"].isin(common)]
+    return [
+        {x: r["value"].to_numpy(float) for x, r in run_rows.groupby("x")}
+        for _, run_rows in rows.groupby("run_id")
+    ]
+
+
+def _binned_mean(runs: list[dict], common: list) -> float:
+    per_bin = [[v[c].mean() for v in runs if c in v] for c in common]
+    return float(np.mean([np.mean(b) for b in per_bin if b]))
+
+
+def binned_interval(runs: list[dict], common: list, rules: Rules, rng
+                    ) -> tuple[bs.Interval, np.ndarray]:
+    """Mean over common bins of the mean over runs of each run's bin mean, with its interval
+    and raw (unwidened) replicates: seeds resampled, then steps within each (run, bin)."""
+    estimate = _binned_mean(runs, common) if runs and common else math.nan
+    n = len(runs)
+    if n < 2 or not math.isfinite(estimate):
+        return bs.Interval(estimate, -math.inf, math.inf, n), np.empty(0)
+    size = rules.resamples * n
+    reps = np.full((n, size, len(common)), np.nan)  # [run, replicate x slot, bin]
+    for i, run in enumerate(runs):
+        for j, c in enumerate(common):
+            if c in run:
+                values = run[c]
+                reps[i, :, j] = values[rng.integers(0, len(values), (size, len(values)))].mean(1)
+    reps = reps.reshape(n, rules.resamples, n, len(common))
+    seeds = rng.integers(0, n, (rules.resamples, n))
+    chosen = reps[seeds, np.arange(rules.resamples)[:, None], np.arange(n)]  # [B, slot, bin]
+    with warnings.catch_warnings():  # a replicate may miss a bin in every drawn run
+        warnings.simplefilter("ignore", RuntimeWarning)
+        raw = np.nanmean(np.nanmean(chosen, axis=1), axis=1)
+    return bs.interval(estimate, raw, n, rules.confidence), raw
+
+
 def falsifier_claim(
-    runs: list[Run], ranks: pd.DataFrame, rules: ClaimRules, progress_bins: int
+    runs: list[Run], ranks: pd.DataFrame, rules: Rules, progress_bins: int
 ) -> Claim:
     """`ranks`: tables.rank_table; compared within `progress_bins` training-reward bins."""
     estimators = _estimators(runs)
-    outcome = _zero_sum_variants(runs)
+    outcome = zero_sum_variants(runs)
     per_token = [v for v, f in _facts(runs).items() if f["credit"] == "per_token"]
     if not outcome or not per_token:
         return Claim(
@@ -310,59 +357,74 @@ def falsifier_claim(
             (table["matrix"] == rules.falsifier_matrix) & (table["measure"] == rules.rank_measure)
         ]
         table = with_x(table, runs, "reward", progress_edges(runs, "reward", progress_bins))
-    per_bin = (
-        table.groupby(["variant", "group_size", "run_id", "x"], as_index=False)["value"]
-        .mean()
-        .groupby(["variant", "group_size", "x"])["value"]
-        .mean()
-        if not table.empty
-        else pd.Series(dtype=float)
-    )
-    target = rules.rank.target
-    rows = []
+    table = table.groupby(["variant", "group_size", "run_id", "step", "x"], as_index=False)[
+        "value"].mean() if not table.empty else table
+    bins = table.groupby(["variant", "group_size"])["x"].apply(set).to_dict() if len(table) else {}
+    target, margin = rules.target, rules.margin
+    rows, parts = [], []
     for base in sorted(outcome):
         for other in sorted(per_token):
-            sizes = sorted({int(r) for (v, r, _) in per_bin.index if v in (base, other)})
+            sizes = sorted({int(r) for (v, r) in bins if v in (base, other)})
             for size in sizes:
-                a = per_bin.get((base, size), pd.Series(dtype=float))
-                b = per_bin.get((other, size), pd.Series(dtype=float))
-                common = sorted(set(a.index) & set(b.index))
-                mean_a = float(a[common].mean()) if common else np.nan
-                mean_b = float(b[common].mean()) if common else np.nan
+                common = sorted(bins.get((base, size), set()) & bins.get((other, size), set()))
+                name = (f"{_label(other, estimators[other])} vs {_label(base, estimators[base])}"
+                        f" at R={size}")
+                row = {"outcome": _label(base, estimators[base]),
+                       "per-token": _label(other, estimators[other]), "R": size,
+                       "common reward bins": len(common)}
                 if not common:
-                    verdict = UNDETERMINED
-                elif mean_b >= mean_a + rules.margin and mean_b >= target + rules.margin:
-                    verdict = HOLDS
-                else:
-                    verdict = FAILS
-                rows.append(
-                    {
-                        "outcome": _label(base, estimators[base]),
-                        "per-token": _label(other, estimators[other]),
-                        "R": size,
-                        "common reward bins": len(common),
-                        "outcome rank": mean_a,
-                        "per-token rank": mean_b,
-                        "difference": mean_b - mean_a,
-                        "verdict": verdict,
-                    }
-                )
+                    rows.append(row | {"verdict": NOT_JUDGED})
+                    parts.append(Part("4", name, NOT_JUDGED,
+                                      f"{name}: not judged, no common reward bin."))
+                    continue
+                rng = rng_for(rules, base, other, size)
+                a, raw_a = binned_interval(_binned_runs(table, base, size, common), common,
+                                           rules, rng)
+                b, raw_b = binned_interval(_binned_runs(table, other, size, common), common,
+                                           rules, rng)
+                n = min(a.n, b.n)  # the difference is widened once, by the smaller n
+                raw = raw_b - raw_a if raw_a.size and raw_b.size else np.empty(0)
+                diff = bs.interval(b.estimate - a.estimate, raw, n, rules.confidence)
+                verdict = rules.well_above((diff.low, diff.high), (b.low, b.high))
+                flip = math.nan
+                if diff.replicates.size and b.replicates.size:
+                    above = (diff.replicates >= margin) & (b.replicates >= target + margin)
+                    point = diff.estimate >= margin and b.estimate >= target + margin
+                    flip = float(np.mean(above != point))
+                seeds = None
+                if verdict == INCONCLUSIVE:
+                    needs = [x for x in (bs.seeds_to_settle(diff, [margin], rules.confidence),
+                                         bs.seeds_to_settle(b, [target + margin], rules.confidence))
+                             if x]
+                    seeds = max(needs) if needs else None
+                below = [what for what, iv, bound in (
+                    (f"the difference is wholly below {margin:g}", diff, margin),
+                    (f"the per-token rank is wholly below {target + margin:g}", b,
+                     target + margin)) if iv.high < bound]
+                decided = {
+                    SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
+                    CONTRADICTED: " and ".join(below),
+                    INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or "
+                                  f"{target + margin:g} (per-token rank)",
+                }[verdict]
+                sentence = (f"{name}: {verdict}; per-token {b.text(2)} vs outcome {a.text(2)}, "
+                            f"difference {diff.text(2, sign=True)}: {decided}"
+                            + settle_text(verdict, flip, seeds, n) + ".")
+                rows.append(row | {"outcome rank": a.text(2), "per-token rank": b.text(2),
+                                   "difference": diff.estimate, "difference low": diff.low,
+                                   "difference high": diff.high, "verdict": verdict,
+                                   "flip": flip})
+                parts.append(Part("4", name, verdict, sentence, flip, seeds))
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Claim(
             4,
-            UNDETERMINED,
+            NOT_JUDGED,
             f"no {rules.falsifier_matrix} / {rules.rank_measure} ranks for these estimators",
             frame,
         )
-    evidence = "; ".join(
-        f"{r['per-token']} vs {r['outcome']} at R={r['R']}: {r['per-token rank']:.2f} vs "
-        f"{r['outcome rank']:.2f} ({r['verdict']})"
-        if r["common reward bins"]
-        else f"{r['per-token']} vs {r['outcome']} at R={r['R']}: no common reward bin"
-        for r in frame.to_dict("records")
-    )
-    return Claim(4, combine(list(frame["verdict"])), evidence, frame)
+    evidence = " ".join(p.sentence for p in parts)
+    return Claim(4, combine(p.verdict for p in parts), evidence, frame, parts=parts)
 
 
 def judge_claims(
@@ -370,8 +432,7 @@ def judge_claims(
     verdicts: pd.DataFrame,
     matched: pd.DataFrame,
     ranks: pd.DataFrame,
-    rules: ClaimRules,
-    last_fraction: float,
+    rules: Rules,
     progress_bins: int,
 ) -> list[Claim]:
     """The four claims, in order, each with its rule text filled in."""
@@ -382,18 +443,19 @@ def judge_claims(
         falsifier_claim(runs, ranks, rules, progress_bins),
     ]
     for claim in claims:
-        claim.rule = rules.text(claim.number, last_fraction)
+        claim.rule = rules.text(claim.number)
     return claims
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """claim, statement, verdict, evidence: the opening table of summary.md."""
+    """claim, statement, verdict, parts, evidence: the opening table of summary.md."""
     return pd.DataFrame(
         [
             {
                 "claim": c.number,
                 "statement": c.statement,
                 "verdict": c.verdict,
+                "parts": c.parts_text,
                 "evidence": c.evidence,
             }
             for c in claims

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from grpo_cli.algorithm.kinds import LEGACY_ESTIMATOR_FACTS
+from grpo_cli.measures import RANK_MEASURES
 
 RUN_MARKERS = ("run.json", "config.yaml", "metrics.csv")
 SKIP_DIRS = {"analysis", "checkpoints", "__pycache__"}
@@ -165,6 +166,24 @@ def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+def non_numeric_cells(table: pd.DataFrame, filename: str, columns, limit: int = 3) -> list[str]:
+    """One line per cell of `columns` that is neither empty nor a number (file, line, column);
+    such cells are read as missing, so they are reported rather than silently dropped."""
+    found = []
+    for column in [c for c in columns if c in table]:
+        values = table[column]
+        if pd.api.types.is_numeric_dtype(values):
+            continue
+        bad = values.notna() & pd.to_numeric(values, errors="coerce").isna()
+        bad &= values.astype(str).str.strip().ne("")
+        for index in bad[bad].index:
+            found.append(f"{filename} line {index + 2}, column {column}: "
+                         f"{str(values[index])!r} is not a number (left out)")
+    if len(found) > limit:
+        found = found[:limit] + [f"{filename}: {len(found) - limit} more non-numeric cells"]
+    return found
+
+
 def _read_yaml(path: Path, problems: list[str]) -> dict[str, Any]:
     if not path.is_file():
         problems.append(f"{path.name} missing")
@@ -203,6 +222,8 @@ def load_run(path: Path) -> Run:
     spectra = path / "spectra.parquet"
     if not spectra.is_file():
         problems.append("spectra.parquet missing")
+    ranks = _read_csv(path / "ranks.csv", problems)
+    problems += non_numeric_cells(ranks, "ranks.csv", RANK_MEASURES)
     run = Run(
         path=path,
         status=status,
@@ -211,7 +232,7 @@ def load_run(path: Path) -> Run:
         config=config,
         metrics=_read_csv(path / "metrics.csv", problems),
         evals=_read_csv(path / "eval.csv", problems),
-        ranks=_read_csv(path / "ranks.csv", problems),
+        ranks=ranks,
         events=_read_csv(path / "events.csv", problems),
         spectra_path=spectra if spectra.is_file() else None,
         problems=problems,

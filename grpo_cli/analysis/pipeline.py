@@ -19,6 +19,7 @@ from grpo_cli.analysis import (
     credit_compare,
     matching,
     plots,
+    plots_claims,
     plots_collapse,
     plots_training,
     report,
@@ -27,22 +28,29 @@ from grpo_cli.analysis import (
     token_weights,
 )
 from grpo_cli.analysis import composition as comp
-from grpo_cli.analysis.claims import Claim, ClaimRules, judge_claims
+from grpo_cli.analysis import rules as rules_module
+from grpo_cli.analysis.claims import (
+    Claim,
+    falsifier_variants,
+    judge_claims,
+    zero_sum_variants,
+)
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
+from grpo_cli.analysis.rank_verdict import matched_readings, rank_verdicts
+from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.summary import (
-    Rule,
+    SUMMARY_KEYS,
     accuracy_summary,
     last_part_means,
-    matched_verdicts,
     rank_summary,
-    verdicts,
 )
 from grpo_cli.analysis.tables import (
     ALIGNS,
     X_LABELS,
     X_NOTES,
     event_table,
+    group_table,
     measures_present,
     metric_table,
     progress_edges,
@@ -51,12 +59,20 @@ from grpo_cli.analysis.tables import (
 )
 
 FIGURES = {
+    "claim2": "Claim 2: the headline rank against R with its bootstrap intervals (bars), the "
+    "band around 2 (grey), the cap rank <= R (dotted; hatched: R <= 2, forced) and the slope "
+    "fitted over the judged R values.",
+    "claim3": "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction "
+    "(every step) over training, mean over seeds with a min-max band.",
+    "claim4": "Claim 4: outcome vs per-token estimators' rank on the falsifier matrix against R "
+    "(last part of training, with intervals); the verdict compares them at matched reward.",
     "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
     "end of training (or --steps), one colour per R, one line style per step.",
     "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
     "triangles = training-health alarms (events.csv).",
-    "rank_vs_R": "Effective rank (mean over the last part of training) against R; dashed line at 2, "
-    "grey band = tolerance; hollow markers = matched-progress means.",
+    "rank_vs_R": "Effective rank (mean over the last part of training) against R, with its "
+    "bootstrap interval (bar); dashed line at 2, grey band = the rule's band; hatched = R <= 2, "
+    "where a group's rank is capped at R; hollow markers = matched-progress means.",
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
     "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "
     "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
@@ -87,10 +103,11 @@ class AnalysisResult:
     analysed: list[Run]  # the runs that enter averages, verdicts and figures
     grouping: Grouping  # which config keys differ
     measures: list[str]  # rank measures analysed
-    rule: Rule  # the verdict rule
-    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std, n_seeds
-    verdicts: pd.DataFrame  # one row per variant x matrix x measure (on last-part means)
-    matched: pd.DataFrame  # the same verdicts at matched progress
+    rules: Rules  # every verdict rule and threshold (analysis/rules.py)
+    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std,
+    # n_seeds, and for verdict rows the interval (low, high) and capped
+    verdicts: pd.DataFrame  # one row per variant x matrix x measure (rank_verdict.py)
+    matched: pd.DataFrame  # point readings of claim 2's rule at matched progress
     composition: pd.DataFrame  # mean |measured - predicted| of rollout_group per-group rows
     accuracy: pd.DataFrame  # held-out accuracy at the first and last eval, per variant x R
     title: str  # experiment name(s)
@@ -123,6 +140,14 @@ REHEARSAL_NOTE = (
 )
 
 
+def _numeric_problems(runs: list[Run]) -> list[str]:
+    """Notes for non-numeric cells that load.py found in ranks.csv (left out, never silent)."""
+    return [
+        f"{run.name}: {problem}" for run in runs for problem in run.problems
+        if "not a number" in problem or "non-numeric" in problem
+    ]
+
+
 class NoUsableRuns(ValueError):
     """Nothing to analyse: every run failed, contradicts itself, or has no known group size."""
 
@@ -152,9 +177,10 @@ def analyze(
     out: Path | None = None,
     measure: str = "all",
     align: str = "step",
-    tolerance: float = 0.5,
-    trend_threshold: float = 0.25,
-    last_fraction: float = 0.25,
+    tolerance: float = rules_module.RANK_BAND,
+    trend_threshold: float = rules_module.GROWTH_TOLERANCE,
+    last_fraction: float = rules_module.LAST_FRACTION,
+    confidence: float = rules_module.CONFIDENCE,
     steps: list[int] | None = None,
     include_incomplete: bool = False,
     progress_bins: int = 8,
@@ -167,14 +193,16 @@ def analyze(
     measure; `align` ("step" | "reward" | "accuracy") is the x-axis of the rank and dynamics
     figures; matched-progress verdicts use `align`, or the training reward when align="step".
     `follows_r`: config keys that change with R by design (grouping.py), not variants.
+    `tolerance` (claim 2's band around 2), `trend_threshold` (its growth tolerance per doubling
+    of R), `last_fraction` and `confidence` (every interval's level) set analysis/rules.Rules.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("give at least one run or sweep directory")
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {', '.join(ALIGNS)}, not {align!r}")
-    if not 0 < last_fraction <= 1:
-        raise ValueError(f"last_fraction must be in (0, 1], not {last_fraction}")
+    rules = Rules(band=tolerance, growth_tolerance=trend_threshold,
+                  last_fraction=last_fraction, confidence=confidence)
     runs = load_runs(paths)
     notes: list[str] = []
     analysed, include_incomplete = _select(runs, include_incomplete, notes)
@@ -190,7 +218,6 @@ def analyze(
         raise NoUsableRuns(f"no run to analyse among {len(runs)}: {states}")
     grouping = group_runs(runs, basis=analysed, follows_r=follows_r)
     measures = measures_present(analysed, measure)
-    rule = Rule(tolerance=tolerance, trend_threshold=trend_threshold)
 
     ranks = rank_table(analysed, measures)
     if ranks.attrs.get("zero_rows"):
@@ -205,23 +232,26 @@ def analyze(
             f"no finite rank values for {', '.join(empty)} (e.g. no group with "
             "unequal rewards at any probe step), so no verdict for them"
         )
-    summary = rank_summary(last_part_means(ranks, last_fraction))
+    notes += _numeric_problems(analysed)
+    if ranks.empty:
+        notes.append("no rank value in any ranks.csv (no probe step, or no informative group): "
+                     "claims 2 and 4 cannot be judged")
+    probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
+    verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules, probes)
+    summary = rank_summary(last_part_means(ranks, last_fraction)).merge(
+        intervals, on=[*SUMMARY_KEYS, "group_size"], how="left"
+    )
     matched_progress = align if align != "step" else "reward"
     edges = progress_edges(analysed, matched_progress, progress_bins)
-    matched = matched_verdicts(
-        with_x(ranks, analysed, matched_progress, edges), rule, matched_progress
+    matched = matched_readings(
+        with_x(ranks, analysed, matched_progress, edges), rules, matched_progress
     )
     comp_table = comp.composition_table(analysed, measures)
-    rank_verdicts = verdicts(summary, rule)
-    claims = judge_claims(
-        analysed, rank_verdicts, matched, ranks, ClaimRules(rank=rule), last_fraction, progress_bins
-    )
-    claim_rules = ClaimRules(rank=rule)
-    collapse_frame = collapse.collapse_frame(analysed, ranks, claim_rules.rank_matrix,
-                                             claim_rules.rank_measure)
+    claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
+    collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
     matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
-                                                                progress_bins, rule.target)
+                                                                progress_bins, rules.target)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -229,9 +259,9 @@ def analyze(
         analysed=analysed,
         grouping=grouping,
         measures=measures,
-        rule=rule,
+        rules=rules,
         summary=summary,
-        verdicts=rank_verdicts,
+        verdicts=verdicts,
         matched=matched,
         composition=comp.departure(comp_table),
         accuracy=accuracy_summary(analysed),
@@ -252,11 +282,11 @@ def analyze(
         stage_readings=collapse.stage_readings(stages),
         collapse_warnings=collapse.collapse_warnings(stages),
         credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
-                                                          rule.target),
+                                                          rules.target),
         matching_coverage=matching_coverage,
         matching_bins=matching_bins,
         same_checkpoint=same_checkpoint.checkpoint_table(
-            analysed, ranks, claim_rules.rank_matrix, claim_rules.rank_measure, rule.target),
+            analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target),
         token_weights=token_weights.token_weight_table(analysed),
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
@@ -285,8 +315,20 @@ def _figures(
     ranks_x = with_x(ranks, runs, align, edges)
     metrics_x = with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges)
     per_run = last_part_means(ranks, result.last_fraction)
-    measures, rule = result.measures, result.rule
+    measures, rules = result.measures, result.rules
     made = {
+        "claim2": plots_claims.claim2_figure(
+            result.summary, result.verdicts, zero_sum_variants(runs), rules, styles, title
+        ),
+        "claim3": plots_claims.claim3_figure(
+            with_x(metric_table(
+                [r for r in runs if r.variant in zero_sum_variants(runs)],
+                list(plots_claims.CLAIM3_PANELS)), runs, "step", None),
+            styles, title,
+        ),
+        "claim4": plots_claims.claim4_figure(
+            result.summary, falsifier_variants(runs), rules, styles, title
+        ),
         "spectra": plots.spectra_figure(runs, steps, styles, title),
         "effective_rank": plots.effective_rank_figure(
             ranks_x, alarms, measures, styles, aligned_title, xlabel
@@ -298,8 +340,7 @@ def _figures(
             measures,
             styles,
             title,
-            rule,
-            result.last_fraction,
+            rules,
         ),
         "accuracy": plots_training.accuracy_figure(runs, styles, title),
         "dynamics": plots_training.dynamics_figure(
@@ -307,8 +348,8 @@ def _figures(
         ),
         "composition": plots.composition_figure(comp_table, measures, styles, title),
         "collapse": plots_collapse.collapse_figure(
-            result.collapse, styles, title, ClaimRules().rank_matrix, ClaimRules().rank_measure,
-            rule.target),
+            result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,
+            result.rules.target),
     }
     return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 

@@ -15,6 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from grpo_cli.analysis.composition import prediction_curve
 from grpo_cli.analysis.load import Run, read_spectra, spectra_steps
+from grpo_cli.analysis.rules import Rules, capped_group_sizes
 from grpo_cli.analysis.style import (
     Grid,
     Styles,
@@ -25,7 +26,7 @@ from grpo_cli.analysis.style import (
     no_data,
     r_color,
 )
-from grpo_cli.analysis.summary import Rule, verdict_rows
+from grpo_cli.analysis.summary import verdict_rows
 from grpo_cli.analysis.tables import LAYER_MATRICES, PER_GROUP_MATRICES, curves, ordered_matrices
 from grpo_cli.measures import MEASURE_LABELS
 
@@ -210,13 +211,17 @@ def effective_rank_figure(
 
 
 def _rank_vs_r_panel(ax, part, points, matched, matrix, measure, variant, styles) -> None:
-    """One variant in one panel: mean +- std per R, single seeds, matched-progress means."""
+    """One variant in one panel: mean with its bootstrap interval per R (a dotted full-height
+    bar where one seed gives no interval), single seeds, matched-progress means."""
     part = part.sort_values("group_size")
     marker = styles.marker(variant)
     ax.plot(part["group_size"], part["mean"], color="0.35", ls=styles.line(variant), lw=1)
     colors = [r_color(r) for r in part["group_size"]]
-    spread = part["std"].fillna(0.0)
-    ax.vlines(part["group_size"], part["mean"] - spread, part["mean"] + spread, colors=colors)
+    low = part["low"] if "low" in part else part["mean"]
+    high = part["high"] if "high" in part else part["mean"]
+    finite = np.isfinite(low.astype(float)) & np.isfinite(high.astype(float))
+    ax.vlines(part["group_size"][finite], low[finite], high[finite],
+              colors=[c for c, f in zip(colors, finite, strict=True) if f], lw=2)
     ax.scatter(part["group_size"], part["mean"], c=colors, s=36, zorder=3, marker=marker)
     where = (
         (points["matrix"] == matrix)
@@ -258,8 +263,7 @@ def rank_vs_r_figure(
     measures: list[str],
     styles: Styles,
     title: str,
-    rule: Rule,
-    last_fraction: float,
+    rules: Rules,
 ) -> Figure:
     points, means = verdict_rows(per_run), verdict_rows(summary)
     if means.empty:
@@ -272,22 +276,25 @@ def rank_vs_r_figure(
         if not sel.any():
             no_data(ax)
             continue
-        ax.axhspan(rule.target - rule.tolerance, rule.target + rule.tolerance, color="0.9")
-        ax.axhline(rule.target, color="k", ls="--", lw=1)
+        ax.axhspan(rules.target - rules.band, rules.target + rules.band, color="0.9")
+        ax.axhline(rules.target, color="k", ls="--", lw=1)
+        capped = capped_group_sizes(sizes, rules.target)
+        if capped:  # R <= target: a group of R rows has rank <= R
+            ax.axvspan(min(sizes) / 1.3, max(capped) * 1.2, color="0.6", alpha=0.15, hatch="//")
         for variant, part in means[sel].groupby("variant"):
             _rank_vs_r_panel(ax, part, points, matched, matrix, measure, variant, styles)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(r) for r in sizes])
         ax.grid(alpha=0.3)
     handles = styles.legend_handles(sizes) + [
-        Line2D([], [], color="0.3", marker="o", ls="", label="mean +- std over seeds"),
+        Line2D([], [], color="0.3", marker="o", ls="", label=f"mean, {rules.confidence:.0%} interval"),
         Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="single seed"),
         Line2D([], [], color="0.3", marker="o", ls="", mfc="none", label="matched progress"),
-        Line2D([], [], color="k", ls="--", label=f"rank {rule.target:g} +- {rule.tolerance:g}"),
+        Line2D([], [], color="k", ls="--", label=f"rank {rules.target:g} +- {rules.band:g}"),
     ]
     return grid.finish(
         f"{title}: effective rank vs group size R (mean over the last "
-        f"{last_fraction:.0%} of probe steps)",
+        f"{rules.last_fraction:.0%} of probe steps; hatched: R <= {rules.target:g}, capped)",
         handles,
     )
 

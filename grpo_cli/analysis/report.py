@@ -15,9 +15,11 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import collapse, matching, same_checkpoint, token_weights
-from grpo_cli.analysis.claims import ClaimRules, claims_table
+from grpo_cli.analysis.claims import FIGURES as FIGURE_OF_CLAIM
+from grpo_cli.analysis.claims import claims_table
 
-Block = tuple[str, object]  # ("h1" | "h2" | "h3" | "p" | "quote" | "list" | "table", payload)
+Block = tuple[str, object]  # (kind, payload): "h1" | "h2" | "h3" | "p" | "quote" | "list" |
+# "table" | "details" (summary line, list of lines: folded away in HTML) | "claim" (dict)
 SUMMARY_COLUMNS = [
     "kind",
     "claim",
@@ -35,11 +37,24 @@ SUMMARY_COLUMNS = [
     "n_incomplete",
     "n_obs",
     "start_mean",
+    "low",
+    "high",
+    "capped",
+    "judged",
     "verdict",
+    "verdict_slope_zero",
+    "verdict_growth",
+    "verdict_level",
+    "flip_slope_zero",
+    "flip_growth",
+    "flip_level",
     "max_deviation",
     "slope",
+    "slope_low",
+    "slope_high",
     "detail",
 ]
+OBJECT_COLUMNS = ["means", "intervals", "parts"]  # kept in memory, not written to summary.csv
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -63,14 +78,15 @@ def summary_frame(result) -> pd.DataFrame:
     if result.claims:
         claims = claims_table(result.claims)
         parts.append(
-            claims.assign(kind="claim", detail=claims["statement"] + " " + claims["evidence"])
+            claims.drop(columns=["parts"]).assign(
+                kind="claim", detail=claims["statement"] + " " + claims["evidence"])
         )
     parts.append(result.summary.assign(kind="rank"))
     for kind, table in (("verdict", result.verdicts), ("verdict_matched", result.matched)):
         if not table.empty:
             parts.append(
-                table.drop(columns=["means"])
-                .rename(columns={"sentence": "detail"})
+                table.drop(columns=[c for c in OBJECT_COLUMNS if c in table])
+                .rename(columns={"sentence": "detail", "reading": "verdict"})
                 .assign(kind=kind)
             )
     if not result.composition.empty:
@@ -132,13 +148,18 @@ def _cell(lookup: dict, key: tuple, size: int) -> str:
     row = lookup.get(key + (size,))
     if row is None:
         return "-"
-    spread = f" +- {row['std']:.2f}" if row["n_seeds"] > 1 else ""
+    low, high = row.get("low", np.nan), row.get("high", np.nan)
+    if pd.notna(low) and np.isfinite(low) and np.isfinite(high):
+        spread = f" [{low:.2f}, {high:.2f}]"
+    else:
+        spread = f" +- {row['std']:.2f}" if row["n_seeds"] > 1 else ""
     mark = "*" if row["n_incomplete"] else ""
-    return f"{row['mean']:.2f}{spread} (n={row['n_seeds']}{mark})"
+    cap = " capped" if row.get("capped") is True else ""
+    return f"{row['mean']:.2f}{spread} (n={row['n_seeds']}{mark}){cap}"
 
 
 def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd.DataFrame:
-    """variant, matrix, measure, one "mean +- std (n)" column per R, slope, verdict."""
+    """variant, matrix, measure, one "mean [interval] (n)" column per R, slope, verdicts."""
     summary = result.summary
     sizes = sorted(int(r) for r in summary["group_size"].unique())
     lookup = {
@@ -151,9 +172,15 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
         row = {"variant": v.variant, "matrix": v.matrix, "measure": v.measure}
         row |= {f"R={r}": _cell(lookup, key, r) for r in sizes}
         if stat is None:
+            slope = fmt(v.slope)
+            if np.isfinite(v.slope_low) and np.isfinite(v.slope_high):
+                slope = f"{v.slope:+.2f} [{v.slope_low:+.2f}, {v.slope_high:+.2f}]"
             row |= {
-                "slope / doubling": fmt(v.slope),
-                "max dev. from 2": fmt(v.max_deviation),
+                "judged R": v.judged,
+                "slope / doubling": slope,
+                "2a slope = 0": v.verdict_slope_zero,
+                "2b growth small": v.verdict_growth,
+                "2c ~2": v.verdict_level,
                 "verdict": v.verdict,
             }
         rows.append(row)
@@ -164,7 +191,7 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
 
 
 def matched_table(matched: pd.DataFrame) -> pd.DataFrame:
-    """Matched-progress verdicts with one column of matched means per R."""
+    """Matched-progress point readings with one column of matched means per R."""
     if matched.empty:
         return matched
     sizes = sorted({int(r) for means in matched["means"] for r in means})
@@ -174,7 +201,7 @@ def matched_table(matched: pd.DataFrame) -> pd.DataFrame:
     )
     columns = ["variant", "matrix", "measure"]
     return pd.concat(
-        [matched[columns], per_r, matched[["slope", "max_deviation", "common_bins", "verdict"]]],
+        [matched[columns], per_r, matched[["slope", "max_deviation", "common_bins", "reading"]]],
         axis=1,
     )
 
@@ -210,28 +237,35 @@ def composition_sentences(comp: pd.DataFrame, measure: str = "erank_entropy") ->
     ]
 
 
+VERDICT_LEGEND = (
+    "Verdicts: supported (the whole interval lies inside the rule's region), contradicted (the "
+    "whole interval lies outside), inconclusive (it straddles a boundary), mixed (some parts "
+    "supported, others contradicted), not judged (too little data: the sentence says what is "
+    "missing), not measured (no run the rule can use). Each part's sentence names what decided "
+    "it, how often it flips under resampling and, if inconclusive, roughly how many seeds would "
+    "settle it."
+)
+
+
 def claim_blocks(result) -> list[Block]:
-    """The opening section: the paper's four claims, one verdict each, rule and numbers."""
+    """The opening section: the four verdicts, each beside the one figure that shows it."""
     if not result.claims:
         return []
     out: list[Block] = [
         ("h2", "The paper's four claims"),
-        ("table", claims_table(result.claims)[["claim", "statement", "verdict"]]),
-        (
-            "p",
-            "Verdicts: holds (every part of the rule holds), fails (every part that could be "
-            "judged fails), mixed (some parts hold, others fail or cannot be judged), "
-            "undetermined (too little data), not measured (no run the rule can use).",
-        ),
+        ("table", claims_table(result.claims)[["claim", "statement", "verdict", "parts"]]),
+        ("p", VERDICT_LEGEND),
     ]
     for claim in result.claims:
-        out += [
-            ("h3", f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"),
-            ("quote", f"Rule: {claim.rule}"),
-            ("p", claim.evidence),
-        ]
-        if not claim.table.empty:
-            out.append(("table", claim.table))
+        sentences = [p.sentence for p in claim.parts] or [claim.evidence]
+        out.append(("claim", {
+            "heading": f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
+                       + (f" ({claim.parts_text})" if claim.parts_text else ""),
+            "figure": FIGURE_OF_CLAIM.get(claim.number),
+            "sentences": sentences,
+            "rule": claim.rule,
+            "table": claim.table,
+        }))
     return out
 
 
@@ -275,11 +309,11 @@ def blocks(result) -> list[Block]:
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
-        *token_weights.blocks(result.token_weights),
         *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *token_weights.blocks(result.token_weights),
         *credit_comparison_blocks(result.credit_comparison),
-        *same_checkpoint.blocks(result.same_checkpoint, ClaimRules().rank_matrix,
-                                ClaimRules().rank_measure),
+        *same_checkpoint.blocks(result.same_checkpoint, result.rules.rank_matrix,
+                                result.rules.rank_measure),
         ("h2", "Runs"),
         (
             "p",
@@ -302,7 +336,7 @@ def blocks(result) -> list[Block]:
         ("table", run_table(result.runs)),
         *data_problem_blocks(result.runs),
         ("h2", "Verdict rule"),
-        ("quote", result.rule.text(result.last_fraction)),
+        ("quote", result.rules.rank_text()),
         (
             "p",
             "For layer/update the rank is first averaged over layers at each step (per-layer "
@@ -311,17 +345,19 @@ def blocks(result) -> list[Block]:
         ),
         ("h2", "Verdicts"),
         ("table", verdict_table(result, result.verdicts)),
-        ("list", list(result.verdicts["sentence"])),
-        ("h2", f"Verdicts at matched progress ({result.matched_progress})"),
+        ("details", (f"One sentence per matrix x measure ({len(result.verdicts)})",
+                     list(result.verdicts["sentence"]))),
+        ("h2", f"Point readings at matched progress ({result.matched_progress})"),
         (
             "p",
-            f"Same rule; each R's rank is averaged over the {result.matched_progress} bins "
+            f"Claim 2's thresholds on point estimates, no interval (descriptive only): each R's "
+            f"rank is averaged over the {result.matched_progress} bins "
             f"({result.progress_bins} equal-width bins over the pooled range of all runs) that "
-            "every R of the variant reaches, so fast and slow learners are compared at equal "
-            "progress.",
+            "every R of the variant reaches; 'inside' / 'outside' the rule's region.",
         ),
         ("table", matched_table(result.matched)),
-        ("list", list(result.matched["sentence"]) if not result.matched.empty else []),
+        ("details", (f"One sentence per matrix x measure ({len(result.matched)})",
+                     list(result.matched["sentence"]) if not result.matched.empty else [])),
         *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),
@@ -340,7 +376,7 @@ def blocks(result) -> list[Block]:
         ("table", result.composition.round(3)),
         ("list", composition_sentences(result.composition)),
         *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings,
-                         ClaimRules().rank_matrix, ClaimRules().rank_measure),
+                         result.rules.rank_matrix, result.rules.rank_measure),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:
@@ -377,6 +413,17 @@ def render_markdown(content: list[Block]) -> str:
             parts.append("\n".join(f"- {item}" for item in payload) or "_(none)_")
         elif kind == "table":
             parts.append(_md_table(_compact(payload)))
+        elif kind == "details":
+            title, lines = payload
+            parts.append(f"{title}:\n\n" + ("\n".join(f"- {i}" for i in lines) or "_(none)_"))
+        elif kind == "claim":
+            parts.append(f"### {payload['heading']}")
+            if payload["figure"]:
+                parts.append(f"![{payload['figure']}]({payload['figure']}.png)")
+            parts.append("\n".join(f"- {line}" for line in payload["sentences"]))
+            parts.append(f"> Rule: {payload['rule']}")
+            if not payload["table"].empty:
+                parts.append(_md_table(_compact(payload["table"])))
         else:
             parts.append(str(payload))
     return "\n\n".join(parts) + "\n"
@@ -391,22 +438,41 @@ def _html_table(table: pd.DataFrame) -> str:
         cells = []
         for value in row:
             text = fmt(value, 3)
-            css = (
-                f' class="{text}"'
-                if text in ("holds", "fails", "failed", "incomplete", "mixed")
-                else ""
-            )
+            css = f' class="{CSS_CLASSES[text]}"' if text in CSS_CLASSES else ""
             cells.append(f"<td{css}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+CSS_CLASSES = {"supported": "supported", "contradicted": "contradicted", "failed": "contradicted",
+               "inconclusive": "inconclusive", "mixed": "inconclusive",
+               "incomplete": "inconclusive"}
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:0.5em 0;font-size:0.85em}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}
-td.holds{background:#d9f2d9}td.mixed{background:#fff3c4}td.fails,td.failed{background:#f9d6d5}td.incomplete{background:#fff3c4}
+td.supported{background:#d9f2d9}td.inconclusive{background:#fff3c4}td.contradicted{background:#f9d6d5}
+.claim{display:flex;gap:1.5em;align-items:flex-start;border-top:1px solid #ddd;padding-top:0.5em}
+.claim .text{flex:1 1 50%}.claim img{flex:0 1 45%;max-width:45%}details{margin:0.5em 0}
 blockquote{border-left:4px solid #888;margin:0.5em 0;padding:0.3em 1em;background:#f7f7f7}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"""
+
+
+def _img(name: str, path: Path) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+
+
+def _html_claim(claim: dict, figures: dict[str, Path]) -> str:
+    """A claim's verdict and sentences, beside its figure; the rule and table folded away."""
+    text = (f"<h3>{html.escape(claim['heading'])}</h3><ul>"
+            + "".join(f"<li>{html.escape(s)}</li>" for s in claim["sentences"]) + "</ul>"
+            + f"<details><summary>Rule and numbers</summary><blockquote>"
+            f"{html.escape(claim['rule'])}</blockquote>"
+            + (_html_table(_compact(claim["table"])) if not claim["table"].empty else "")
+            + "</details>")
+    figure = claim["figure"]
+    image = _img(figure, figures[figure]) if figure in figures else ""
+    return f'<div class="claim"><div class="text">{text}</div>{image}</div>'
 
 
 def render_html(content: list[Block], figures: dict[str, Path], captions: dict[str, str]) -> str:
@@ -421,14 +487,22 @@ def render_html(content: list[Block], figures: dict[str, Path], captions: dict[s
             parts.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in payload) + "</ul>")
         elif kind == "table":
             parts.append(_html_table(_compact(payload)))
+        elif kind == "details":
+            title, lines = payload
+            parts.append(f"<details><summary>{html.escape(title)}</summary><ul>"
+                         + "".join(f"<li>{html.escape(i)}</li>" for i in lines) + "</ul></details>")
+        elif kind == "claim":
+            parts.append(_html_claim(payload, figures))
         else:
             parts.append(f"<p>{text}</p>")
+    shown = {p["figure"] for kind, p in content if kind == "claim" and p["figure"]}
     figures_html = ["<h2>Figures</h2>"]
     for name, path in figures.items():
-        data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        if name in shown:
+            continue
         figures_html.append(
             f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
-            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+            + _img(name, path)
         )
     # figures go after the verdicts and summaries, before the median table
     cut = next((i for i, p in enumerate(parts) if p.startswith("<h2>Per-group")), len(parts))

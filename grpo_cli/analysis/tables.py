@@ -121,6 +121,29 @@ def rank_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     return table
 
 
+def group_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
+    """Per-group rows (group g<b>) of the per-group matrices: META + step, matrix, group,
+    measure, value. The bootstrap resamples them within a step (analysis/bootstrap.py)."""
+    columns = [*META, "step", "matrix", "group", "measure", "value"]
+    parts = []
+    for run in runs:
+        ranks = run.ranks
+        have = [m for m in measures if m in ranks.columns]
+        if ranks.empty or not have or "matrix" not in ranks or "group" not in ranks:
+            continue
+        rows = ranks[ranks["matrix"].isin(PER_GROUP_MATRICES) & ranks["group"].str.startswith("g")]
+        if rows.empty:
+            continue
+        rows = rows.assign(**{m: pd.to_numeric(rows[m], errors="coerce") for m in have})
+        long = rows[["step", "matrix", "group", *have]].melt(
+            id_vars=["step", "matrix", "group"], var_name="measure"
+        )
+        parts.append(long.dropna(subset=["value"]).assign(**run_meta(run)))
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(parts, ignore_index=True)[columns]
+
+
 def metric_table(runs: list[Run], columns: list[str]) -> pd.DataFrame:
     """Long table of metrics.csv columns (NaN rows dropped): META + step, metric, value."""
     parts = []

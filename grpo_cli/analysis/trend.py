@@ -103,10 +103,10 @@ def mann_kendall(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float) 
     var = sum(_kendall_var(len(x)) * f for (_, x), f in zip(series, factors, strict=True))
     pairs = sum(n * (n - 1) // 2 for n in lengths)
     sd = math.sqrt(max(var, 1e-12))
+    lag1 = [r for r in (lag1_autocorrelation(x) for _, x in series) if math.isfinite(r)]
     out |= {"S": s, "factor": float(np.mean(factors)),
             "z": (s - math.copysign(1.0, s)) / sd if s else 0.0,
-            "lag1": float(np.nanmean([lag1_autocorrelation(x) for _, x in series] or [math.nan]))
-            if any(len(x) >= 3 for _, x in series) else math.nan}
+            "lag1": float(np.mean(lag1)) if lag1 else math.nan}
     if max(lengths) < HAMED_RAO_MIN_POINTS:
         dist = inversion_distribution(lengths)
         cdf = np.cumsum(dist)
@@ -138,3 +138,29 @@ def mann_kendall(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float) 
         else:
             out["sen_low"], out["sen_high"] = -math.inf, math.inf
     return out
+
+
+def growth_share(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float,
+                 rng: np.random.Generator, resamples: int = 200) -> float:
+    """Share of seed resamples (whole series drawn with replacement) in which the pooled test
+    finds growth at `level`; nan for fewer than two series."""
+    series = [(np.asarray(t, float), np.asarray(x, float)) for t, x in series if len(x) >= 2]
+    if len(series) < 2:
+        return math.nan
+    s = np.array([_sign_sum(x) for _, x in series])
+    lengths = np.array([len(x) for _, x in series])
+    var = np.array([_kendall_var(len(x)) * hamed_rao_factor(t, x) for t, x in series])
+    exact = lengths.max() < HAMED_RAO_MIN_POINTS
+    hits = 0
+    for _ in range(resamples):
+        pick = rng.integers(0, len(series), len(series))
+        total = float(s[pick].sum())
+        if exact:
+            chosen = tuple(sorted(int(n) for n in lengths[pick]))
+            pairs = sum(n * (n - 1) // 2 for n in chosen)
+            up = math.floor((pairs - total) / 2 + 1e-9)
+            p_up = float(np.cumsum(inversion_distribution(chosen))[up]) if up >= 0 else 0.0
+        else:
+            p_up = 1 - NORMAL.cdf((total - 1) / math.sqrt(float(var[pick].sum())))
+        hits += p_up <= level
+    return hits / resamples

@@ -1,0 +1,125 @@
+"""The one figure beside each claim's verdict in report.html (claims 2, 3 and 4).
+
+- claim2: the headline rank against R with its intervals, the band around 2, the rank cap
+  (a group of R rows has rank <= R) and the fitted slope over the judged R values.
+- claim3: gradient sparsity and the zero-advantage group fraction over training, per R.
+- claim4: outcome vs per-token estimators' rank on the falsifier matrix, with intervals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from grpo_cli.analysis.rules import Rules, capped_group_sizes
+from grpo_cli.analysis.style import Styles, band, empty_figure, new_figure, no_data, r_color
+from grpo_cli.analysis.tables import curves
+
+CLAIM3_PANELS = {"grad_sparsity": "gradient sparsity (probe steps)",
+                 "zero_variance_frac": "zero-advantage groups (fraction)"}
+
+
+def _interval_lines(ax, rows: pd.DataFrame, style: str, marker: str, label: str) -> None:
+    rows = rows.sort_values("group_size")
+    ax.plot(rows["group_size"], rows["mean"], color="0.3", ls=style, lw=1, marker=marker,
+            label=label)
+    low, high = rows["low"].astype(float), rows["high"].astype(float)
+    finite = np.isfinite(low) & np.isfinite(high)
+    ax.vlines(rows["group_size"][finite], low[finite], high[finite],
+              colors=[r_color(r) for r in rows["group_size"][finite]], lw=3, alpha=0.8)
+    ax.scatter(rows["group_size"], rows["mean"], c=[r_color(r) for r in rows["group_size"]],
+               s=40, zorder=3, marker=marker)
+
+
+def _r_axis(ax, sizes: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(r) for r in sizes])
+    ax.set_xlabel("group size R")
+    ax.grid(alpha=0.3)
+
+
+def claim2_figure(summary: pd.DataFrame, verdicts: pd.DataFrame, variants: list[str],
+                  rules: Rules, styles: Styles, title: str) -> Figure:
+    sel = summary[(summary["matrix"] == rules.rank_matrix)
+                  & (summary["measure"] == rules.rank_measure) & (summary["stat"] == "mean")
+                  & summary["variant"].isin(variants)]
+    name = f"{rules.rank_matrix} / {rules.rank_measure}"
+    if sel.empty:
+        return empty_figure(f"{title}: claim 2", f"no {name} ranks")
+    grid = new_figure(1, 1, width=5.0, height=3.6)
+    ax = grid.axes[0][0]
+    sizes = sorted(int(r) for r in sel["group_size"].unique())
+    ax.axhspan(rules.target - rules.band, rules.target + rules.band, color="0.9")
+    ax.axhline(rules.target, color="k", ls="--", lw=1)
+    line = np.array([min(sizes) / 1.2, max(sizes) * 1.2])
+    ax.plot(line, line, color="0.5", ls=":", lw=1)  # the cap: rank <= R
+    capped = capped_group_sizes(sizes, rules.target)
+    if capped:
+        ax.axvspan(line[0], max(capped) * 1.2, color="0.6", alpha=0.15, hatch="//")
+    for variant, rows in sel.groupby("variant"):
+        _interval_lines(ax, rows, styles.line(variant), styles.marker(variant), variant or name)
+        v = verdicts[(verdicts["variant"] == variant) & (verdicts["matrix"] == rules.rank_matrix)
+                     & (verdicts["measure"] == rules.rank_measure)]
+        if len(v) and np.isfinite(v["slope"].iloc[0]):
+            judged = [int(r) for r in str(v["judged"].iloc[0]).split(", ")]
+            means = rows.set_index("group_size")["mean"]
+            x = np.log2(np.array(judged, dtype=float))
+            y = np.array([means[r] for r in judged])
+            fit = y.mean() + v["slope"].iloc[0] * (x - x.mean())
+            ax.plot(judged, fit, color="tab:purple", lw=1.5, alpha=0.7)
+    top = float(np.nanmax(sel["high"].replace([np.inf, -np.inf], np.nan).to_list()
+                          + sel["mean"].to_list()))
+    ax.set_ylim(0, max(top * 1.1, rules.target + 2 * rules.band))
+    _r_axis(ax, sizes)
+    ax.set_ylabel(f"{rules.rank_measure} (last {rules.last_fraction:.0%})")
+    handles = [
+        Line2D([], [], color="0.3", marker="o", ls="", label=f"mean, {rules.confidence:.0%} interval"),
+        Line2D([], [], color="k", ls="--", label=f"{rules.target:g} +- {rules.band:g}"),
+        Line2D([], [], color="0.5", ls=":", label="cap: rank <= R"),
+        Line2D([], [], color="tab:purple", label="slope over judged R"),
+    ]
+    return grid.finish(f"{title}: claim 2, {name} against R", handles)
+
+
+def claim3_figure(metrics_x: pd.DataFrame, styles: Styles, title: str) -> Figure:
+    if metrics_x.empty:
+        return empty_figure(f"{title}: claim 3", "no grad_sparsity or zero_variance_frac")
+    grid = new_figure(1, len(CLAIM3_PANELS), width=3.8, height=3.0)
+    for ax, (metric, label) in zip(grid.axes[0], CLAIM3_PANELS.items(), strict=True):
+        rows = metrics_x[metrics_x["metric"] == metric]
+        if rows.empty:
+            no_data(ax)
+            continue
+        for (size, variant), curve in curves(rows, []).groupby(["group_size", "variant"]):
+            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    sizes = metrics_x["group_size"].unique()
+    return grid.finish(f"{title}: claim 3, the trend (mean over seeds, band min-max)",
+                       styles.legend_handles(sizes))
+
+
+def claim4_figure(summary: pd.DataFrame, variants: list[str], rules: Rules, styles: Styles,
+                  title: str) -> Figure:
+    sel = summary[(summary["matrix"] == rules.falsifier_matrix)
+                  & (summary["measure"] == rules.rank_measure)
+                  & summary["variant"].isin(variants)]
+    name = f"{rules.falsifier_matrix} / {rules.rank_measure}"
+    if sel["variant"].nunique() < 2:
+        return empty_figure(f"{title}: claim 4", f"no {name} ranks for an outcome and a "
+                            "per-token estimator")
+    grid = new_figure(1, 1, width=5.0, height=3.6)
+    ax = grid.axes[0][0]
+    ax.axhline(rules.target + rules.margin, color="k", ls="--", lw=1)
+    for variant, rows in sel.groupby("variant"):
+        _interval_lines(ax, rows, styles.line(variant), styles.marker(variant), variant)
+    _r_axis(ax, sorted(int(r) for r in sel["group_size"].unique()))
+    ax.set_ylabel(f"{rules.rank_measure} (last {rules.last_fraction:.0%})")
+    ax.legend(fontsize=7)
+    handles = [Line2D([], [], color="k", ls="--", label=f"{rules.target:g} + {rules.margin:g}")]
+    if not ax.lines:
+        no_data(ax)
+    return grid.finish(f"{title}: claim 4, outcome vs per-token on {name}", handles)

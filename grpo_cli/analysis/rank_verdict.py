@@ -1,0 +1,353 @@
+"""Claim 2's rule on every variant x matrix x measure, with intervals (analysis/rules.py).
+
+Per R: the mean over seeds of each run's mean over its last probe steps, with a hierarchical
+bootstrap interval (analysis/bootstrap.py). Over the judged R values (the uncapped ones when at
+least two exist, `rules.judged_group_sizes`): the least-squares slope per doubling of R with its
+interval. Three parts, each supported / contradicted / inconclusive with one sentence:
+2a "does the rank depend on R at all?" (slope = 0), 2b "is the growth small?" (|slope| <=
+tolerance) and 2c "is the rank ~2?" (each judged R within the band).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis import bootstrap as bs
+from grpo_cli.analysis.rules import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_JUDGED,
+    SUPPORTED,
+    Rules,
+    capped_group_sizes,
+    combine,
+    judged_group_sizes,
+)
+from grpo_cli.analysis.summary import SUMMARY_KEYS, last_part, sort_rows, verdict_rows
+from grpo_cli.analysis.tables import PER_GROUP_MATRICES
+
+EMPTY = np.empty(0)
+VERDICT_COLUMNS = [
+    *SUMMARY_KEYS,
+    "judged",
+    "capped",
+    "slope",
+    "slope_low",
+    "slope_high",
+    "max_deviation",
+    "verdict_slope_zero",
+    "verdict_growth",
+    "verdict_level",
+    "verdict",
+    "flip_slope_zero",
+    "flip_growth",
+    "flip_level",
+    "n_incomplete",
+    "means",
+    "intervals",
+    "parts",
+    "sentence",
+]
+INTERVAL_COLUMNS = [*SUMMARY_KEYS, "group_size", "low", "high", "capped"]
+
+
+@dataclass
+class Part:
+    """One part of a verdict: its question, verdict and the sentence that explains it."""
+
+    name: str  # "2a" | "2b" | "2c" (or "3", "4" in claims.py)
+    question: str
+    verdict: str
+    sentence: str
+    flip: float = math.nan  # share of resamples whose reading differs from the estimate's
+    seeds: int | None = None  # roughly how many seeds in all would settle an inconclusive part
+
+
+def rng_for(rules: Rules, *key) -> np.random.Generator:
+    """A generator per judged number, seeded from `rules.seed` and the number's key: the same
+    numbers whatever else is analysed alongside."""
+    return np.random.default_rng([rules.seed, zlib.crc32(repr(key).encode())])
+
+
+def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> str:
+    """The flip probability and, for an inconclusive part, how many seeds would settle it."""
+    out = ""
+    if math.isfinite(flip):
+        out += f"; flips in {flip:.0%} of resamples"
+    if part_verdict == INCONCLUSIVE:
+        if n < 2:
+            out += "; at least 2 seeds per R are needed for an interval"
+        elif seeds is not None:
+            out += f"; about {seeds} seeds in all ({seeds - n} more) would settle it"
+        else:
+            out += "; the estimate sits on a boundary: more seeds may not settle it"
+    return out
+
+
+def _runs(rows: pd.DataFrame, groups: dict, use_groups: bool) -> list[bs.RunSteps]:
+    runs = []
+    for run_id, run_rows in rows.groupby("run_id", sort=True):
+        run_rows = run_rows.sort_values("step")
+        runs.append(
+            [
+                (float(v), groups.get((run_id, int(s)), EMPTY) if use_groups else EMPTY)
+                for s, v in zip(run_rows["step"], run_rows["value"], strict=True)
+            ]
+        )
+    return runs
+
+
+def _per_r(part: pd.DataFrame, groups: dict, use_groups: bool, rules: Rules, rng,
+           same_weights: frozenset[str] = frozenset()):
+    """R -> (interval, raw replicates) for one variant x matrix x measure. A single `grpo probe`
+    run (`same_weights`: one set of weights, so no seed-to-seed training variation) resamples
+    its prompt groups instead of seeds."""
+    out = {}
+    for size, rows in part.groupby("group_size"):
+        runs = _runs(rows, groups, use_groups)
+        estimate = bs.nested_mean(runs) if runs else math.nan
+        if not math.isfinite(estimate):
+            continue
+        if len(runs) == 1 and use_groups and rows["run_id"].iloc[0] in same_weights:
+            pooled = np.concatenate([g for _, g in runs[0]])  # every group of the window
+            if pooled.size >= 2:
+                draws = pooled[rng.integers(0, pooled.size, (rules.resamples, pooled.size))]
+                raw = estimate + draws.mean(axis=1) - pooled.mean()
+                out[int(size)] = (bs.interval(estimate, raw, pooled.size, rules.confidence), raw)
+                continue
+        raw = bs.mean_replicates(runs, rng, rules.resamples) if len(runs) >= 2 else EMPTY
+        out[int(size)] = (bs.interval(estimate, raw, len(runs), rules.confidence), raw)
+    return out
+
+
+def _r_list(sizes) -> str:
+    return ", ".join(f"R={r}" for r in sizes)
+
+
+def slope_parts(per_r: dict, judged: list[int], capped: list[int], rules: Rules):
+    """2a and 2b from the per-R intervals; returns (parts, slope interval or None)."""
+    tol = rules.growth_tolerance
+    capped_text = ", ".join(f"R={r}" for r in capped)
+    if capped and not set(capped) & set(judged):
+        note = f" ({capped_text} capped, left out)"
+    elif capped:
+        note = f" ({capped_text} capped but kept: fewer than two R > {rules.target:g})"
+    else:
+        note = ""
+    if len(judged) < 2:
+        why = f"only one value of R ({_r_list(judged)})" if judged else "no value of R"
+        return [
+            Part("2a", "does the rank depend on R at all (slope = 0)?", NOT_JUDGED,
+                 f"2a: not judged, {why}: a slope needs two."),
+            Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", NOT_JUDGED,
+                 f"2b: not judged, {why}: a slope needs two."),
+        ], None
+    x = np.log2(np.array(judged, dtype=float))
+    estimates = np.array([per_r[r][0].estimate for r in judged])
+    n = min(per_r[r][0].n for r in judged)
+    raws = [per_r[r][1] for r in judged]
+    raw = bs.slope(x, np.stack(raws, axis=1)) if all(r.size for r in raws) else EMPTY
+    iv = bs.interval(float(bs.slope(x, estimates)), raw, n, rules.confidence)
+    text = f"the slope over {_r_list(judged)}{note} is {iv.text(2, sign=True)} per doubling"
+    # 2a: the literal claim
+    zero = rules.slope_zero(iv.low, iv.high)
+    flip_zero = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
+    if zero == CONTRADICTED:
+        why = "which excludes 0: the rank depends on R"
+    elif zero == SUPPORTED:
+        why = f"which contains 0 and lies within +-{tol:g}"
+    else:
+        why = (f"which contains 0 but reaches beyond +-{tol:g}" if iv.finite
+               else "with no interval")
+    seeds_zero = None
+    if zero == INCONCLUSIVE and iv.finite:
+        options = [s for s in (bs.seeds_to_settle(iv, [0.0], rules.confidence),
+                               bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)) if s]
+        seeds_zero = min(options) if options else None
+    part_a = Part("2a", "does the rank depend on R at all (slope = 0)?", zero,
+                  f"2a (rank independent of R, the literal claim): {zero}; {text}, {why}"
+                  + settle_text(zero, flip_zero, seeds_zero, n) + ".", flip_zero, seeds_zero)
+    # 2b: the tolerance
+    growth = rules.growth_small(iv.low, iv.high)
+    flip_growth = bs.flip_probability(iv.estimate, iv.replicates, lambda v: np.abs(v) <= tol)
+    if growth == SUPPORTED:
+        why = f"inside +-{tol:g}"
+    elif growth == CONTRADICTED:
+        why = f"wholly beyond {'+' if iv.estimate > 0 else '-'}{tol:g}"
+    else:
+        why = f"straddling {'+' if iv.estimate > 0 else '-'}{tol:g}" if iv.finite else "no interval"
+    seeds_growth = (bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)
+                    if growth == INCONCLUSIVE else None)
+    part_b = Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", growth,
+                  f"2b (growth within +-{tol:g} per doubling): {growth}; {text}, {why}"
+                  + settle_text(growth, flip_growth, seeds_growth, n) + ".", flip_growth,
+                  seeds_growth)
+    return [part_a, part_b], iv
+
+
+def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
+    """2c: every judged R's rank within target +- band."""
+    lo, hi = rules.target - rules.band, rules.target + rules.band
+    question = f"is the rank ~{rules.target:g} (within {rules.band:g}) at every judged R?"
+    if not judged:
+        return Part("2c", question, NOT_JUDGED, "2c: not judged, no value of R.")
+    ivs = [per_r[r][0] for r in judged]
+    verdict = rules.level([(iv.low, iv.high) for iv in ivs])
+    values = ", ".join(f"R={r} {iv.text(2)}" for r, iv in zip(judged, ivs, strict=True))
+    flip = math.nan
+    if all(iv.replicates.size for iv in ivs):
+        stacked = np.stack([iv.replicates for iv in ivs], axis=1)  # [resamples, judged R]
+        inside = ((stacked >= lo) & (stacked <= hi)).all(axis=1)
+        point = all(lo <= iv.estimate <= hi for iv in ivs)
+        flip = float(np.mean(inside != point))
+    seeds = None
+    if verdict == INCONCLUSIVE:
+        needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence) for iv in ivs
+                 if iv.finite and not (lo <= iv.low and iv.high <= hi)]
+        seeds = max(needs) if needs and all(needs) else None
+    decided = {
+        SUPPORTED: f"every interval inside [{lo:g}, {hi:g}]",
+        CONTRADICTED: f"{', '.join(f'R={r}' for r, iv in zip(judged, ivs, strict=True) if iv.high < lo or iv.low > hi)} wholly outside [{lo:g}, {hi:g}]",
+        INCONCLUSIVE: "; ".join(
+            f"R={r} straddles {lo:g} or {hi:g}" if iv.finite else f"R={r} has no interval"
+            for r, iv in zip(judged, ivs, strict=True) if not (lo <= iv.low and iv.high <= hi)),
+    }[verdict]
+    n = min(iv.n for iv in ivs)
+    return Part("2c", question, verdict,
+                f"2c (rank within {rules.target:g} +- {rules.band:g}): {verdict}; {values}: "
+                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds)
+
+
+def _group_lookup(groups: pd.DataFrame, window: pd.DataFrame) -> dict:
+    """(variant, matrix, measure) -> {(run_id, step): per-group values} in the window."""
+    if groups.empty or window.empty:
+        return {}
+    steps = window[["run_id", "step"]].drop_duplicates()
+    groups = groups.merge(steps, on=["run_id", "step"])
+    return {
+        key: {(run_id, int(step)): rows["value"].to_numpy(float)
+              for (run_id, step), rows in part.groupby(["run_id", "step"])}
+        for key, part in groups.groupby(["variant", "matrix", "measure"])
+    }
+
+
+def subject(variant: str, matrix: str, measure: str) -> str:
+    return f"{matrix} / {measure}" + (f" ({variant})" if variant else "")
+
+
+def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
+                  same_weights: frozenset[str] = frozenset()
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(verdicts: one row per variant x matrix x measure, intervals: one row per R of each).
+    `same_weights`: run ids of `grpo probe` runs (groups, not seeds, are resampled)."""
+    window = verdict_rows(last_part(ranks, rules.last_fraction)) if not ranks.empty else ranks
+    lookup = _group_lookup(groups, window)
+    rows, intervals = [], []
+    if window.empty:
+        return pd.DataFrame(columns=VERDICT_COLUMNS), pd.DataFrame(columns=INTERVAL_COLUMNS)
+    for key, part in window.groupby(SUMMARY_KEYS, sort=False):
+        variant, matrix, layer, stat, measure = key
+        use_groups = stat == "mean" and matrix in PER_GROUP_MATRICES
+        per_r = _per_r(part, lookup.get((variant, matrix, measure), {}), use_groups, rules,
+                       rng_for(rules, *key), same_weights)
+        sizes = sorted(per_r)
+        judged = judged_group_sizes(sizes, rules.target)
+        capped = capped_group_sizes(sizes, rules.target)
+        slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules)
+        parts = [*slope_pair, level_part(per_r, judged, rules)]
+        # a pair whose slope cannot be judged (one R) gets no verdict: the claim is about R
+        verdict = (NOT_JUDGED if any(p.verdict == NOT_JUDGED for p in parts)
+                   else combine(p.verdict for p in parts))
+        n_incomplete = int(part.loc[part["status"] == "incomplete", "run_id"].nunique())
+        sentence = f"{subject(variant, matrix, measure)}: {verdict}. " + " ".join(
+            p.sentence for p in parts)
+        if n_incomplete:
+            sentence += " Provisional: includes incomplete runs."
+        means = {r: per_r[r][0].estimate for r in sizes}
+        rows.append({
+            **dict(zip(SUMMARY_KEYS, key, strict=True)),
+            "judged": ", ".join(map(str, judged)),
+            "capped": ", ".join(map(str, capped)),
+            "slope": slope_iv.estimate if slope_iv else math.nan,
+            "slope_low": slope_iv.low if slope_iv else math.nan,
+            "slope_high": slope_iv.high if slope_iv else math.nan,
+            "max_deviation": max((abs(means[r] - rules.target) for r in judged), default=math.nan),
+            "verdict_slope_zero": parts[0].verdict,
+            "verdict_growth": parts[1].verdict,
+            "verdict_level": parts[2].verdict,
+            "verdict": verdict,
+            "flip_slope_zero": parts[0].flip,
+            "flip_growth": parts[1].flip,
+            "flip_level": parts[2].flip,
+            "n_incomplete": n_incomplete,
+            "means": means,
+            "intervals": {r: per_r[r][0] for r in sizes},
+            "parts": parts,
+            "sentence": sentence,
+        })
+        intervals += [
+            {**dict(zip(SUMMARY_KEYS, key, strict=True)), "group_size": r,
+             "low": per_r[r][0].low, "high": per_r[r][0].high, "capped": r in capped}
+            for r in sizes
+        ]
+    return (sort_rows(pd.DataFrame(rows, columns=VERDICT_COLUMNS)),
+            pd.DataFrame(intervals, columns=INTERVAL_COLUMNS))
+
+
+def point_reading(means: dict[int, float], rules: Rules) -> tuple[str, float, float]:
+    """(reading, max deviation, slope) of point estimates with no interval (matched progress):
+    "inside" / "outside" the rule's region, on the judged R values."""
+    means = {r: m for r, m in means.items() if np.isfinite(m)}
+    judged = judged_group_sizes(means, rules.target)
+    if not judged:
+        return NOT_JUDGED, math.nan, math.nan
+    deviation = max(abs(means[r] - rules.target) for r in judged)
+    if len(judged) < 2:
+        return NOT_JUDGED, deviation, math.nan
+    x = np.log2(np.array(judged, dtype=float))
+    slope = float(bs.slope(x, np.array([means[r] for r in judged])))
+    inside = deviation <= rules.band and abs(slope) <= rules.growth_tolerance
+    return ("inside" if inside else "outside"), deviation, slope
+
+
+def matched_readings(ranks_x: pd.DataFrame, rules: Rules, progress: str) -> pd.DataFrame:
+    """Claim 2's rule on point estimates at matched progress (descriptive: no interval).
+
+    `ranks_x` carries `x`, the centre of each probe step's progress bin. Per R, the rank is
+    averaged within each bin (first within a run, then over runs) and then over the bins that
+    every R of the variant reaches; bins reached by only some Rs are left out.
+    """
+    columns = [*SUMMARY_KEYS, "reading", "max_deviation", "slope", "common_bins", "means",
+               "sentence"]
+    if ranks_x.empty:
+        return pd.DataFrame(columns=columns)
+    table = verdict_rows(ranks_x)
+    per_run = table.groupby([*SUMMARY_KEYS, "group_size", "run_id", "x"], as_index=False)[
+        "value"].mean()
+    per_bin = per_run.groupby([*SUMMARY_KEYS, "group_size", "x"], as_index=False)["value"].mean()
+    rows = []
+    for key, part in per_bin.groupby(SUMMARY_KEYS, sort=False):
+        bins_per_r = part.groupby("group_size")["x"].apply(set)
+        common = sorted(set.intersection(*bins_per_r)) if len(bins_per_r) else []
+        matched = part[part["x"].isin(common)]
+        means = {int(r): m for r, m in matched.groupby("group_size")["value"].mean().items()}
+        reading, deviation, slope = point_reading(means, rules) if common else (
+            NOT_JUDGED, math.nan, math.nan)
+        name = f"{subject(key[0], key[1], key[4])} at matched {progress}"
+        if common:
+            values = ", ".join(f"{m:.2f} at R={r}" for r, m in sorted(means.items()))
+            sentence = (f"{name}: point estimates {reading} the rule ({values}; slope "
+                        f"{slope:+.2f} per doubling; no interval, descriptive only).")
+            span = f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}"
+        else:
+            sentence, span = f"{name}: not judged, no progress bin is reached by every R.", "none"
+        rows.append({**dict(zip(SUMMARY_KEYS, key, strict=True)), "reading": reading,
+                     "max_deviation": deviation, "slope": slope,
+                     "common_bins": f"{len(common)} ({span})", "means": means,
+                     "sentence": sentence})
+    return sort_rows(pd.DataFrame(rows, columns=columns)) if rows else pd.DataFrame(columns=columns)

@@ -348,8 +348,8 @@ def _figures(
         ),
         "composition": plots.composition_figure(comp_table, measures, styles, title),
         "collapse": plots_collapse.collapse_figure(
-            result.collapse, styles, title, rules.rank_matrix, rules.rank_measure,
-            rules.target),
+            result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,
+            result.rules.target),
     }
     return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 

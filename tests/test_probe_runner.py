@@ -66,6 +66,25 @@ def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
     assert torch.allclose(derived, direct, rtol=1e-6, atol=1e-9 * direct.abs().max())
 
 
+def test_grams_over_a_parameter_split_add_up_to_the_whole(tmp_path):
+    """K = sum over parameters of each parameter's Gram: the shares the TRL callback's DDP
+    processes compute (trl_distributed.parameter_share) sum to the single-process Grams."""
+    from grpo_cli.integrations.trl_distributed import parameter_share
+
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
+    whole = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)
+    shares = [parameter_share(suite.gram_params, rank, 2) for rank in (0, 1)]
+    assert shares[0] and shares[1] and not shares[0].keys() & shares[1].keys()
+    parts = [suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model, params=share)
+             for share in shares]
+    for key in ("advantage", "score_blocks"):
+        total = parts[0][key] + parts[1][key]
+        assert not torch.allclose(parts[0][key], whole[key])  # a share is not the whole
+        assert torch.allclose(total, whole[key], rtol=1e-10, atol=1e-12 * whole[key].abs().max()), key
+
+
 def test_per_rollout_advantage_detects_token_level_credit():
     mask = torch.tensor([[0.0, 1, 1], [0, 1, 0]])
     assert per_rollout_advantage(torch.tensor([[0.0, 2, 2], [0, -1, 0]]), mask).tolist() == [2, -1]

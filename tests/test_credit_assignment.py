@@ -222,5 +222,9 @@ def test_credit_check_separates_outcome_from_token_level_estimators(
     assert len(informative) > 0
     if uniform:
         assert (metrics["credit_uniform_frac"] == 1.0).all()
+        # one pass, no KL: the loss gradient's token weights -w A are uniform too (claim 1)
+        assert (informative["token_weight_uniform_frac"] == 1.0).all()
     else:
         assert (informative["credit_uniform_frac"] < 1.0).all()
+        assert (informative["token_weight_uniform_frac"] < 1.0).all()
+    assert metrics.loc[metrics["zero_variance_frac"] == 1.0, "token_weight_uniform_frac"].isna().all()

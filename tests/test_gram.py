@@ -164,7 +164,8 @@ def test_ghost_matches_naive_float64(model64, batch, reference64, route):
             <= 1e-6 * float(ref.abs().max()) + 1e-300
         )
     assert "per_sample" not in result.methods.values()
-    expected = {"direct", "ghost", "materialize"} if route == "auto" else {"direct", route}
+    # auto: the embedding's ids select few of its rows (vocab_rows), the small blocks materialize
+    expected = {"direct", "vocab_rows", "materialize"} if route == "auto" else {"direct", route}
     assert set(result.methods.values()) == expected
     assert result.methods["model.layers.0.input_layernorm.weight"] == "direct"
 
@@ -192,6 +193,100 @@ def test_tied_embeddings_and_padding_idx(batch):
         tied = "model.embed_tokens.weight"
         assert max_rel(result.per_param[tied], ref.per_param[tied]) < 1e-6
         assert max_rel(result.gram, ref.gram) < 1e-6
+
+
+@pytest.mark.parametrize("row_chunk", [0, 4])
+def test_whole_model_with_tied_embeddings_matches_an_independent_reference(batch, row_chunk):
+    """Issue 23's exactness claim: every parameter selected (norms, biases, the tied
+    lm_head = embed_tokens weight, whose per-rollout gradient is its lm_head part plus its
+    embedding part, cross terms included) equals per-rollout autograd to 1e-6."""
+    ids, mask, _, coeff = batch
+    model = gram_llama(torch.float64, tie=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    params = select_params(model, ".*")
+    assert len(params) == sum(1 for _ in model.parameters())  # the whole model, the tie once
+    independent = independent_gram(model, batch)
+    result = per_rollout_grams(model, ids, mask, {"k": coeff}, ".*", row_chunk=row_chunk,
+                               per_param=True)["k"]
+    assert set(result.methods) == set(params)
+    assert result.methods["model.embed_tokens.weight"] == "vocab_rows"
+    assert "per_sample" not in result.methods.values()
+    assert max_rel(result.gram, independent) < 1e-6
+    reference = naive_gram(model, ids, mask, coeff, per_param=True)
+    tied = reference.per_param["model.embed_tokens.weight"]
+    assert max_rel(result.per_param["model.embed_tokens.weight"], tied) < 1e-6
+    untied = gram_llama(torch.float64, tie=False)
+    with torch.no_grad():  # the same weights, the head a separate copy: the cross terms differ
+        untied.load_state_dict(model.state_dict())
+    parts = naive_gram(untied, ids, mask, coeff, per_param=True).per_param
+    separate = parts["model.embed_tokens.weight"] + parts["lm_head.weight"]  # no cross terms
+    assert max_rel(tied, separate) > 1e-3
+
+
+def test_vocab_rows_hand_computed():
+    """One rollout per row, ids [[1, 1], [1, 2]], B rows e_1, e_2 / e_1, e_1 (V = 3, b = 2):
+    S_0 = row 1 holds e_1 + e_2, S_1 = rows 1 and 2 hold e_1 each; K = [[2, 1], [1, 2]].
+    With a dense factor beside it (a tied head) the cross terms come in."""
+    from grpo_cli.probes.per_sample import vocab_rows_gram
+
+    ids = torch.tensor([[1, 1], [1, 2]])
+    b = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]]], dtype=torch.float64)
+    gram, kept = vocab_rows_gram([(ids, b)], 3, 2, None)
+    assert kept.tolist() == [1, 2]
+    assert gram.tolist() == [[2.0, 1.0], [1.0, 2.0]]
+    a = torch.randn(2, 2, 3, dtype=torch.float64)  # a dense term on the same [3, 2] weight
+    x = torch.randn(2, 2, 2, dtype=torch.float64)
+    terms = [(ids, b), (a, x)]
+    dense = torch.einsum("nta,ntb->nab", a, x)  # [2, 3, 2]
+    onehot = F.one_hot(ids, 3).double()
+    full = (torch.einsum("nta,ntb->nab", onehot, b) + dense).reshape(2, -1)
+    own = dense.reshape(2, -1) @ dense.reshape(2, -1).T
+    assert torch.allclose(vocab_rows_gram(terms, 3, 2, own)[0], full @ full.T, atol=1e-12)
+
+
+def test_route_costs_pick_per_parameter():
+    """The cost model of `auto` in closed form: ghost ~ N^2 T^2 (a + b) / 2, materialize
+    ~ N T a b + N^2 a b / 2; long sequences of a small layer materialize, short sequences of a
+    wide one take the ghost products, an embedding with few distinct ids its vocab rows."""
+    from grpo_cli.probes.chunked_gram import route_costs
+
+    n, t = 4, 3
+    wide = [(torch.zeros(n, t, 1000), torch.zeros(n, t, 1000))]
+    assert route_costs(wide, 1000, 1000) == {"ghost": 16 * 9 * 2000 / 2,
+                                             "materialize": 12 * 1e6 + 16 * 1e6 / 2}
+    long = [(torch.zeros(n, 500, 8), torch.zeros(n, 500, 8))]
+    costs = route_costs(long, 8, 8)
+    assert costs["materialize"] < costs["ghost"]
+    embedding = [(torch.tensor([[1, 2, 2]] * n), torch.zeros(n, t, 16))]
+    costs = route_costs(embedding, 50000, 16)
+    assert min(costs, key=costs.get) == "vocab_rows"
+    assert costs["vocab_rows"] == n * t * 16 + 0 + n * n * 2 * 16
+
+
+def test_zero_coefficient_rows_and_padding_columns_are_skipped_exactly(model64, batch):
+    """Rows with no coefficient have G_i = 0: they are left out of the pass (with the columns
+    only they and padding fill) and come back as zero rows of K; the rest equal the reference."""
+    ids, mask, _, coeff = batch
+    coeff = coeff.clone()
+    coeff[[1, 4]] = 0  # the only rows with a 5-token prompt, and row 1 the only 6-token completion
+    reference = naive_gram(model64, ids, mask, coeff, per_param=True)
+    assert float(reference.gram[[1, 4]].abs().max()) == 0.0
+    seen = []
+    handle = model64.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        result = per_rollout_grams(model64, ids, mask, {"k": coeff}, per_param=True)["k"]
+        empty = per_rollout_grams(model64, ids, mask, {"k": coeff * 0}, per_param=True)["k"]
+    finally:
+        handle.remove()
+    assert seen == [(4, ids.shape[1] - 2)]  # 4 live rows, the first and last columns gone
+    assert max_rel(result.gram, reference.gram) < 1e-9
+    assert float(result.gram[[1, 4]].abs().max()) == 0.0
+    for name, gram in reference.per_param.items():
+        assert float((result.per_param[name] - gram).abs().max()) <= 1e-9 * float(gram.abs().max()) + 1e-300
+    assert empty.methods == {} and float(empty.gram.abs().max()) == 0.0  # no pass at all
+    assert set(empty.per_param) == set(reference.per_param)
 
 
 def test_batch_rows_do_not_interact(model64, batch, reference64):
@@ -279,7 +374,7 @@ def test_missed_use_is_detected_and_falls_back(batch):
     ref = naive_gram(model, ids, mask, coeff)
     with pytest.warns(UserWarning, match="missed a use"):
         result = ghost_gram(model, ids, mask, coeff)
-    assert result.methods == {"embed.weight": "ghost", "head.weight": "per_sample"}
+    assert result.methods == {"embed.weight": "vocab_rows", "head.weight": "per_sample"}
     assert max_rel(result.gram, ref.gram) < 1e-9
     unchecked = ghost_gram(model, ids, mask, coeff, check=False)
     assert max_rel(unchecked.gram, ref.gram) > 1e-2  # what the check protects against

@@ -8,6 +8,8 @@ from grpo_cli.algorithm.loss import (
     importance_ratio,
     kl_k3,
     policy_loss,
+    token_loss_weights,
+    uniform_weight_rollouts,
     value_loss,
 )
 
@@ -199,3 +201,61 @@ def test_value_loss_by_hand_and_returns_are_constants():
     loss.backward()
     torch.testing.assert_close(values.grad, torch.tensor([[0.5, 1.0, 0.0]]))
     assert returns.grad is None
+
+
+# ---- claim 1's empirical reading: d loss / d log pi(y_t) ---------------------------------------
+WEIGHT_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+OUTCOME = torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, 5.0], [0.0, 0.0, 0.0]])  # one advantage a row
+LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.1, 9.0], [-0.7, 0.0, 0.0]])
+
+
+def weights_at(logprobs, old, advantages=OUTCOME, **kwargs):
+    kwargs = {"epsilon": 0.2, "epsilon_high": 0.2, "agg": "token_mean", **kwargs}
+    return token_loss_weights(logprobs, old, advantages, WEIGHT_MASK, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("agg", "constant", "per_token"),
+    [
+        ("token_mean", None, torch.tensor([[1 / 6] * 3, [1 / 6] * 2 + [0], [1 / 6, 0, 0]])),
+        ("seq_mean_token_mean", None, torch.tensor([[1 / 9] * 3, [1 / 6] * 2 + [0], [1 / 3, 0, 0]])),
+        ("constant", 4, torch.full((3, 3), 1 / 12) * WEIGHT_MASK),  # dr_grpo
+    ],
+)
+def test_on_policy_outcome_weights_are_minus_w_times_a_and_uniform(agg, constant, per_token):
+    # one pass (old = the forward's own log-probs), no KL: d loss / d log pi_t = -w_t A_i
+    weights = weights_at(LOGPROBS, LOGPROBS, agg=agg, constant=constant)
+    torch.testing.assert_close(weights, -per_token * OUTCOME * WEIGHT_MASK)
+    counts = uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK)
+    assert counts.tolist() == [2.0, 2.0]  # row 2 has advantage 0: not informative
+
+
+def test_clipped_tokens_get_zero_weight_and_ratios_scale_the_rest():
+    # row 0 (A = 2 > 0): token 0 ratio e^0.5 > 1.2 is clipped (weight 0), token 1 ratio e^0.1 is
+    # not (weight -rho A / T); row 1 (A = -1 < 0): token 0 ratio e^-0.5 < 0.8 is clipped
+    old = LOGPROBS - torch.tensor([[0.5, 0.1, 0.0], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    weights = weights_at(LOGPROBS, old)
+    want = torch.tensor([[0.0, -2 * math.exp(0.1) / 6, -2 / 6], [0.0, 1 / 6, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(weights, want)
+    assert uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist() == [0.0, 2.0]
+
+
+def test_kl_term_adds_its_own_per_token_weight():
+    ref = LOGPROBS + torch.tensor([[0.3, -0.2, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    weights = weights_at(LOGPROBS, LOGPROBS, ref_logprobs=ref, kl_coef=0.5,
+                         kl_weights=WEIGHT_MASK / 6)
+    # d/dlogp of exp(ref - logp) - (ref - logp) - 1 is 1 - exp(ref - logp)
+    kl = 0.5 * (WEIGHT_MASK / 6) * (1 - torch.exp(ref - LOGPROBS))
+    torch.testing.assert_close(weights, (-OUTCOME * WEIGHT_MASK / 6 + kl) * WEIGHT_MASK)
+    # row 1 (KL gradient 0 there) stays uniform, row 0 does not
+    assert uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist() == [1.0, 2.0]
+
+
+def test_per_token_advantages_are_not_uniform_and_the_tolerance_is_relative():
+    # row 0 differs by float32 rounding (relative 2.4e-7 < 1e-6): uniform; row 1 does not
+    per_token = torch.tensor([[1.0, 1.0, 1.0 + 2e-7], [3.0, 4.0, 0.0], [0.0, 0.0, 0.0]])
+    weights = weights_at(LOGPROBS, LOGPROBS, advantages=per_token)
+    assert uniform_weight_rollouts(weights, per_token, WEIGHT_MASK).tolist() == [1.0, 2.0]
+    # a relative 1e-5 spread is not uniform at 1e-6, whatever the weights' scale
+    scaled = torch.tensor([[1e-9, 1e-9, 1.00001e-9]] * 3) * WEIGHT_MASK
+    assert uniform_weight_rollouts(scaled, OUTCOME, WEIGHT_MASK).tolist() == [1.0, 2.0]

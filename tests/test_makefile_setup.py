@@ -92,3 +92,47 @@ def test_rehearse_paper_target_runs_the_rehearsal_preset(tmp_path):
                             env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
                             capture_output=True, text=True, check=True).stdout
     assert "run experiment=paper_rehearsal rollout.backend=hf_static" in result
+
+
+def target_commands(tmp_path: Path, target: str, *variables: str) -> list[list[str]]:
+    """The `grpo ...` commands a target runs, each as its argument list (GRPO=echo: the
+    target's shell loops run, the runs do not; a fresh stamp keeps the set-up from running)."""
+    venv = tmp_path / "venv"
+    venv.mkdir(parents=True)
+    (venv / ".installed").touch()
+    result = subprocess.run(
+        [MAKE, "-s", "-C", str(ROOT), target, f"VENV={venv}", "GRPO=echo grpo", *variables],
+        capture_output=True, text=True, check=True,
+    )
+    return [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("grpo ")]
+
+
+@pytest.mark.parametrize(
+    ("target", "runs", "experiment"),
+    [("smollm2-cpu", 9, "cpu_smollm2_learn"), ("smollm2-cpu-credit", 2, "cpu_smollm2_credit")],
+)
+def test_smollm2_targets_compose_whole_model_probes(tmp_path, target, runs, experiment):
+    """Every run the SmolLM2 targets start composes (nothing runs): three seeds x R = 2, 4, 8 at
+    32 rollouts a step, or grpo beside ppo; probes over every parameter, often enough for a
+    trend (6 probe steps in 20); then one `grpo analyze` of the sweep."""
+    from grpo_cli.config.compose import compose_config
+
+    commands = target_commands(tmp_path, target)
+    assert [c[0] for c in commands] == ["run"] * runs + ["analyze"]
+    assert commands[-1][1] == f"results/{experiment}"
+    cfgs = [compose_config(command[1:]) for command in commands[:-1]]
+    assert {cfg.experiment.name for cfg in cfgs} == {experiment}
+    for cfg in cfgs:
+        assert cfg.rollout.group_size * cfg.rollout.prompts_per_step == 32
+        assert re.fullmatch(cfg.probes.param_regex, "model.embed_tokens.weight")
+        assert re.search(cfg.probes.param_regex, "model.layers.0.mlp.up_proj.weight")
+        assert cfg.probes.every == 4 and cfg.train.steps == 20
+        assert cfg.model.name == "smollm2_135m"
+    if target == "smollm2-cpu":
+        assert {(cfg.rollout.group_size, cfg.seed) for cfg in cfgs} == {
+            (r, s) for r in (2, 4, 8) for s in (0, 1, 2)}
+    else:
+        assert [cfg.algorithm.name for cfg in cfgs] == ["grpo", "ppo"]
+        assert {cfg.rollout.group_size for cfg in cfgs} == {4}
+        with_process = target_commands(tmp_path / "p", target, "CREDIT_ALGOS=grpo,ppo,process")
+        assert compose_config(with_process[2][1:]).algorithm.name == "process"

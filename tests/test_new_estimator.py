@@ -12,6 +12,9 @@ import torch
 from cli_helpers import grpo_run, run_dir
 
 from grpo_cli.algorithm.advantages import ESTIMATORS, register_adv_est
+from grpo_cli.analysis.claims import credit_claim
+from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import SUPPORTED, Rules
 
 NAME = "half_centred"  # A_i = (r_i - mean_g r) / 2: outcome credit, a zero-sum group
 
@@ -52,3 +55,37 @@ def test_a_registered_estimator_is_selectable_and_recorded_in_run_json(new_estim
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["credit_uniform_frac"].tolist() == [1.0, 1.0]  # outcome credit, as recorded
     assert torch.isfinite(torch.tensor(metrics["loss"].to_numpy())).all()
+
+
+def test_the_analysis_judges_a_registered_estimator_from_run_json(new_estimator_run):
+    """Claim 1 judges the new estimator as outcome credit: the facts come from run.json, since no
+    table in the analysis knows its name."""
+    out, _ = new_estimator_run
+    (run,) = load_runs([out])
+    assert run.estimator_facts == {"name": NAME, "credit": "outcome", "zero_sum_group": True}
+    claim = credit_claim([run], Rules())
+    (row,) = claim.table.to_dict("records")
+    assert row["estimator"] == NAME and row["credit"] == "outcome"
+    assert row["verdict"] == SUPPORTED  # outcome credit, uniform at both steps
+
+
+def test_a_directory_without_estimator_facts_falls_back_to_the_frozen_table(new_estimator_run):
+    """Results written before run.json recorded estimator_facts: known names use the frozen table
+    (grpo_cli/algorithm/kinds.py), unknown names read as unknown credit (never guessed)."""
+    out, _ = new_estimator_run
+    record = json.loads((out / "run.json").read_text())
+    del record["estimator_facts"]
+    (out / "run.json").write_text(json.dumps(record))
+    (run,) = load_runs([out])
+    assert run.estimator_facts["credit"] == "unknown"
+    run.config["algorithm.name"] = "dr_grpo"
+    assert run.estimator_facts == {"name": "dr_grpo", "credit": "outcome", "zero_sum_group": True}
+
+
+def test_the_frozen_table_says_what_the_registry_says_for_the_older_estimators():
+    """The fallback for old directories must not contradict the owner (the registration)."""
+    from grpo_cli.algorithm.advantages import get_estimator
+    from grpo_cli.algorithm.kinds import LEGACY_ESTIMATOR_FACTS
+
+    for name, facts in LEGACY_ESTIMATOR_FACTS.items():
+        assert get_estimator(name).facts() == dict(facts), name

@@ -87,15 +87,15 @@ def test_non_finite_loss_stops_the_step_before_the_update(tmp_path, monkeypatch,
     setup = setup_for(tmp_path, f"train.micro_batch_size={micro_batch_size}")
     before = {name: p.detach().clone() for name, p in setup.model.named_parameters()}
     calls = 0
-    original = trainer_module.policy_loss
+    original = trainer_module.actor_loss
 
     def nan_in_the_last_micro_batch(logprobs, *args, **kwargs):
         nonlocal calls
         calls += 1
-        loss, stats = original(logprobs, *args, **kwargs)
-        return (loss * float("nan") if calls == -(-12 // micro_batch_size) else loss), stats
+        loss, *rest = original(logprobs, *args, **kwargs)
+        return (loss * float("nan") if calls == -(-12 // micro_batch_size) else loss), *rest
 
-    monkeypatch.setattr(trainer_module, "policy_loss", nan_in_the_last_micro_batch)
+    monkeypatch.setattr(trainer_module, "actor_loss", nan_in_the_last_micro_batch)
     with pytest.raises(NonFiniteLossError, match="step 3: loss is nan"):
         setup.trainer.step(3)
     for name, p in setup.model.named_parameters():

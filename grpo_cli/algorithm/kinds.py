@@ -28,13 +28,3 @@ LEGACY_ESTIMATOR_FACTS = MappingProxyType({  # name -> run.json's estimator_fact
         ("process", "per_token", False),
     )
 })
-
-GROUP_ZERO_SUM_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["zero_sum_group"])
-OUTCOME_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["credit"] == "outcome")
-TOKEN_LEVEL_ESTIMATORS = tuple(n for n, f in LEGACY_ESTIMATOR_FACTS.items() if f["credit"] == "per_token")
-
-
-def credit_kind(estimator: str | None) -> str:
-    """ "outcome", "per_token", or "unknown" for an `algorithm.name` of the legacy table."""
-    facts = LEGACY_ESTIMATOR_FACTS.get(estimator)
-    return "unknown" if facts is None else facts["credit"]

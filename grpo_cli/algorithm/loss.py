@@ -141,3 +141,65 @@ def value_loss(
     in_completion = completion_mask > 0  # [N, L]
     squared = torch.where(in_completion, (values - returns.detach()) ** 2, 0.0)  # [N, L]
     return 0.5 * squared.sum() / in_completion.sum().clamp(min=1)
+
+
+def actor_loss(
+    logprobs: torch.Tensor,  # [N, L] current policy, with grad
+    old_logprobs: torch.Tensor,  # [N, L]
+    advantages: torch.Tensor,  # [N, L] (times any truncated importance weight)
+    completion_mask: torch.Tensor,  # [N, L]
+    *,
+    ref_logprobs: torch.Tensor | None = None,  # [N, L] the reference's; None: no KL term
+    kl_coef: float = 0.0,
+    kl_weights: torch.Tensor | None = None,  # [N, L] aggregation weights of the KL term
+    **policy_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The part of the loss that depends on the policy's log-probs: `policy_loss` plus
+    kl_coef * sum(w * k3). Returns (loss, pg_loss, kl_tokens [N, L] or None, stats)."""
+    pg_loss, stats = policy_loss(logprobs, old_logprobs, advantages, completion_mask, **policy_kwargs)
+    if ref_logprobs is None:
+        return pg_loss, pg_loss, None, stats
+    kl_tokens = kl_k3(logprobs, ref_logprobs, completion_mask)  # [N, L]
+    return pg_loss + kl_coef * (kl_weights * kl_tokens).sum(), pg_loss, kl_tokens, stats
+
+
+def token_loss_weights(
+    logprobs: torch.Tensor,  # [N, L] the training forward's log-probs (detached here)
+    old_logprobs: torch.Tensor,  # [N, L]
+    advantages: torch.Tensor,  # [N, L]
+    completion_mask: torch.Tensor,  # [N, L]
+    **loss_kwargs,  # what `actor_loss` takes besides
+) -> torch.Tensor:  # [N, L], 0 off the mask
+    """The loss gradient's effective weight on each token, d loss / d log pi(y_t), by autograd of
+    `actor_loss` at these log-probs: the loss gradient is sum_t (this) * grad log pi(y_t), after
+    clipping, importance ratios, the KL term and token aggregation.
+
+    On policy (ratio 1) with one advantage per rollout and no KL it is -w_t A_i, uniform within a
+    rollout under every aggregation; clipped tokens get 0, token ratios scale it by rho_t, and
+    the KL term adds kl_coef w_t (1 - exp(ref_logp_t - logp_t)).
+    """
+    with torch.enable_grad():
+        leaf = logprobs.detach().clone().requires_grad_(True)
+        loss = actor_loss(leaf, old_logprobs.detach(), advantages.detach(), completion_mask, **loss_kwargs)[0]
+        (grad,) = torch.autograd.grad(loss, leaf)
+    return torch.where(completion_mask > 0, grad, 0.0)
+
+
+def uniform_weight_rollouts(
+    weights: torch.Tensor,  # [N, L] token_loss_weights
+    advantages: torch.Tensor,  # [N, L]
+    completion_mask: torch.Tensor,  # [N, L]
+    rtol: float = 1e-6,
+) -> torch.Tensor:  # [2]: (uniform informative rollouts, informative rollouts), float64
+    """Counts for metrics.csv `token_weight_uniform_frac`: among rollouts with a non-zero
+    advantage on some completion token, those whose token weights are uniform, i.e.
+    max_t |w_t - w_mean| <= rtol * max_t |w_t| over their completion tokens. No host read."""
+    in_completion = completion_mask > 0  # [N, L]
+    informative = ((advantages != 0) & in_completion).any(dim=-1)  # [N]
+    tokens = in_completion.sum(dim=-1).clamp(min=1)  # [N]
+    masked = torch.where(in_completion, weights, 0.0).double()  # [N, L]
+    mean = masked.sum(dim=-1) / tokens  # [N]
+    spread = torch.where(in_completion, (masked - mean[:, None]).abs(), 0.0).amax(dim=-1)  # [N]
+    scale = masked.abs().amax(dim=-1)  # [N]
+    uniform = informative & (spread <= rtol * scale)
+    return torch.stack([uniform.sum(), informative.sum()]).double()

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS, credit_kind
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import trend
 from grpo_cli.analysis.load import Run
@@ -84,14 +83,19 @@ def _estimators(runs: list[Run]) -> dict[str, str | None]:
     return {run.variant: run.config.get(ESTIMATOR_KEY) for run in runs}
 
 
+def _facts(runs: list[Run]) -> dict[str, dict]:
+    """variant label -> its runs' estimator facts (run.json's estimator_facts; Run.estimator_facts)."""
+    return {run.variant: run.estimator_facts for run in runs}
+
+
 def zero_sum_variants(runs: list[Run]) -> list[str]:
-    return sorted(v for v, e in _estimators(runs).items() if e in GROUP_ZERO_SUM_ESTIMATORS)
+    return sorted(v for v, f in _facts(runs).items() if f["zero_sum_group"])
 
 
 def falsifier_variants(runs: list[Run]) -> list[str]:
     """The outcome (grpo, dr_grpo, rloo) and per-token variants that claim 4 compares."""
-    return sorted(v for v, e in _estimators(runs).items()
-                  if e in GROUP_ZERO_SUM_ESTIMATORS or credit_kind(e) == "per_token")
+    return sorted(v for v, f in _facts(runs).items()
+                  if f["zero_sum_group"] or f["credit"] == "per_token")
 
 
 def _label(variant: str, estimator: str | None) -> str:
@@ -103,10 +107,11 @@ def credit_claim(runs: list[Run], rules: Rules) -> Claim:
     """True by construction for outcome estimators (a check of the wiring, not of the paper)."""
     table = metric_table(runs, ["credit_uniform_frac"])
     estimators = _estimators(runs)
+    facts = _facts(runs)
     rows = []
     for variant, estimator in sorted(estimators.items()):
         values = table.loc[table["variant"] == variant, "value"]
-        kind = credit_kind(estimator)
+        kind = facts[variant]["credit"]
         if values.empty:
             verdict = NOT_JUDGED
         elif kind == "outcome":
@@ -340,8 +345,8 @@ def falsifier_claim(
 ) -> Claim:
     """`ranks`: tables.rank_table; compared within `progress_bins` training-reward bins."""
     estimators = _estimators(runs)
-    outcome = [v for v, e in estimators.items() if e in GROUP_ZERO_SUM_ESTIMATORS]
-    per_token = [v for v, e in estimators.items() if credit_kind(e) == "per_token"]
+    outcome = zero_sum_variants(runs)
+    per_token = [v for v, f in _facts(runs).items() if f["credit"] == "per_token"]
     if not outcome or not per_token:
         return Claim(
             4,

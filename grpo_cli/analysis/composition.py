@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.algorithm.kinds import GROUP_ZERO_SUM_ESTIMATORS
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.summary import sort_rows
 from grpo_cli.analysis.tables import run_meta
@@ -64,7 +63,7 @@ def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             size = int(minority[0] + rows["majority"].iloc[0])
         # runs written before the config rename kept it under analysis.rank_rtol
         rtol = float(run.config.get("probes.rank_rtol", run.config.get("analysis.rank_rtol", 1e-6)))
-        zero_sum = run.config.get("algorithm.name") in GROUP_ZERO_SUM_ESTIMATORS
+        zero_sum = run.estimator_facts["zero_sum_group"]
 
         for measure in measures:
             if measure not in rows:

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from grpo_cli.algorithm.kinds import LEGACY_ESTIMATOR_FACTS
 from grpo_cli.measures import RANK_MEASURES
 
 RUN_MARKERS = ("run.json", "config.yaml", "metrics.csv")
@@ -86,6 +87,20 @@ class Run:
             or self.config.get("model.weights") == "random"
             or self.config.get("task.reward") == "random"
         )
+
+    @property
+    def estimator_facts(self) -> dict[str, Any]:
+        """What the run's estimator is (name, credit, zero_sum_group): run.json's
+        `estimator_facts` as the run recorded them; for directories written before that key, the
+        frozen table of grpo_cli/algorithm/kinds.py; "unknown" credit when neither knows it."""
+        recorded = self.info.get("estimator_facts")
+        if isinstance(recorded, dict) and {"name", "credit", "zero_sum_group"} <= set(recorded):
+            return dict(recorded)
+        name = self.config.get("algorithm.name")
+        legacy = LEGACY_ESTIMATOR_FACTS.get(name)
+        if legacy is not None:
+            return dict(legacy)
+        return {"name": name, "credit": "unknown", "zero_sum_group": False}
 
     @property
     def last_step(self) -> int | None:

@@ -14,8 +14,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_cli.analysis import (
+    collapse,
+    credit_compare,
+    matching,
+    plots,
+    plots_claims,
+    plots_collapse,
+    plots_training,
+    report,
+    same_checkpoint,
+    style,
+    token_weights,
+)
 from grpo_cli.analysis import composition as comp
-from grpo_cli.analysis import plots, plots_claims, plots_training, report, style
 from grpo_cli.analysis import rules as rules_module
 from grpo_cli.analysis.claims import (
     Claim,
@@ -68,6 +80,9 @@ FIGURES = {
     "all-right groups (the rest are mixed), with alarms.",
     "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
     "closed-form prediction for m = 1..R/2.",
+    "collapse": "The claim-2 rank over probe steps beside distinct completions per informative "
+    "group and token entropy, per R; dotted: each R's cap (R rows, R distinct completions), "
+    "dashed: the claimed rank 2.",
 }
 DYNAMICS_COLUMNS = [
     "grad_sparsity",
@@ -104,6 +119,15 @@ class AnalysisResult:
     variant_columns: dict[str, str]  # variant config key -> display name
     variant_values: dict[str, dict]  # variant label -> {config key: value}
     claims: list[Claim] = field(default_factory=list)  # the paper's four claims, in order
+    collapse: pd.DataFrame = field(default_factory=pd.DataFrame)  # per run x probe step (collapse.py)
+    stages: pd.DataFrame = field(default_factory=pd.DataFrame)  # per variant x R x early/late stage
+    stage_readings: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 2 per stage
+    collapse_warnings: list[str] = field(default_factory=list)  # rank -> 2 as distinct falls
+    credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
+    matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
+    matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
+    same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
+    token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -224,6 +248,10 @@ def analyze(
     )
     comp_table = comp.composition_table(analysed, measures)
     claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
+    collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
+    stages = collapse.stage_table(collapse_frame)
+    matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
+                                                                progress_bins, rules.target)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -249,6 +277,17 @@ def analyze(
         },
         claims=claims,
         notes=notes,
+        collapse=collapse_frame,
+        stages=stages,
+        stage_readings=collapse.stage_readings(stages),
+        collapse_warnings=collapse.collapse_warnings(stages),
+        credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
+                                                          rules.target),
+        matching_coverage=matching_coverage,
+        matching_bins=matching_bins,
+        same_checkpoint=same_checkpoint.checkpoint_table(
+            analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target),
+        token_weights=token_weights.token_weight_table(analysed),
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:
@@ -308,6 +347,9 @@ def _figures(
             metrics_x, alarms, styles, aligned_title, xlabel
         ),
         "composition": plots.composition_figure(comp_table, measures, styles, title),
+        "collapse": plots_collapse.collapse_figure(
+            result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,
+            result.rules.target),
     }
     return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 
@@ -323,3 +365,13 @@ def _write(result: AnalysisResult) -> None:
         "summary_md": out / "summary.md",
         "report": out / "report.html",
     }
+    # issue 30's readings as data beside the summary (written only when there is something)
+    for name, table in (
+        ("stages", result.stages), ("stage_readings", result.stage_readings),
+        ("credit_comparison", result.credit_comparison), ("matching", result.matching_coverage),
+        ("matching_bins", result.matching_bins), ("same_checkpoint", result.same_checkpoint),
+        ("token_weights", result.token_weights),
+    ):
+        if not table.empty:
+            table.to_csv(out / f"{name}.csv", index=False)
+            result.files[f"{name}_csv"] = out / f"{name}.csv"

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis import collapse, credit_compare, matching, same_checkpoint, token_weights
 from grpo_cli.analysis.claims import FIGURES as FIGURE_OF_CLAIM
 from grpo_cli.analysis.claims import claims_table
 
@@ -268,6 +269,27 @@ def claim_blocks(result) -> list[Block]:
     return out
 
 
+def credit_comparison_blocks(table: pd.DataFrame, measure: str) -> list[Block]:
+    """Claim 4 on every matrix, on the same rows (analysis/credit_compare.py), for `measure`
+    and its per-non-zero-row reading; every measure is in credit_comparison.csv."""
+    if table.empty:
+        return []
+    table = table[table["measure"].isin([measure, measure + credit_compare.PER_ROW])]
+    return [
+        ("h3", "Claim 4 on claim 2's matrices: outcome rank and slope beside the per-token "
+               "difference"),
+        ("p", "Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
+              "over seeds) and its slope per doubling of R (uncapped R), beside the per-token "
+              "estimator's rank and the difference (per-token minus outcome) on the same matrix. "
+              "Per-group matrices use informative groups only for every estimator, and process is "
+              "compared on problems with at least two checked steps on both sides; batch matrices are also read per "
+              "non-zero row (ppo's critic gives zero-variance groups non-zero rows). ppo and "
+              "process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` compares "
+              "credit on the very same rollouts. Every measure: credit_comparison.csv."),
+        ("table", table),
+    ]
+
+
 def data_problem_blocks(runs) -> list[Block]:
     """A "Data problems" section: runs whose files contradict themselves (left out of all)."""
     lines = [f"{run.name}: {problem}" for run in runs for problem in run.contradictions]
@@ -289,6 +311,11 @@ def blocks(result) -> list[Block]:
     out: list[Block] = [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
+        *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *token_weights.blocks(result.token_weights),
+        *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
+        *same_checkpoint.blocks(result.same_checkpoint, result.rules.rank_matrix,
+                                result.rules.rank_measure),
         ("h2", "Runs"),
         (
             "p",
@@ -333,6 +360,7 @@ def blocks(result) -> list[Block]:
         ("table", matched_table(result.matched)),
         ("details", (f"One sentence per matrix x measure ({len(result.matched)})",
                      list(result.matched["sentence"]) if not result.matched.empty else [])),
+        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
         ("h2", "Held-out accuracy"),
         ("table", result.accuracy.round(3)),
         ("h2", "rollout_group vs the composition prediction"),
@@ -349,6 +377,8 @@ def blocks(result) -> list[Block]:
         ),
         ("table", result.composition.round(3)),
         ("list", composition_sentences(result.composition)),
+        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings,
+                         result.rules.rank_matrix, result.rules.rank_measure),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:

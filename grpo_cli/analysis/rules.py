@@ -32,6 +32,9 @@ RESAMPLES = 1000  # bootstrap resamples per judged number
 BOOTSTRAP_SEED = 0  # the bootstrap's RNG seed: `grpo analyze` is deterministic
 HAMED_RAO_MIN_POINTS = 10  # claim 3: autocorrelation is estimated (and corrected) from 10 points
 MAX_SEEDS_ADVICE = 1000  # "about N seeds would settle it" is not computed beyond this
+DISTINCT_FALL = 0.1  # collapse warning: distinct completions fall by >= 10% (relative) early -> late
+MATCH_COMMON_SHARE = 0.9  # matching "reweights only": every R has >= 90% of probe steps in common bins
+MIN_CHECKED_STEPS = 2  # claim 4, process: only problems with >= 2 checked steps (else uniform credit)
 
 
 def capped_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:

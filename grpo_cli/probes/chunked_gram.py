@@ -40,6 +40,7 @@ from grpo_cli.probes.per_sample import (
     per_sample_grads,
     rollout_objectives,
     sketched_rows,
+    vocab_rows_gram,
 )
 from grpo_cli.probes.sketch import Projections, project_gradient, sketch_projections
 
@@ -123,14 +124,36 @@ def stack_chunk_terms(per_chunk: list[FactorPairs]) -> FactorPairs | None:
     return stacked
 
 
-def exact_gram(terms: FactorPairs, rows: int, cols: int, route: str, chunk_elems: int):
-    """(K [N, N], "ghost" | "materialize"); `auto` takes the cheaper per parameter."""
+def route_costs(terms: FactorPairs, rows: int, cols: int) -> dict[str, float]:
+    """Multiply-adds of each exact route for one parameter [rows, cols] (N rollouts, T tokens
+    over its uses): ghost ~ N^2 T^2 (a + b) / 2, materialize ~ N T a b + N^2 a b / 2, and, when
+    some factor is token ids (an embedding), vocab_rows ~ N T b + N T_D V' b + N^2 V' b plus the
+    dense factors' own cheaper route (`per_sample.vocab_rows_gram`)."""
     n = terms[0][1].shape[0]
     t = sum(b.shape[1] for _, b in terms)
-    a_eff = 1 if all(a.dtype == torch.long for a, _ in terms) else rows
-    ghost_cost = n * n * t * t * (a_eff + cols) / 2
-    mat_cost = n * t * rows * cols + n * n * rows * cols / 2
-    if route == "ghost" or (route == "auto" and ghost_cost <= mat_cost):
+    ids = [a for a, _ in terms if a.dtype == torch.long]
+    a_eff = 1 if len(ids) == len(terms) else rows
+    costs = {"ghost": n * n * t * t * (a_eff + cols) / 2,
+             "materialize": n * t * rows * cols + n * n * rows * cols / 2}
+    if ids:
+        dense = [(a, b) for a, b in terms if a.dtype != torch.long]
+        kept = int(torch.unique(torch.cat([a.reshape(-1) for a in ids])).numel())
+        t_dense = sum(b.shape[1] for _, b in dense)
+        own = min(route_costs(dense, rows, cols).values()) if dense else 0.0
+        costs["vocab_rows"] = own + n * t * cols + n * t_dense * kept * cols + n * n * kept * cols
+    return costs
+
+
+def exact_gram(terms: FactorPairs, rows: int, cols: int, route: str, chunk_elems: int):
+    """(K [N, N], route); `auto` takes the cheapest of `route_costs` per parameter."""
+    if route == "auto":
+        costs = route_costs(terms, rows, cols)
+        route = min(costs, key=costs.get)
+    if route == "vocab_rows":
+        dense = [(a, b) for a, b in terms if a.dtype != torch.long]
+        own = exact_gram(dense, rows, cols, "auto", chunk_elems)[0] if dense else None
+        return vocab_rows_gram(terms, rows, cols, own)[0], "vocab_rows"
+    if route == "ghost":
         return ghost_gram_terms(terms, chunk_elems), "ghost"
     return materialized_gram(terms, rows, cols, chunk_elems), "materialize"
 

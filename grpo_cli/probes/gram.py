@@ -5,7 +5,7 @@ spectrum of G is sqrt(eig(K)) (`rank_measures.singular_values_from_gram`), so th
 matrices of docs/results.md (rollout_batch, rollout_group, group_batch) all come from one K:
 `group_blocks`, `group_sum_gram`. K is accumulated in float64; the activations and output-
 gradients it is built from keep the model's precision, and so do the per-rollout gradient
-blocks and token inner products formed from them (as autograd's own per-sample gradients would;
+blocks, token inner products and block Gram products formed from them (as autograd's own per-sample gradients would;
 `token_logprobs` differentiates a float32 log-softmax), so a float32 model agrees with the naive
 reference to ~1e-7 relative.
 
@@ -15,7 +15,13 @@ Routes, chosen per parameter (`GramResult.methods`):
   models can be strong differentially private learners"): for G_i = sum_t A_i,t B_i,t^T,
   <G_i, G_j> = sum_{t,s} (A_i,t . A_j,s)(B_i,t . B_j,s). Cost ~ N^2 T^2 (a + b).
 - `materialize`: per-rollout gradients sum_t A_i,t B_i,t^T in row chunks, then their Gram.
-  Cost ~ N T a b + N^2 a b. `auto` picks the cheaper of the two per parameter.
+  Cost ~ N T a b + N^2 a b.
+- `vocab_rows`: an embedding (token-id factors, tied lm_head included): the per-rollout gradient
+  on the V' rows the batch's ids select, G_ij = sum_{t in i, s in j} [id_t = id_s] <B_t, B_s>
+  plus, for a tied weight, the lm_head part and the cross terms (`per_sample.vocab_rows_gram`).
+  Cost ~ N^2 V' b, no V-sized tensor. `auto` picks the cheapest per parameter
+  (`chunked_gram.route_costs`); on SmolLM2 that is materialize for every block weight and
+  vocab_rows for the tied embedding.
 - `direct`: biases and RMSNorm weights, whose per-rollout gradients are formed by the hooks.
 - `sketch`: unbiased Kronecker sketch (below); vectors stay exact.
 - `per_sample`: one backward per rollout, for layers the hooks do not cover, for parameters
@@ -234,6 +240,7 @@ def naive_gram(
         method="per_sample",
         per_param=per_param,
         merge_duplicates=False,
+        skip_zero_rows=False,
     )["k"]
 
 
@@ -251,6 +258,7 @@ def per_rollout_grams(
     row_chunk: int = 0,
     check: bool = True,
     merge_duplicates: bool = True,
+    skip_zero_rows: bool = True,
 ) -> dict[str, GramResult]:
     """Grams for several coefficient sets (e.g. {"adv": A*w, "score": w}) from one forward
     per row chunk (row_chunk rollouts at a time; 0: all at once).
@@ -260,6 +268,9 @@ def per_rollout_grams(
     one batch may skip it afterwards and save the parameter gradients in the backward.
 
     `merge_duplicates`: run identical rollouts once (module docstring); False runs every row.
+    `skip_zero_rows`: leave out the rows whose coefficients are all zero in every set (their G_i
+    is exactly 0: zero rows and columns of K) and the all-padding columns at the batch's edges;
+    an empty `methods` then means no pass ran. False runs the batch as given.
 
     K_adv = diag(a) K_score diag(a) only when advantages are constant per rollout; per-token
     advantages need their own coefficient set, hence this general form.
@@ -268,12 +279,23 @@ def per_rollout_grams(
         raise ValueError(f"unknown gram method {method!r}; expected one of {METHODS}")
     params = _resolve(model, params)
     names, coeffs = list(token_coeffs), list(token_coeffs.values())
+    n_all, device = input_ids.shape[0], input_ids.device
+    live_rows = None
+    if skip_zero_rows:
+        live = torch.stack([(c != 0).any(-1) for c in coeffs]).any(0).to(device)  # [N]
+        if not bool(live.any()):  # every f_i is 0, so is every G_i: no pass at all
+            zero = torch.zeros(n_all, n_all, dtype=torch.float64, device=device)
+            kept = dict.fromkeys(params, zero) if per_param else {}
+            return {name: GramResult(zero, {}, per_param=kept) for name in names}
+        input_ids, attention_mask, coeffs, live_rows = _live_part(
+            input_ids, attention_mask, coeffs, live
+        )
     merged = distinct_rollouts(input_ids, attention_mask, coeffs) if merge_duplicates else None
     if merged is not None:
         kept, index = merged  # [U], [N]
         input_ids, attention_mask = input_ids[kept], attention_mask[kept]
         coeffs = [c[kept.to(c.device)] for c in coeffs]
-    n, device = input_ids.shape[0], input_ids.device
+    n = input_ids.shape[0]
     if method == "per_sample":
         grams = per_sample_grams(
             model, input_ids, attention_mask, coeffs, params, row_chunk=row_chunk
@@ -287,7 +309,40 @@ def per_rollout_grams(
     results = {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
     if merged is not None:
         results = {name: _expand(result, index.to(device)) for name, result in results.items()}
+    if live_rows is not None:
+        results = {name: _embed(result, live_rows, n_all) for name, result in results.items()}
     return results
+
+
+def _live_part(input_ids, attention_mask, coeffs, live):
+    """The rows with a non-zero coefficient and the columns some kept row attends to (exact:
+    a row whose coefficients are all zero has f_i = 0, so G_i = 0; a column no row attends to
+    is padding, which no kept token sees and which carries no coefficient). Returns the trimmed
+    inputs and the kept rows' indices [M] (None when every row is kept)."""
+    rows = None if bool(live.all()) else live.nonzero().flatten()  # [M]
+    if rows is not None:
+        input_ids, attention_mask = input_ids[rows], attention_mask[rows]
+        coeffs = [c[rows.to(c.device)] for c in coeffs]
+    used = attention_mask.bool().any(0)  # [L]
+    for c in coeffs:
+        used |= (c != 0).any(0).to(used.device)
+    if not bool(used.all()):
+        first, last = int(used.nonzero()[0]), int(used.nonzero()[-1]) + 1  # all-padding edges
+        input_ids, attention_mask = input_ids[:, first:last], attention_mask[:, first:last]
+        coeffs = [c[:, first:last] for c in coeffs]
+    return input_ids, attention_mask, coeffs, rows
+
+
+def _embed(result: GramResult, rows: torch.Tensor, n: int) -> GramResult:  # rows [M] into [N]
+    """K [N, N] from the kept rows' K [M, M]: zero rows and columns for the rows left out."""
+    def full(gram: torch.Tensor) -> torch.Tensor:
+        out = gram.new_zeros(n, n)
+        out[rows.unsqueeze(1), rows.unsqueeze(0)] = gram
+        return out
+
+    return GramResult(full(result.gram), result.methods,
+                      per_param={name: full(g) for name, g in result.per_param.items()},
+                      sketch_dims=result.sketch_dims)
 
 
 def gram_for_method(

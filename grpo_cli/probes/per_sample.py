@@ -331,7 +331,11 @@ def _row_factor(a: torch.Tensor, r0: int, r1: int, dtype=torch.float64) -> torch
 
 
 def materialized_gram(terms, rows: int, cols: int, chunk_elems: int = CHUNK_ELEMS) -> torch.Tensor:
-    """Gram of the per-rollout gradients sum_t A_t B_t^T, formed a chunk of rows at a time."""
+    """Gram of the per-rollout gradients sum_t A_t B_t^T, formed a chunk of rows at a time.
+
+    Each chunk's gradient rows and their Gram product stay in the factors' precision (as
+    autograd's per-sample gradients would; a float64 copy of every chunk cost more than the
+    product on SmolLM2, docs/speed.md); the chunks' products are summed in float64."""
     n = terms[0][1].shape[0]
     step = max(1, chunk_elems // max(n * cols, 1))
     gram = torch.zeros(n, n, dtype=torch.float64, device=terms[0][1].device)
@@ -341,9 +345,41 @@ def materialized_gram(terms, rows: int, cols: int, chunk_elems: int = CHUNK_ELEM
         for a, b in terms:  # per-rollout gradient rows in the factors' precision (as autograd's)
             part = torch.einsum("nta,ntb->nab", _row_factor(a, r0, r1, b.dtype), b)
             g = part if g is None else g.add_(part)
-        flat = g.reshape(n, -1).to(torch.float64)  # [N, (r1 - r0) * cols]
-        gram += flat @ flat.T
+        flat = g.reshape(n, -1)  # [N, (r1 - r0) * cols]
+        gram += (flat @ flat.T).to(torch.float64)
     return gram
+
+
+def vocab_rows_gram(
+    terms, rows: int, cols: int, dense_gram: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:  # (K [N, N] float64, the rows kept [V'])
+    """K of an embedding-like parameter [rows, cols] (V rows, token ids in some factors) from the
+    rows that the batch's ids select, V' of the V.
+
+    An id factor's per-rollout gradient S_i = sum_t onehot(id_t) B_t^T is zero outside the ids
+    the rollout holds, so S_i is a scatter of B by id into [V', cols] (no V-sized tensor), and
+    <S_i, S_j> = sum_{t, s} [id_t = id_s] <B_t, B_s>. With dense factors on the same weight (a
+    tied lm_head: G_i = D_i + S_i), K = K_D + S S^T + D' S^T + S D'^T, where D' is D restricted to
+    the V' rows and K_D [N, N] (`dense_gram`, the dense factors' own Gram) is taken by a route of
+    their own. Cost ~ N T cols (scatter) + N T_D V' cols (D') + N^2 V' cols, no cancellation."""
+    ids_terms = [(a, b) for a, b in terms if a.dtype == torch.long]
+    dense = [(a, b) for a, b in terms if a.dtype != torch.long]
+    kept = torch.unique(torch.cat([a.reshape(-1) for a, _ in ids_terms]))  # [V'] sorted
+    b0 = ids_terms[0][1]
+    n = b0.shape[0]
+    scattered = b0.new_zeros(n, kept.numel(), cols)  # [N, V', cols] S, the factors' precision
+    for ids, b in ids_terms:
+        where = torch.searchsorted(kept, ids.reshape(n, -1).contiguous())  # [N, T] position of each id in kept
+        scattered.scatter_add_(1, where.unsqueeze(-1).expand(-1, -1, cols), b.reshape(n, -1, cols))
+    s = scattered.reshape(n, -1)  # [N, V' cols]
+    gram = (s @ s.T).to(torch.float64)
+    if dense:
+        restricted = sum(
+            torch.einsum("ntv,ntc->nvc", a[..., kept].to(b.dtype), b) for a, b in dense
+        ).reshape(n, -1)  # [N, V' cols] D'
+        cross = (restricted @ s.T).to(torch.float64)  # [N, N] <D'_i, S_j>
+        gram += cross + cross.T + dense_gram
+    return gram, kept
 
 
 def sketched_rows(terms, u: torch.Tensor | None, v: torch.Tensor | None, rows: int) -> torch.Tensor:

@@ -149,7 +149,7 @@ class ProbeSuite:
             probes_cfg = OmegaConf.to_object(probes_cfg)  # (~25 us an attribute as a DictConfig)
         self.cfg = probes_cfg
         self.matrices = set(probes_cfg.matrices)
-        self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
+        self._hooks_verified = False  # the Gram hooks' consistency check passed once (rollout_grams)
         # per-rollout Grams from the training pass (fused.py) until the hooks fail there once
         self._fuse = probes_cfg.fused_gram != "never" and probes_cfg.gram_method != "per_sample"
         pattern = re.compile(probes_cfg.layer_regex)
@@ -255,7 +255,7 @@ class ProbeSuite:
     def _per_rollout(self, step: int, output: ProbedStep, model, rows: ProbeRows) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
-        grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
+        grams = output.rollout_grams or self.rollout_grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
         if "rollout_batch" in self.matrices:
@@ -282,34 +282,55 @@ class ProbeSuite:
         """Whether a matrix reads the score rows' group blocks."""
         return bool(self.matrices & {"score_group", "rollout_group"})
 
-    def _grams(self, step, batch, weights, advantages, model) -> dict[str, torch.Tensor]:
+    def rollout_grams(self, step, batch, weights, advantages, model,
+                      params: dict | None = None) -> dict[str, torch.Tensor]:
         """{"advantage": K_adv [N, N], "score_blocks": K_score's group blocks [B, R, R]} from a
-        separate pass: Grams of the advantage-weighted and plain score rows.
+        separate pass: Grams of the advantage-weighted and plain score rows, over `params`
+        (default: every parameter of probes.param_regex; both Grams are sums over parameters, so
+        shares over disjoint parameter sets add up to the whole, as the TRL callback's processes do).
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
         serves both; per-token advantages (ppo, process, otb) need their own pass.
+
+        Only the groups with a non-zero advantage run (the rows of the others are zero in K_adv,
+        and no matrix reads their score blocks, which are NaN): on the CPU presets that is often
+        half the batch or less.
         """
+        size, n = batch.group_size, batch.num_rollouts
         per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
-        coeffs = {"score": weights}
-        if per_rollout is None:
-            coeffs["advantage"] = -(weights * advantages)
-        results = per_rollout_grams(
-            model, batch.input_ids, batch.attention_mask, coeffs, self.gram_params,
-            method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
-            row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
-        )  # one forward per row chunk, shared by the coefficient sets
-        # The hooks' consistency check depends on the model's structure only: once every
-        # hooked parameter has passed it, later probes skip it (and the weight gradients).
-        methods = next(iter(results.values())).methods
-        fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
-        self._hooks_verified = not fell_back
-        grams = {key: result.gram for key, result in results.items()}  # each [N, N] float64
-        if per_rollout is not None:
-            scale = per_rollout.double().to(grams["score"].device)
-            grams["advantage"] = torch.outer(scale, scale) * grams["score"]
-        return {"advantage": grams["advantage"],
-                "score_blocks": group_blocks(grams["score"], batch.group_size)}
+        informative = nonzero_advantage_rows(advantages, batch.completion_mask).reshape(-1, size)
+        informative = informative.any(1).repeat_interleave(size)  # [N] rows of informative groups
+        rows = informative.nonzero().flatten().to(batch.input_ids.device)  # [M]
+        advantage = torch.zeros(n, n, dtype=torch.float64, device=batch.input_ids.device)
+        score = torch.full_like(advantage, math.nan)
+        if not self.needs_score:  # only K_adv is read: the zero-advantage rows can go too
+            rows = nonzero_advantage_rows(advantages, batch.completion_mask).nonzero().flatten()
+            rows = rows.to(batch.input_ids.device)
+        if rows.numel():
+            weights, advantages = weights[rows], advantages[rows]
+            coeffs = {"score": weights}
+            if per_rollout is None:
+                coeffs["advantage"] = -(weights * advantages)
+            results = per_rollout_grams(
+                model, batch.input_ids[rows], batch.attention_mask[rows], coeffs,
+                self.gram_params if params is None else params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
+                row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
+            )  # one forward per row chunk, shared by the coefficient sets
+            # The hooks' consistency check depends on the model's structure only: once every
+            # hooked parameter has passed it, later probes skip it (and the weight gradients).
+            methods = next(iter(results.values())).methods
+            if methods:  # empty: no pass ran, nothing was checked
+                fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
+                self._hooks_verified = not fell_back
+            grams = {key: result.gram for key, result in results.items()}  # each [M, M] float64
+            if per_rollout is not None:
+                scale = per_rollout[rows.to(per_rollout.device)].double().to(grams["score"].device)
+                grams["advantage"] = torch.outer(scale, scale) * grams["score"]
+            index = (rows.unsqueeze(1), rows.unsqueeze(0))
+            advantage[index] = grams["advantage"].to(advantage.device)
+            score[index] = grams["score"].to(score.device)
+        return {"advantage": advantage, "score_blocks": group_blocks(score, size)}
 
     def _score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
         """K_score [M, M] of the given rows (whole groups) from a separate pass."""
@@ -480,7 +501,7 @@ class StepCapture:
         grams = self._fused_grams(batch, advantages, loss_weights) if fused else None
         self.source = "separate_pass" if grams is None else "training_pass"
         if grams is None:
-            grams = suite._grams(self.step, batch, loss_weights, advantages, self.model)
+            grams = suite.rollout_grams(self.step, batch, loss_weights, advantages, self.model)
         return layer_grads, grams
 
     def after_backward(self) -> None:

@@ -18,7 +18,13 @@ from typing import Protocol
 import torch
 
 from grpo_cli.algorithm.advantages import TokenProbs, get_estimator
-from grpo_cli.algorithm.loss import aggregation_weights, kl_k3, policy_loss, value_loss
+from grpo_cli.algorithm.loss import (
+    actor_loss,
+    aggregation_weights,
+    token_loss_weights,
+    uniform_weight_rollouts,
+    value_loss,
+)
 from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.algorithm.scored import (
     ScoredBatch,
@@ -91,6 +97,8 @@ class Update:
     totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
     layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # probe steps: batch gradients
     rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and per-rollout Grams
+    # every pass: (informative rollouts with uniform token loss weights, informative rollouts) [2]
+    uniform_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
 
 
 class ProbeCapture(Protocol):
@@ -414,6 +422,7 @@ class GRPOTrainer:
             shared_prompt_forward=self.shared_prompt_forward and not fused,
             prompt_keys=self.prompt_keys(batch),
             policy_logprobs=torch.zeros_like(mask),
+            uniform_counts=mask.new_zeros(2, dtype=torch.float64),
         )
 
     def _micro_batch(self, batch: RolloutBatch, rows: slice, share: float, targets: Targets,
@@ -433,18 +442,23 @@ class GRPOTrainer:
             if first:
                 update.policy_logprobs[rows] = logprobs.detach()
             old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
-            pg_loss, stats = policy_loss(
-                logprobs, old, targets.advantages[rows] * targets.tis[rows], part_mask,
+            advantages = targets.advantages[rows] * targets.tis[rows]  # [n, L]
+            loss_terms = dict(
+                ref_logprobs=None if targets.ref_logprobs is None else targets.ref_logprobs[rows],
+                kl_coef=algorithm.kl_coef, kl_weights=update.weights[rows],
                 epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
                 agg=algorithm.loss_agg, constant=update.constant,
                 importance_sampling_level=algorithm.importance_sampling_level,
                 batch_tokens=update.batch_tokens, batch_sequences=batch.num_rollouts,
             )
-            loss, kl_sum, v_loss = pg_loss, zero, zero
-            if targets.ref_logprobs is not None:
-                kl_tokens = kl_k3(logprobs, targets.ref_logprobs[rows], part_mask)  # [n, L]
-                loss = loss + algorithm.kl_coef * (update.weights[rows] * kl_tokens).sum()
+            loss, pg_loss, kl_tokens, stats = actor_loss(logprobs, old, advantages, part_mask, **loss_terms)
+            kl_sum, v_loss = zero, zero
+            if kl_tokens is not None:
                 kl_sum = (kl_tokens * part_mask).sum()
+            # claim 1's empirical reading, every pass (later passes are off policy): d loss / d log pi(y_t)
+            token_weights = token_loss_weights(logprobs, old, advantages, part_mask, **loss_terms)
+            update.uniform_counts = update.uniform_counts + uniform_weight_rollouts(
+                token_weights, advantages, part_mask)
             if self.value_head is not None:
                 v_loss = value_loss(self.value_head(hidden), targets.returns[rows], part_mask)
                 loss = loss + algorithm.value_coef * v_loss * share
@@ -514,10 +528,11 @@ class GRPOTrainer:
             credit_uniform_share(targets.advantages, mask),
             *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
             informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
+            update.uniform_counts[0] / update.uniform_counts[1],  # over passes; 0/0 = NaN: none informative
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct), correct = (
+         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct, weight_uniform), correct = (
             read[: len(summary)], read[len(summary):])
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
@@ -555,6 +570,7 @@ class GRPOTrainer:
             "groups_all_right": all_right,
             "groups_mixed": mixed,
             "distinct_completions": distinct,  # mean over informative groups (NaN: none)
+            "token_weight_uniform_frac": weight_uniform,  # every pass (NaN: no informative rollout)
         })
 
 

@@ -1,0 +1,168 @@
+"""Mode collapse beside the rank: is "rank -> 2" the zero-sum structure or fewer distinct answers?
+
+A group's R x P matrix has at most as many independent rows as the group has distinct
+completions, so when sampling collapses (distinct completions per informative group and token
+entropy fall over training) the per-group rank falls with them, towards 2 (one answer per reward
+class) or below, for a reason that has nothing to do with the paper's zero-sum argument. A
+longer run can then read "rank ~2" for the wrong reason (issue 30: at R=8 the CPU preset's rank
+falls from ~3.8 to ~2 while distinct completions fall from 4.1 to ~3).
+
+This module reads, per run, the claim-2 rank (`rollout_group` / `erank_entropy` by default) on
+probe steps beside metrics.csv `distinct_completions` and `entropy` at the same steps, splits
+each run's probe steps into an early and a late half, and
+
+- `stage_table`: per variant, R and stage, the means over seeds of rank, distinct completions
+  and entropy;
+- `stage_readings`: per variant and stage, claim 2's numbers on the stage alone: the mean rank
+  per R, the slope per doubling of R and the largest deviation from the target over the judged
+  (uncapped) R values;
+- `collapse_warnings`: one sentence per variant and R whose late rank is near the target or
+  below it (within the claim-2 band above it) and lower than early, while distinct completions
+  fall by at least `DISTINCT_FALL` (relative).
+
+Point estimates: the intervals and verdicts of the whole-run reading are the claims' (claims.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import DISTINCT_FALL, RANK_BAND, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.tables import metric_table
+
+STAGES = ("early", "late")  # first and second half of a run's probe steps
+COLLAPSE_METRICS = ("distinct_completions", "entropy")
+KEYS = ["variant", "group_size"]
+
+
+def collapse_frame(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_group",
+                   measure: str = "erank_entropy") -> pd.DataFrame:
+    """One row per run and probe step: variant, group_size, seed, run_id, step, stage, rank,
+    distinct_completions, entropy (NaN where metrics.csv lacks the column). `ranks`:
+    tables.rank_table (the group == "mean" rows of `matrix` are read)."""
+    columns = ["variant", "group_size", "seed", "run_id", "step", "stage", "rank",
+               *COLLAPSE_METRICS]
+    if ranks.empty:
+        return pd.DataFrame(columns=columns)
+    picked = ranks[(ranks["matrix"] == matrix) & (ranks["measure"] == measure)
+                   & (ranks["stat"].isin(["mean", "all"]))]
+    if picked.empty:
+        return pd.DataFrame(columns=columns)
+    frame = picked.groupby(["variant", "group_size", "seed", "run_id", "step"], as_index=False)[
+        "value"].mean().rename(columns={"value": "rank"})
+    metrics = metric_table(runs, list(COLLAPSE_METRICS))
+    if not metrics.empty:
+        wide = metrics.pivot_table(index=["run_id", "step"], columns="metric", values="value")
+        frame = frame.merge(wide.reset_index(), on=["run_id", "step"], how="left")
+    for column in COLLAPSE_METRICS:
+        if column not in frame:
+            frame[column] = np.nan
+    frame = frame.sort_values(["run_id", "step"]).reset_index(drop=True)
+    # early: the first half of each run's probe steps (the middle one of an odd count is late)
+    order = frame.groupby("run_id").cumcount()
+    count = frame.groupby("run_id")["step"].transform("size")
+    frame["stage"] = np.where(order < count // 2, STAGES[0], STAGES[1])
+    return frame[columns]
+
+
+def stage_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per variant, R and stage: steps (first-last probe step), seeds, and the means over seeds
+    (each seed's stage mean first) of rank, distinct_completions and entropy."""
+    columns = [*KEYS, "stage", "steps", "n_seeds", "rank", *COLLAPSE_METRICS]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    per_run = frame.groupby([*KEYS, "stage", "run_id"], as_index=False).agg(
+        first=("step", "min"), last=("step", "max"), rank=("rank", "mean"),
+        **{column: (column, "mean") for column in COLLAPSE_METRICS},
+    )
+    table = per_run.groupby([*KEYS, "stage"], as_index=False).agg(
+        first=("first", "min"), last=("last", "max"), n_seeds=("run_id", "nunique"),
+        rank=("rank", "mean"), **{column: (column, "mean") for column in COLLAPSE_METRICS},
+    )
+    table["steps"] = [f"{int(a)}-{int(b)}" for a, b in zip(table["first"], table["last"], strict=True)]
+    table["stage"] = pd.Categorical(table["stage"], STAGES, ordered=True)
+    return table.sort_values([*KEYS, "stage"])[columns].reset_index(drop=True)
+
+
+def slope_per_doubling(sizes, values) -> float:
+    """Least-squares slope of `values` against log2(R) (NaN with fewer than two R values)."""
+    sizes, values = np.asarray(sizes, float), np.asarray(values, float)
+    keep = np.isfinite(values)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log2(sizes[keep]), values[keep], 1)[0])
+
+
+def stage_readings(stages: pd.DataFrame, target: float = RANK_TARGET) -> pd.DataFrame:
+    """Claim 2 per stage: variant, stage, judged R, one `R=<r>` mean rank column per R, the slope
+    per doubling and the largest |rank - target| over the judged (uncapped) R values."""
+    rows = []
+    sizes = sorted(int(r) for r in stages["group_size"].unique()) if not stages.empty else []
+    for (variant, stage), part in stages.groupby(["variant", "stage"], observed=True, sort=True):
+        means = dict(zip(part["group_size"].astype(int), part["rank"], strict=True))
+        judged = judged_group_sizes(means, target)
+        values = [means[r] for r in judged]
+        rows.append({
+            "variant": variant, "stage": stage,
+            "judged R": ",".join(str(r) for r in judged),
+            **{f"R={r}": means.get(r, np.nan) for r in sizes},
+            "slope / doubling": slope_per_doubling(judged, values),
+            "max dev. from 2": float(np.nanmax(np.abs(np.array(values) - target)))
+            if np.isfinite(values).any() else np.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def collapse_warnings(stages: pd.DataFrame, target: float = RANK_TARGET, band: float = RANK_BAND,
+                      distinct_fall: float = DISTINCT_FALL) -> list[str]:
+    """Per variant and R: the late rank is at most target + band and lower than early, while
+    distinct completions per informative group fall by at least `distinct_fall` (relative)."""
+    out = []
+    for (variant, size), part in stages.groupby(KEYS, sort=True):
+        by_stage = part.set_index("stage")
+        if not set(STAGES) <= set(by_stage.index):
+            continue
+        early, late = by_stage.loc[STAGES[0]], by_stage.loc[STAGES[1]]
+        values = [early["rank"], late["rank"], early["distinct_completions"],
+                  late["distinct_completions"]]
+        if not np.isfinite(np.asarray(values, float)).all():
+            continue
+        falls = late["distinct_completions"] <= (1 - distinct_fall) * early["distinct_completions"]
+        if late["rank"] <= target + band and late["rank"] < early["rank"] and falls:
+            entropy = (f", token entropy from {early['entropy']:.3f} to {late['entropy']:.3f} nats"
+                       if np.isfinite([early["entropy"], late["entropy"]]).all() else "")
+            who = f"{variant}, " if variant else ""
+            out.append(
+                f"Mode collapse ({who}R={int(size)}): the per-group rank falls from "
+                f"{early['rank']:.2f} (probe steps {early['steps']}) to {late['rank']:.2f} "
+                f"(steps {late['steps']}) while distinct completions per informative group fall "
+                f"from {early['distinct_completions']:.2f} to {late['distinct_completions']:.2f}"
+                f"{entropy}. A group has at most as many independent rows as distinct "
+                f"completions, so a rank near {target:g} here can be sampling collapse, not the "
+                "zero-sum structure: read claim 2 on the early stage, or measure every R on the "
+                "same weights with `grpo probe`."
+            )
+    return out
+
+
+def blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str], matrix: str,
+           measure: str) -> list[tuple[str, object]]:
+    """The report section (report.py blocks): warnings, claim 2 per stage, the stage table."""
+    if stages.empty:
+        return []
+    return [
+        ("h2", "Mode collapse beside the rank, and claim 2 per stage"),
+        ("p", f"Each run's probe steps are split into an early and a late half. Per R: {matrix} / "
+              f"{measure} (the claim-2 rank) beside metrics.csv distinct_completions (distinct "
+              "completions per informative group: a group has at most that many independent "
+              "rows) and entropy at the same steps, means over seeds. A warning is raised when "
+              f"the late rank is at most {RANK_TARGET:g} + {RANK_BAND:g} and lower than early "
+              f"while distinct completions fall by at least {DISTINCT_FALL:.0%}. Point estimates; "
+              "the intervals are the whole-run reading's (claims above)."),
+        ("list", warnings or ["No mode-collapse warning: no R whose rank nears "
+                              f"{RANK_TARGET:g} while distinct completions fall."]),
+        ("table", readings),
+        ("table", stages),
+    ]

@@ -1,0 +1,162 @@
+"""Claim 4 on claim 2's matrices and rows: does per-token credit raise the rank where the outcome
+estimators' rank is measured?
+
+Claim 4 as first judged compared estimators on `rollout_batch`, a different matrix from claim 2's
+`rollout_group`, and on different rows: ppo's critic gives non-zero advantages to zero-variance
+groups, so its batch matrix has about twice the non-zero rows of grpo's, and a larger rank from
+more rows says nothing about credit (issue 30). Here every matrix x measure is compared on the
+same footing:
+
+- `rollout_group`, `score_group`: the per-group rows (ranks.csv group g<b>) of informative groups
+  only (minority >= 1: the rewards differ), for every estimator, so outcome and per-token
+  estimators are read on the same kind of group; `process` against the outcome estimators on
+  problems with at least two checked steps only, on both sides (ranks.csv `problem_steps` >= 2:
+  one-step problems give uniform credit anyway).
+- `rollout_batch`, `group_batch`: the whole matrix, and its rank per non-zero row (rank /
+  `n_nonzero_rows`), which does not grow just because more rows are non-zero.
+- `layer`: the mean over layers (the layer stable rank, the one measure that reads "~2 whatever R").
+
+ppo (a critic: credit from a learned value, rows for zero-variance groups) and process (credit
+from checked steps) are separate rows, never pooled. Per run the value is the mean over its last
+`last_fraction` of probe steps, then the mean over seeds per R; the outcome slope is per doubling
+of R over the judged (uncapped) R values; the difference is per-token minus outcome, per R and
+averaged over the R values both have.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis.collapse import slope_per_doubling
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import MIN_CHECKED_STEPS, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.summary import last_part_means, rank_summary
+from grpo_cli.analysis.tables import LAYER_MEAN, META, run_meta
+
+PER_GROUP = ("rollout_group", "score_group")
+WHOLE = ("rollout_batch", "group_batch")
+PER_ROW = " per non-zero row"  # suffix of the measure read per non-zero row
+READINGS = {  # which reading of the paper a matrix covers
+    "rollout_group": "per group: the R x P matrix of the zero-sum argument",
+    "score_group": "per group, unweighted score rows (control: no advantages)",
+    "rollout_batch": "per step: all rollouts' advantage-weighted rows",
+    "group_batch": "per step: one row per group (the group's summed gradient)",
+    "layer": "per layer: the batch gradient as a weight-shaped matrix (stable rank ~2)",
+}
+
+
+INFORMATIVE, MULTI_STEP, WHOLE_MATRIX = "informative groups", "multi-step problems", "all"
+
+
+def _group_selections(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per-group rows of groups whose rewards differ (`INFORMATIVE`), and of those the groups
+    whose problem has at least MIN_CHECKED_STEPS checked steps (`MULTI_STEP`, where process's
+    credit can differ from uniform; absent without `problem_steps`)."""
+    if "minority" in rows:
+        rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
+    out = {INFORMATIVE: rows}
+    if "problem_steps" in rows:
+        out[MULTI_STEP] = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= MIN_CHECKED_STEPS]
+    return out
+
+
+def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
+    """Long table (META + step, matrix, layer, stat, measure, value) of every run's ranks read
+    on the same rows for every estimator (module docstring): per-group matrices with `stat`
+    INFORMATIVE and MULTI_STEP, whole matrices with `stat` "all" and `<measure> per non-zero
+    row` beside each measure."""
+    columns = [*META, "step", "matrix", "layer", "stat", "measure", "value"]
+    parts = []
+    for run in runs:
+        ranks = run.ranks
+        if ranks.empty or "matrix" not in ranks:
+            continue
+        have = [m for m in measures if m in ranks]
+        numeric = ranks.assign(**{c: pd.to_numeric(ranks[c], errors="coerce")
+                                  for c in [*have, "n_nonzero_rows"] if c in ranks})
+        for matrix in (*PER_GROUP, *WHOLE, "layer"):
+            rows = numeric[numeric["matrix"] == matrix]
+            if matrix in PER_GROUP:
+                selections = {stat: picked.groupby("step", as_index=False)[have].mean()
+                              for stat, picked in _group_selections(
+                                  rows[rows["group"].str.startswith("g")]).items()}
+            elif matrix in WHOLE:
+                rows = rows[rows["group"].isin(["all", ""])]
+                wide = rows[["step", *have]].copy()
+                if "n_nonzero_rows" in rows:
+                    nonzero = rows["n_nonzero_rows"].where(rows["n_nonzero_rows"] > 0)
+                    for m in have:
+                        wide[m + PER_ROW] = rows[m] / nonzero
+                selections = {WHOLE_MATRIX: wide}
+            else:
+                rows = rows[rows["group"].isin(["all", ""])]
+                selections = {WHOLE_MATRIX: rows.groupby("step", as_index=False)[have].mean()}
+            layer = LAYER_MEAN if matrix == "layer" else ""
+            for stat, wide in selections.items():
+                if wide.empty:
+                    continue
+                long = wide.melt(id_vars="step", var_name="measure").dropna(subset=["value"])
+                long = long[long["value"] != 0]  # a zero matrix has no rank (tables.py)
+                parts.append(long.assign(matrix=matrix, layer=layer, stat=stat, **run_meta(run)))
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(parts, ignore_index=True)[columns]
+
+
+def _family(facts: dict) -> str | None:
+    """"outcome" for zero-sum outcome estimators (grpo, dr_grpo, rloo), the estimator's name for
+    per-token ones (each its own row), None for the rest (run.json estimator_facts)."""
+    if facts["zero_sum_group"] and facts["credit"] == "outcome":
+        return "outcome"
+    return facts["name"] if facts["credit"] == "per_token" else None
+
+
+def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
+                     target: float = RANK_TARGET) -> pd.DataFrame:
+    """One row per matrix x measure x outcome variant x per-token variant: the reading, the
+    outcome rank per R and its slope per doubling (judged R), the per-token rank per R, and the
+    difference per R and on average (empty without both kinds of estimator)."""
+    facts = {run.variant: run.estimator_facts for run in runs}
+    estimators = {variant: f["name"] for variant, f in facts.items()}
+    outcome = sorted(v for v, f in facts.items() if _family(f) == "outcome")
+    per_token = sorted(v for v, f in facts.items() if _family(f) not in (None, "outcome"))
+    summary = rank_summary(last_part_means(same_rows_table(runs, measures), last_fraction))
+    if summary.empty or not outcome or not per_token:
+        return pd.DataFrame()
+    means = {key: dict(zip(part["group_size"].astype(int), part["mean"], strict=True))
+             for key, part in summary.groupby(["variant", "matrix", "stat", "measure"], sort=False)}
+    rows = []
+    for (variant, matrix, stat, measure), base in means.items():
+        if variant not in outcome:
+            continue
+        judged = judged_group_sizes(base, target)
+        slope = slope_per_doubling(judged, [base[r] for r in judged])
+        for other in per_token:
+            # process against the outcome estimator on multi-step problems, the rest on
+            # informative groups (per-group matrices); whole matrices as they are
+            wanted = MULTI_STEP if facts[other]["name"] == "process" else INFORMATIVE
+            if stat not in (wanted, WHOLE_MATRIX):
+                continue
+            theirs = means.get((other, matrix, stat, measure), {})
+            common = sorted(set(base) & set(theirs))
+            difference = {r: theirs[r] - base[r] for r in common}
+            rows.append({
+                "matrix": matrix, "measure": measure,
+                "reading": READINGS.get(matrix, matrix)
+                + (" (rank / non-zero rows)" if measure.endswith(PER_ROW) else "")
+                + (f"; {stat}" if stat != WHOLE_MATRIX else ""),
+                "outcome": variant or estimators[variant], "per-token": other or estimators[other],
+                "outcome rank": _per_r(base), "outcome slope": slope,
+                "per-token rank": _per_r(theirs),
+                "difference": _per_r(difference, signed=True),
+                "mean difference": float(np.mean(list(difference.values()))) if common else np.nan,
+            })
+    return pd.DataFrame(rows)
+
+
+def _per_r(values: dict[int, float], signed: bool = False) -> str:
+    if not values:
+        return "-"
+    form = "{:+.2f}" if signed else "{:.2f}"
+    return ", ".join(f"R={r}: {form.format(v)}" for r, v in sorted(values.items()))

@@ -1,0 +1,93 @@
+"""`grpo probe` results: every R measured on the same weights and prompts, per checkpoint.
+
+A `grpo probe` results directory (run.json `kind: probe`, trainer `grpo-probe`) holds one run per
+R, each with one row per probed checkpoint at the step that checkpoint continues from
+(grpo_cli/train/probe_checkpoint.py). Comparing its R values at one step compares them on the
+same weights and the same prompts: the trajectory, which decides the rank in a comparison across
+training runs (issue 30), is out of the comparison. `checkpoint_table` reads claim 2 at each
+checkpoint: the rank per R (mean over seeds), the slope per doubling of R over the judged
+(uncapped) R values and the largest deviation from the target; `sentences` says what they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis.collapse import slope_per_doubling
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rules import RANK_TARGET, judged_group_sizes
+
+PROBE_TRAINER = "grpo-probe"
+
+
+def is_probe(run: Run) -> bool:
+    """Written by `grpo probe` (run.json kind `probe`, or trainer `grpo-probe`)."""
+    return run.info.get("kind") == "probe" or run.info.get("trainer") == PROBE_TRAINER
+
+
+def probe_source(run: Run) -> str:
+    """What was probed: run.json probe.source (a run, a checkpoint file or a model directory)."""
+    probe = run.info.get("probe") or {}
+    return str(probe.get("source") or run.config.get("model.path") or run.experiment)
+
+
+def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_group",
+                     measure: str = "erank_entropy", target: float = RANK_TARGET) -> pd.DataFrame:
+    """One row per probed source x variant x checkpoint step: the rank per R (mean over seeds of
+    the step's value), the judged R values, the slope per doubling and the largest |rank -
+    target| over them. Empty without `grpo probe` runs. `ranks`: tables.rank_table."""
+    probes = {str(run.path): run for run in runs if is_probe(run)}
+    if not probes or ranks.empty:
+        return pd.DataFrame()
+    picked = ranks[ranks["run_id"].isin(probes) & (ranks["matrix"] == matrix)
+                   & (ranks["measure"] == measure) & ranks["stat"].isin(["mean", "all"])]
+    picked = picked.assign(source=picked["run_id"].map(lambda run_id: probe_source(probes[run_id])))
+    sizes = sorted(int(r) for r in picked["group_size"].unique())
+    rows = []
+    for (source, variant, step), part in picked.groupby(["source", "variant", "step"], sort=True):
+        means = part.groupby("group_size")["value"].mean()
+        means = {int(r): float(v) for r, v in means.items()}
+        judged = judged_group_sizes(means, target)
+        values = [means[r] for r in judged]
+        rows.append({
+            "source": source, "variant": variant, "checkpoint step": int(step),
+            "seeds": int(part["seed"].nunique()),
+            **{f"R={r}": means.get(r, np.nan) for r in sizes},
+            "judged R": ",".join(map(str, judged)),
+            "slope / doubling": slope_per_doubling(judged, values) if len(judged) > 1 else np.nan,
+            "max dev. from 2": float(np.max(np.abs(np.array(values) - target))) if values else np.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def sentences(table: pd.DataFrame, matrix: str = "rollout_group", measure: str = "erank_entropy") -> list[str]:
+    """Per source and variant: what the same-checkpoint comparison reads, step by step."""
+    out = []
+    for (source, variant), part in table.groupby(["source", "variant"], sort=False):
+        readings = "; ".join(
+            f"step {r['checkpoint step']}: slope {r['slope / doubling']:+.2f} per doubling over "
+            f"R={r['judged R']}, largest deviation from 2 {r['max dev. from 2']:.2f}"
+            for r in part.to_dict("records")
+        )
+        who = f" ({variant})" if variant else ""
+        out.append(
+            f"Same checkpoint{who}: every R of {source} was sampled from the same weights on the "
+            f"same prompts, so these {matrix} / {measure} comparisons have no trajectory in them. "
+            f"{readings}."
+        )
+    return out
+
+
+def blocks(table: pd.DataFrame, matrix: str, measure: str) -> list[tuple[str, object]]:
+    """The report section (report.py blocks)."""
+    if table.empty:
+        return []
+    return [
+        ("h3", "Claim 2 on the same checkpoint (grpo probe)"),
+        ("p", "These results include `grpo probe` directories: per checkpoint, every R measured "
+              "on the same weights and prompts. Claim 2's verdict above averages each run's last "
+              "probe steps, here the last checkpoints; the table reads every checkpoint."),
+        ("list", sentences(table, matrix, measure)),
+        ("table", table),
+    ]

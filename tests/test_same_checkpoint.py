@@ -1,0 +1,63 @@
+"""`grpo probe` directories in `grpo analyze` (grpo_cli/analysis/same_checkpoint.py): each
+checkpoint's R values are read as a same-weights comparison."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from results_factory import write_run
+
+from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.pipeline import analyze
+from grpo_cli.analysis.same_checkpoint import checkpoint_table, is_probe
+from grpo_cli.analysis.tables import rank_table
+
+
+def rank(group_size, seed, step):
+    # checkpoint 0: flat at 2; checkpoint 10: +0.5 per doubling of R from R=4
+    return 2.0 + (0.5 * (group_size.bit_length() - 3) if step == 10 else 0.0) + 0.02 * seed
+
+
+@pytest.fixture
+def probe_dir(tmp_path):
+    root = tmp_path / "probe"
+    for size in (2, 4, 8, 16):
+        for seed in (0, 1):
+            run = write_run(root, group_size=size, seed=seed, steps=11, probe_every=10, rank=rank,
+                            matrices=("rollout_group",), name=f"R{size}-s{seed}")
+            record = json.loads((run / "run.json").read_text())
+            record |= {"trainer": "grpo-probe", "kind": "probe",
+                       "probe": {"source": "runs/R4-grpo-s0", "source_kind": "run",
+                                 "checkpoints": {"0": "step_000000.pt", "10": "step_000010.pt"}}}
+            (run / "run.json").write_text(json.dumps(record))
+    return root
+
+
+def test_each_checkpoint_gets_its_own_reading_on_the_uncapped_r(probe_dir):
+    runs = load_runs([probe_dir])
+    for run in runs:
+        run.variant = ""
+    assert all(is_probe(run) for run in runs)
+    table = checkpoint_table(runs, rank_table(runs, ["erank_entropy"])).set_index("checkpoint step")
+    assert table.loc[0, "judged R"] == "4,8,16"  # R=2 is capped
+    assert table.loc[0, "slope / doubling"] == pytest.approx(0.0, abs=1e-12)
+    assert table.loc[10, "slope / doubling"] == pytest.approx(0.5)
+    assert table.loc[10, "R=16"] == pytest.approx(3.01)  # 2 + 2 x 0.5, seeds 0 and 1
+    assert table.loc[10, "max dev. from 2"] == pytest.approx(1.01)
+    assert set(table["seeds"]) == {2}
+
+
+def test_analyze_calls_them_same_checkpoint_comparisons(probe_dir):
+    result = analyze([probe_dir], measure="erank_entropy", figures=False)
+    summary = result.files["summary_md"].read_text().split("## Runs")[0]
+    assert "Claim 2 on the same checkpoint (grpo probe)" in summary
+    assert "Same checkpoint: every R of runs/R4-grpo-s0 was sampled from the same weights" in summary
+    assert "step 10: slope +0.50 per doubling over R=4,8,16" in summary
+
+
+def test_training_runs_have_no_same_checkpoint_table(tmp_path):
+    write_run(tmp_path / "sweep", group_size=4, seed=0, matrices=("rollout_group",))
+    runs = load_runs([tmp_path / "sweep"])
+    assert not is_probe(runs[0])
+    assert checkpoint_table(runs, rank_table(runs, ["erank_entropy"])).empty

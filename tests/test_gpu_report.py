@@ -168,11 +168,12 @@ def test_one_real_step_on_cuda(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    step = rank_collapse_step(settings(tmp_path, rank_steps=2, group_sizes=(2,)), "float32")
+    # 4 steps: probes at step 0 and the last step (probes.every), so steps 1-2 are plain steps
+    step = rank_collapse_step(settings(tmp_path, rank_steps=4, group_sizes=(2,)), "float32")
     [record] = run_steps([step], tmp_path / "report", budget_s=600, echo=lambda line: None)
     assert record["status"] == "ok", (tmp_path / "report" / "logs" / f"{step.name}.log").read_text()[-2000:]
     figures = {f["key"]: f["value"] for f in record["figures"]}
-    assert figures["rank_collapse_fp32.R2.steps"] == 2
+    assert figures["rank_collapse_fp32.R2.steps"] == 4
     assert figures["rank_collapse_fp32.R2.step_s"] > 0
     assert not list((tmp_path / "runs").glob("**/checkpoints"))  # deleted after the step
 

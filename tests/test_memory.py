@@ -24,6 +24,7 @@ def test_cuda_peak_is_per_step():
     del big
     assert peak_memory_mb(device) >= 256
     reset_step_peak(device)
+    live = torch.cuda.memory_allocated(device) / 2**20  # tensors other tests left alive (xdist)
     small = torch.empty(2**20, dtype=torch.uint8, device=device)
-    assert peak_memory_mb(device) < 64
+    assert peak_memory_mb(device) < live + 64  # the 256 MiB block before the reset is forgotten
     del small

@@ -140,6 +140,7 @@ def test_phase_memory_nested_peaks_on_cuda():
     device = torch.device("cuda")
     memory = PhaseMemory(device)
     timer = PhaseTimer(device, memory=memory)
+    live = torch.cuda.memory_allocated(device) / 2**20  # tensors other tests left alive (xdist)
     with timer.phase("update"):
         with timer.phase("backward"):
             big = torch.empty(512 * 2**20, dtype=torch.uint8, device=device)
@@ -148,7 +149,7 @@ def test_phase_memory_nested_peaks_on_cuda():
             small = torch.empty(2**20, dtype=torch.uint8, device=device)
             del small
     peaks = memory.phase_peaks()
-    assert peaks["peak_train_mb"] >= 512 and peaks["peak_optimizer_mb"] < 64
+    assert peaks["peak_train_mb"] >= 512 and peaks["peak_optimizer_mb"] < live + 64
     assert memory.peaks["update"] >= 512  # nested: the outer phase saw the inner peak
     assert memory.step_peak_mb() >= 512 and math.isnan(peaks["peak_rollout_mb"])
 

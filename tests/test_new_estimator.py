@@ -12,8 +12,9 @@ import torch
 from cli_helpers import grpo_run, run_dir
 
 from grpo_cli.algorithm.advantages import ESTIMATORS, register_adv_est
-from grpo_cli.analysis.claims import HOLDS, ClaimRules, credit_claim
+from grpo_cli.analysis.claims import credit_claim
 from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import SUPPORTED, Rules
 
 NAME = "half_centred"  # A_i = (r_i - mean_g r) / 2: outcome credit, a zero-sum group
 
@@ -62,10 +63,10 @@ def test_the_analysis_judges_a_registered_estimator_from_run_json(new_estimator_
     out, _ = new_estimator_run
     (run,) = load_runs([out])
     assert run.estimator_facts == {"name": NAME, "credit": "outcome", "zero_sum_group": True}
-    claim = credit_claim([run], ClaimRules())
+    claim = credit_claim([run], Rules())
     (row,) = claim.table.to_dict("records")
     assert row["estimator"] == NAME and row["credit"] == "outcome"
-    assert row["verdict"] == HOLDS  # outcome credit, uniform at both steps
+    assert row["verdict"] == SUPPORTED  # outcome credit, uniform at both steps
 
 
 def test_a_directory_without_estimator_facts_falls_back_to_the_frozen_table(new_estimator_run):

@@ -42,3 +42,15 @@ def test_report_labels_the_advantages_check_and_shows_the_reading(sweep):
     claims = result.files["summary_md"].read_text().split("## Runs")[0]
     assert "true by construction for outcome estimators" in claims
     assert "dr_grpo (outcome): the loss gradient's token weights varied within some rollout at 25%" in claims
+
+
+def test_claim_1_gets_the_empirical_part(sweep):
+    result = analyze([sweep], measure="erank_entropy", figures=False)
+    claim = result.claims[0]
+    parts = [(p.name, p.verdict) for p in claim.parts]
+    # 1a: every outcome estimator's advantages are uniform (by construction); 1b per outcome
+    # variant that recorded the weights: grpo uniform, dr_grpo not (ppo is per-token: contrast)
+    assert parts == [("1a", "supported"), ("1b", "contradicted"), ("1b", "supported")]
+    assert claim.verdict == "mixed"
+    summary = result.files["summary_md"].read_text()
+    assert "dr_grpo (outcome): the loss gradient's token weights varied" in summary.split("## Runs")[0]

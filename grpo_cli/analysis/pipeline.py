@@ -248,6 +248,8 @@ def analyze(
     )
     comp_table = comp.composition_table(analysed, measures)
     claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
+    token_weight_table = token_weights.token_weight_table(analysed)
+    claims[0] = token_weights.with_empirical_part(claims[0], token_weight_table)  # claim 1b
     collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
     matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
@@ -287,7 +289,7 @@ def analyze(
         matching_bins=matching_bins,
         same_checkpoint=same_checkpoint.checkpoint_table(
             analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target),
-        token_weights=token_weights.token_weight_table(analysed),
+        token_weights=token_weight_table,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

@@ -82,7 +82,8 @@ FIGURES = {
     "closed-form prediction for m = 1..R/2.",
     "collapse": "The claim-2 rank over probe steps beside distinct completions per informative "
     "group and token entropy, per R; dotted: each R's cap (R rows, R distinct completions), "
-    "dashed: the claimed rank 2.",
+    "densely dotted: the closed form over each group's distinct completions, dashed: the "
+    "claimed rank 2.",
 }
 DYNAMICS_COLUMNS = [
     "grad_sparsity",

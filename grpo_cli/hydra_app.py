@@ -117,6 +117,32 @@ class SweepSummary(Callback):
         log.info("results: %s", sweep_dir)
 
 
+class OneGpuPerJob(Callback):
+    """`hydra/launcher=local_gpus`: each sweep member narrows CUDA_VISIBLE_DEVICES to one GPU of
+    those it inherits, claimed for its lifetime (grpo_cli/runtime/gpu_slots.py)."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from grpo_cli.runtime.gpu_slots import DeviceSlot, visible_devices
+
+        self._inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible_devices(self._inherited)
+        self._slot = None
+        if not devices:
+            log.info("one GPU per job: no visible GPU (CUDA_VISIBLE_DEVICES=%r)", self._inherited)
+            return
+        member = int(config.hydra.job.get("num") or 0)
+        self._slot = DeviceSlot(devices, Path(str(config.hydra.sweep.dir)) / ".devices", first=member)
+        os.environ["CUDA_VISIBLE_DEVICES"] = self._slot.acquire()
+        log.info("CUDA_VISIBLE_DEVICES=%s (sweep member %d; this node's GPUs: %s)",
+                 os.environ["CUDA_VISIBLE_DEVICES"], member, ",".join(devices))
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        if getattr(self, "_slot", None) is None:
+            return
+        self._slot.release()
+        os.environ["CUDA_VISIBLE_DEVICES"] = self._inherited
+
+
 def sweep_problems(config: DictConfig) -> list[str]:
     """Value problems of every member of a sweep, composed up front, so that no member trains
     while another is doomed. Sweep syntax the basic sweeper does not expand (a plugin sweeper's

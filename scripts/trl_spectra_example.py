@@ -8,11 +8,17 @@ prints the probe overhead read from the runs' timings.csv. A few minutes on 2 CP
 first run warm-starts the model once, cached in .cache/).
 
     python scripts/trl_spectra_example.py --group-sizes 2 4 --steps 40 --every 5
+
+Under DDP, the same global batch split over the processes (the main process writes and prints;
+run it once in one process first so that the warm-started model is cached):
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 scripts/trl_spectra_example.py --group-sizes 4
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import warnings
@@ -37,6 +43,10 @@ def train_one(cfg, task, source_path: str, run_dir: Path, args) -> None:
     with tempfile.TemporaryDirectory(prefix="trl-example-") as scratch:
         kwargs = grpo_config_kwargs(cfg, steps=args.steps, output_dir=scratch, device_type="cpu",
                                     loss_type=args.loss_type)
+        processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: the global batch split over them
+        if kwargs["per_device_train_batch_size"] % processes:
+            raise SystemExit(f"{kwargs['per_device_train_batch_size']} rollouts a step do not split over {processes} processes")
+        kwargs["per_device_train_batch_size"] //= processes
         trainer = GRPOTrainer(
             model=model, reward_funcs=task_reward(task), args=GRPOConfig(**kwargs),
             train_dataset=task_dataset(task), processing_class=tokenizer,
@@ -92,6 +102,8 @@ def main() -> None:
         run_dirs.append(args.out / f"R{group_size}-grpo-s{args.seed}")
         print(f"TRL GRPOTrainer, R={group_size}: {args.steps} steps -> {run_dirs[-1]}")
         train_one(cfg, task, loaded.source_path, run_dirs[-1], args)
+    if os.environ.get("RANK", "0") != "0":  # the main process wrote the runs
+        return
     result = analyze([args.out])
     print(f"analysis: {result.out_dir} (summary.md, report.html)")
     for run_dir in run_dirs:

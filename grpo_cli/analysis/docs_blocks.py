@@ -40,6 +40,10 @@ def claims_markdown(result, source: str) -> str:
     for claim in result.claims:
         sentences = [p.sentence for p in claim.parts if p.name != "3z"] or [claim.evidence]
         lines.append(f"- Claim {claim.number} ({claim.verdict}): " + " ".join(sentences))
+        beside = [p.sentence for p in claim.parts if p.name == "3z"]
+        if beside:
+            lines.append("- Claim 3, the zero-advantage reading (shown beside it, not part of "
+                         "its verdict): " + " ".join(beside))
     return "\n".join(lines)
 
 

@@ -36,5 +36,14 @@ def run_name(group_size: int, estimator: str, seed: int, other_overrides: str = 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("grpo_run_name"):
         OmegaConf.register_new_resolver("grpo_run_name", run_name)
+    if not OmegaConf.has_resolver("gpu_count"):  # ${gpu_count:}: this node's GPUs (0 without CUDA)
+        OmegaConf.register_new_resolver("gpu_count", gpu_count)
     if not OmegaConf.has_resolver("grpo_conf"):  # ${grpo_conf:model/x.json}: a file shipped in conf/
         OmegaConf.register_new_resolver("grpo_conf", lambda relative: str(conf_dir() / relative))
+
+
+def gpu_count() -> int:
+    """The GPUs this process can see (hydra/launcher=local_gpus gives each sweep member one)."""
+    import torch
+
+    return torch.cuda.device_count()

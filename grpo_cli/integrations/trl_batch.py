@@ -4,9 +4,9 @@ not imported here.
 
 TRL (trl/trainer/grpo_trainer.py, `_compute_loss`) minimises agg(-min(r A, clip(r) A) m) over
 the tokens of the optimizer step's N rollouts, r = exp(logp - logp_old) the token ratio and m
-the loss mask. When TRL computes no old log-probs (one pass per generation, generation aligned
-with the optimizer step, no vLLM importance correction), logp_old = logp.detach(): r = 1, the
-clip is inactive, and the gradient of rollout i's share of the loss is
+the loss mask. With one pass per generation and generation aligned with the optimizer step,
+logp_old = logp.detach() (TRL computes none, or, under vLLM's correction, computes it at the same
+weights): r = 1, the clip is inactive, and the gradient of rollout i's share of the loss is
 
     g_i = -A_i sum_t w_it grad log pi(y_it | prefix),
 
@@ -19,9 +19,21 @@ with w the aggregation weights of TRL's `loss_type` (checked against TRL 1.16):
 | `dr_grpo` | m_it / (N max_completion_length) | sum over tokens / (rows x max length) |
 | `dapo` | m_it / max(num_items_in_batch, 1) | sum over tokens / the step's loss tokens |
 
+Under DDP (P processes, trl_distributed.py) each process's loss is the above over its own N/P
+rows (dapo: num_items_in_batch counts every process's tokens, and TRL divides it by P) and DDP
+averages the gradients, so a row's weight is its process's w_it / P: for grpo, dr_grpo and dapo
+that is the single-process weight over all N rows; for bnpo it is a token mean per process.
+
+With vLLM generation and `vllm_importance_sampling_correction=True` (TRL's default), TRL computes
+logp_old with the training model before the step (so r = 1 still) and multiplies each token's
+loss by rho_it = exp(logp_old - logp_vllm), truncated or masked by `vllm_importance_sampling_mode`
+(a constant, no gradient); the row is then -A_i sum_t w_it rho_it grad log pi, and w_it above is
+replaced by w_it rho_it: the probes record the corrected gradient, the one TRL's loss
+differentiates.
+
 That is grpo-cli's per-rollout row "advantage x loss token weights" (docs/results.md), so the
 probes need only the batch, w and A. Settings that change the gradient otherwise (a KL term, a
-ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
+PPO ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
 are refused by `unsupported_settings`, each with the setting's name.
 """
 
@@ -39,8 +51,8 @@ SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 def unsupported_settings(args, trainer=None) -> list[str]:
     """Why the probes cannot reproduce this TRL run's gradient (empty list: they can).
 
-    `args` is TRL's GRPOConfig; `trainer` (optional) its GRPOTrainer, for the process count and
-    the MoE auxiliary loss. Attributes absent from an older TRL read as their neutral value.
+    `args` is TRL's GRPOConfig; `trainer` (optional) its GRPOTrainer, for how its processes
+    share the model (DDP only) and the MoE auxiliary loss. Attributes absent from an older TRL read as their neutral value.
     """
     problems = []
     loss_type = getattr(args, "loss_type", None)
@@ -60,8 +72,6 @@ def unsupported_settings(args, trainer=None) -> list[str]:
             f"steps_per_generation={per_generation} != gradient_accumulation_steps={accumulation}: "
             "one generation must be exactly one optimizer step's batch"
         )
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
-        problems.append("use_vllm with vllm_importance_sampling_correction=True: the loss is reweighted by a sampler ratio")
     if getattr(args, "importance_sampling_level", "token") != "token":
         problems.append(f"importance_sampling_level={args.importance_sampling_level!r}: only 'token' is verified")
     if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
@@ -76,9 +86,13 @@ def unsupported_settings(args, trainer=None) -> list[str]:
     if loss_type == "bnpo" and accumulation != 1:
         problems.append("loss_type='bnpo' with gradient_accumulation_steps > 1: its weights depend on the shuffled micro-batches")
     if trainer is not None:
-        processes = getattr(getattr(trainer, "accelerator", None), "num_processes", 1)
-        if processes != 1:
-            problems.append(f"{processes} processes: the probes see one process's rollouts; run on one process")
+        kind = getattr(getattr(getattr(trainer, "accelerator", None), "distributed_type", None), "name", "NO")
+        if kind != "NO" and not kind.startswith("MULTI_"):  # MULTI_CPU, MULTI_GPU, ...: DDP
+            problems.append(
+                f"distributed_type={kind}: each process holds a shard of the weights (and of the "
+                "gradients), so the probes' forward over the gathered batch would need the full "
+                "parameters on every process; run with DDP (accelerate launch without FSDP/DeepSpeed)"
+            )
         if getattr(trainer, "aux_loss_enabled", False):
             problems.append("router_aux_loss_coef != 0: the MoE auxiliary loss adds a gradient")
     return problems
@@ -93,35 +107,69 @@ class TrlStep:
     loss_weights: torch.Tensor  # [N, L] w_it of TRL's loss_type (module docstring)
 
 
-def trl_step(
+# TrlRows' columns: name -> (padding value, pad on the left), for padding across processes
+ROW_FIELDS = {
+    "prompt_ids": (None, True),  # [N, Lp] long, left-padded (None: the pad token)
+    "prompt_mask": (0, True),  # [N, Lp]
+    "completion_ids": (None, False),  # [N, Lc] long, right-padded
+    "completion_mask": (0, False),  # [N, Lc] real completion tokens (attention)
+    "loss_mask": (0, False),  # [N, Lc] float, tokens the loss counts (tool tokens masked)
+    "sampler_logprobs": (0, False),  # [N, Lc] float, vLLM's / generate's log-probs (0: none)
+    "advantages": (0, False),  # [N, Lc] A_i on every completion column
+    "weights": (0, False),  # [N, Lc] w_it: share of the optimizer step's (all-process) gradient,
+    # times vLLM's importance-sampling ratio where TRL applies one
+}
+
+
+def trl_rows(
     output: dict,  # TRL's `_generate_and_score_completions` output, before its shuffle
-    group_size: int,  # R = num_generations
     loss_type: str,
     max_completion_length: int,
-) -> TrlStep:
-    """Join TRL's prompt and completion tensors into one [N, L] batch with TRL's loss weights."""
+    processes: int = 1,  # data-parallel processes whose gradients DDP averages
+) -> dict[str, torch.Tensor]:  # ROW_FIELDS, this process's rows
+    """This process's rows of the step, with the weights of its rows in the averaged gradient.
+
+    Under DDP each process's loss is TRL's loss over its own rows (dapo divides by the global
+    token count / processes) and the gradient is the mean over processes, so w_it is the
+    single-process weight of the local batch divided by `processes`.
+    """
     if any(key in output for key in ("pixel_values", "image_grid_thw", "num_images")):
         raise ValueError("multimodal TRL batches are not supported by the spectra probes")
-    prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]  # [N, Lp] each
     completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]  # [N, Lc]
     loss_mask = completion_mask.float()  # [N, Lc]
     if output.get("tool_mask") is not None:
         loss_mask = loss_mask * output["tool_mask"].float()
-    rows, prompt_length = prompt_ids.shape
-    if rows % group_size:
-        raise ValueError(f"TRL batch of {rows} rows is not a whole number of groups of {group_size}")
     sampler = output.get("sampling_per_token_logps")  # [N, Lc] or None
     sampler = torch.zeros_like(loss_mask) if sampler is None else sampler.float().nan_to_num(0.0)
-    batch = assemble_batch(
-        prompt_ids, prompt_mask, completion_ids, loss_mask, sampler, group_size,
-        completion_attention=completion_mask,
-    )
-    token_mask = batch.completion_mask  # [N, L] the loss mask, 0 on the prompt
     advantages = output["advantages"].float()  # [N] (or [N, Lc] from a TRL subclass)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand(-1, completion_ids.shape[1])
-    advantages = torch.cat([advantages.new_zeros(rows, prompt_length), advantages], dim=1) * (token_mask > 0)
-    weights = loss_weights(loss_type, token_mask, max_completion_length, output.get("num_items_in_batch"))
+    weights = loss_weights(loss_type, loss_mask, max_completion_length, output.get("num_items_in_batch"),
+                           processes) / processes
+    ratio = output.get("importance_sampling_ratio")  # [N, Lc] or [N, 1]: vLLM's correction, or None
+    if ratio is not None:  # TRL multiplies each token's loss by it (a constant: no gradient)
+        weights = weights * ratio.float()
+    return {
+        "prompt_ids": output["prompt_ids"], "prompt_mask": output["prompt_mask"],
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "loss_mask": loss_mask, "sampler_logprobs": sampler,
+        "advantages": advantages * (loss_mask > 0), "weights": weights,
+    }
+
+
+def trl_step(rows: dict[str, torch.Tensor], group_size: int) -> TrlStep:
+    """Join the prompt and completion columns of `trl_rows` (one process's or every process's
+    rows) into one [N, L] batch."""
+    count, prompt_length = rows["prompt_ids"].shape
+    if count % group_size:
+        raise ValueError(f"TRL batch of {count} rows is not a whole number of groups of {group_size}")
+    batch = assemble_batch(
+        rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"], rows["loss_mask"],
+        rows["sampler_logprobs"], group_size, completion_attention=rows["completion_mask"],
+    )
+    prompt_zeros = rows["loss_mask"].new_zeros(count, prompt_length)  # [N, Lp]
+    advantages = torch.cat([prompt_zeros, rows["advantages"]], dim=1)  # [N, L]
+    weights = torch.cat([prompt_zeros, rows["weights"]], dim=1)  # [N, L]
     return TrlStep(batch, advantages, weights)
 
 
@@ -130,8 +178,9 @@ def loss_weights(
     mask: torch.Tensor,  # [N, L] loss mask (0 on prompt, padding and masked tokens)
     max_completion_length: int,
     num_items_in_batch: torch.Tensor | float | None = None,  # dapo: the step's loss tokens
+    processes: int = 1,  # dapo: TRL divides num_items_in_batch (all processes' tokens) by them
 ) -> torch.Tensor:  # [N, L]
-    """w_it of TRL's loss aggregation, for the step's whole batch (table in the module docstring)."""
+    """w_it of TRL's loss aggregation on one process's batch (table in the module docstring)."""
     rows = mask.shape[0]
     if loss_type == "grpo":
         return mask / (rows * mask.sum(dim=1, keepdim=True).clamp(min=1.0))
@@ -141,5 +190,5 @@ def loss_weights(
         return mask / (rows * max_completion_length)
     if loss_type == "dapo":
         items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch)
-        return mask / items.to(mask).clamp(min=1.0)
+        return mask / (items.to(mask).clamp(min=1.0) / processes)
     raise ValueError(f"loss_type={loss_type!r} is not supported (supported: {', '.join(SUPPORTED_LOSS_TYPES)})")

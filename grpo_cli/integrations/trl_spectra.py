@@ -6,6 +6,10 @@
     SpectraCallback(out_dir="results/my_sweep/R4", every=10).attach(trainer)
     trainer.train()
 
+Under `accelerate launch --num_processes N` (DDP) every process attaches its own callback; the
+main process alone writes `out_dir`, and the per-rollout matrices cover the global batch
+(grpo_cli/integrations/trl_distributed.py). FSDP and DeepSpeed are refused (trl_batch.py).
+
 `grpo analyze results/my_sweep` then reads the runs as it reads its own (docs/results.md; the
 files a TRL run writes differently are listed there under "Runs recorded inside TRL").
 
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,9 +60,10 @@ from grpo_cli.algorithm.scored import (
     zero_variance_groups,
 )
 from grpo_cli.config.schema import ProbesConfig
-from grpo_cli.integrations.trl_batch import TrlStep, trl_step, unsupported_settings
+from grpo_cli.integrations.trl_batch import TrlStep, trl_rows, trl_step, unsupported_settings
+from grpo_cli.integrations.trl_distributed import gather_rows, shared_grams
 from grpo_cli.probes.composition import informative_distinct_mean
-from grpo_cli.probes.runner import ProbeSuite, check_matrices
+from grpo_cli.probes.runner import PER_ROLLOUT_MATRICES, ProbeSuite, check_matrices
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
@@ -170,6 +175,14 @@ class SpectraCallback(TrainerCallback):
     def _policy(self) -> nn.Module:
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
+    @property
+    def _processes(self) -> int:  # DDP processes (trl_distributed.py); 1 without
+        return self.trainer.accelerator.num_processes
+
+    @property
+    def _main(self) -> bool:  # the process that holds the run lock and writes
+        return self.trainer.accelerator.is_main_process
+
     def _reset_step(self) -> None:
         self._step_data: TrlStep | None = None
         self._rewards: torch.Tensor | None = None  # [N]
@@ -201,7 +214,10 @@ class SpectraCallback(TrainerCallback):
         with self.timer.phase("rollout"):
             output = original(*args, **kwargs)
         args_ = self.trainer.args
-        self._step_data = trl_step(output, args_.num_generations, args_.loss_type, args_.max_completion_length)
+        rows = trl_rows(output, args_.loss_type, args_.max_completion_length, self._processes)
+        if self._processes > 1:  # every process's rows, in the global batch's order
+            rows = gather_rows(rows, self._policy.generation_config.pad_token_id)
+        self._step_data = trl_step(rows, args_.num_generations)
         return output
 
     def _around_rewards(self, original, *args, **kwargs):
@@ -238,6 +254,30 @@ class SpectraCallback(TrainerCallback):
         self._require_trainer()
         if not self._originals:  # detached when its train() returned
             raise RuntimeError("SpectraCallback records one trainer.train(); attach a new one per run")
+        policy = self._policy
+        self._forward = TrlLossForward(policy, args.temperature)
+        self.timer = PhaseTimer(next(policy.parameters()).device)
+        failure = None
+        if self._main:
+            try:
+                self._open_results(args, state, policy)
+            except Exception as error:  # noqa: BLE001 - re-raised below, after telling the others
+                failure = error
+        if self._processes > 1:  # the other processes stop too (else they wait at the first gather)
+            from accelerate.utils import broadcast_object_list
+
+            message = broadcast_object_list([None if failure is None else f"{type(failure).__name__}: {failure}"])[0]
+            if message is not None and not self._main:
+                raise RuntimeError(f"SpectraCallback: the main process could not open {self.run_dir}: {message}")
+        if failure is not None:
+            raise failure
+        if not self._main:  # its share of the per-rollout Grams only (trl_distributed.py)
+            per_rollout = [m for m in self.probe_settings.matrices if m in PER_ROLLOUT_MATRICES]
+            self.probes = ProbeSuite(replace(self.probe_settings, matrices=per_rollout), policy,
+                                     self.run_dir / "checkpoints" / "initial_layers.pt")
+
+    def _open_results(self, args, state, policy) -> None:
+        """The main process: take the run lock, write config.yaml, trl_args.yaml and run.json."""
         self._lock = RunLock(self.run_dir).__enter__()  # RunLockedError names the holder; nothing written
         start = state.global_step
         saved_sums = _checkpoint_dir(args, start) / PROBE_STATE
@@ -254,7 +294,6 @@ class SpectraCallback(TrainerCallback):
         (results.run_dir / "trl_args.yaml").write_text(yaml.safe_dump(_plain(args.to_dict()), sort_keys=False))
         import trl
 
-        policy = self._policy
         self._record = run_record(
             trainer="trl", seed=args.seed, group_size=args.num_generations,
             estimator_facts=get_estimator(TRL_ESTIMATOR).facts(),
@@ -269,8 +308,6 @@ class SpectraCallback(TrainerCallback):
         self.probes = ProbeSuite(self.probe_settings, policy, initial)
         if start and "grad_sum" in self.probes.matrices:
             self.probes.load_state_dict(torch.load(saved_sums, map_location="cpu"))
-        self._forward = TrlLossForward(policy, args.temperature)
-        self.timer = PhaseTimer(next(policy.parameters()).device)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._reset_step()
@@ -294,6 +331,13 @@ class SpectraCallback(TrainerCallback):
         if self._step_data is None:
             return
         time_step = time.perf_counter() - self._clock
+        if self._processes > 1:  # the logged loss: the mean of the processes' losses, as DDP's gradient
+            from accelerate.utils import reduce
+
+            device = next(self._policy.parameters()).device
+            self._loss = float(reduce(torch.tensor(self._loss, device=device), reduction="mean"))
+        if not self._main:
+            return
         metrics = self._metrics_row()
         if self._probe_rows is not None:
             metrics.update(self._probe_rows.metrics)
@@ -307,10 +351,12 @@ class SpectraCallback(TrainerCallback):
         self.results.write_status(self._record)
 
     def on_save(self, args, state, control, **kwargs):
-        if "grad_sum" in self.probes.matrices:  # beside TRL's checkpoint, rotated away with it
+        if self._main and "grad_sum" in self.probes.matrices:  # beside TRL's checkpoint, rotated away with it
             torch.save(self.probes.state_dict(), _checkpoint_dir(args, state.global_step) / PROBE_STATE)
 
     def on_train_end(self, args, state, control, **kwargs):
+        if not self._main:
+            return
         self._record.update(status="completed", ended_at=utc_now())
         self.results.write_status(self._record)
 
@@ -329,10 +375,11 @@ class SpectraCallback(TrainerCallback):
             self._probe()
 
     def _probe(self) -> None:
-        """Batch gradients (before clipping), then the spectra."""
+        """Batch gradients (before clipping), then the spectra (on the main process; the other
+        processes compute their share of the per-rollout Grams)."""
         self.timer.start("probes")
         policy = self._policy
-        layer_grads = self.probes.capture_layer_grads()
+        layer_grads = self.probes.capture_layer_grads() if self._main else {}
         data = self._step_data
         correct = (self._rewards > self.success_threshold).float()  # NaN reward: not correct
         output = ProbedStep(
@@ -343,11 +390,17 @@ class SpectraCallback(TrainerCallback):
         was_training = policy.training
         policy.eval()  # no dropout; HF models also skip gradient checkpointing in eval mode
         try:
-            self._probe_rows = self.probes.record(self._step, output, self._forward)
+            if self._processes > 1 and self.probes.matrices & set(PER_ROLLOUT_MATRICES):
+                accelerator = self.trainer.accelerator
+                output.rollout_grams = shared_grams(self.probes, self._step, output, self._forward,
+                                                    accelerator.process_index, self._processes)
+            if self._main:
+                self._probe_rows = self.probes.record(self._step, output, self._forward)
         finally:
             policy.train(was_training)
-        self.results.ranks.append(self._probe_rows.ranks)
-        self.results.spectra.append(self._probe_rows.spectra)
+        if self._main:
+            self.results.ranks.append(self._probe_rows.ranks)
+            self.results.spectra.append(self._probe_rows.spectra)
         self.timer.stop("probes")
 
     def _metrics_row(self) -> dict:
@@ -415,7 +468,7 @@ class SpectraCallback(TrainerCallback):
                 "epsilon_high": args.epsilon_high,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
             },
-            "train": {"steps": state.max_steps},
+            "train": {"steps": state.max_steps, "processes": self._processes},  # DDP processes
             "optim": {"lr": args.learning_rate, "max_grad_norm": args.max_grad_norm},
             "probes": _plain(asdict(self.probe_settings)),
             "success_threshold": self.success_threshold,

@@ -149,7 +149,7 @@ class ProbeSuite:
             probes_cfg = OmegaConf.to_object(probes_cfg)  # (~25 us an attribute as a DictConfig)
         self.cfg = probes_cfg
         self.matrices = set(probes_cfg.matrices)
-        self._hooks_verified = False  # the Gram hooks' consistency check passed once (_grams)
+        self._hooks_verified = False  # the Gram hooks' consistency check passed once (rollout_grams)
         # per-rollout Grams from the training pass (fused.py) until the hooks fail there once
         self._fuse = probes_cfg.fused_gram != "never" and probes_cfg.gram_method != "per_sample"
         pattern = re.compile(probes_cfg.layer_regex)
@@ -255,7 +255,7 @@ class ProbeSuite:
     def _per_rollout(self, step: int, output: ProbedStep, model, rows: ProbeRows) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
-        grams = output.rollout_grams or self._grams(step, batch, weights, output.advantages, model)
+        grams = output.rollout_grams or self.rollout_grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
         if "rollout_batch" in self.matrices:
@@ -282,9 +282,12 @@ class ProbeSuite:
         """Whether a matrix reads the score rows' group blocks."""
         return bool(self.matrices & {"score_group", "rollout_group"})
 
-    def _grams(self, step, batch, weights, advantages, model) -> dict[str, torch.Tensor]:
+    def rollout_grams(self, step, batch, weights, advantages, model,
+                      params: dict | None = None) -> dict[str, torch.Tensor]:
         """{"advantage": K_adv [N, N], "score_blocks": K_score's group blocks [B, R, R]} from a
-        separate pass: Grams of the advantage-weighted and plain score rows.
+        separate pass: Grams of the advantage-weighted and plain score rows, over `params`
+        (default: every parameter of probes.param_regex; both Grams are sums over parameters, so
+        shares over disjoint parameter sets add up to the whole, as the TRL callback's processes do).
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
@@ -310,8 +313,8 @@ class ProbeSuite:
             if per_rollout is None:
                 coeffs["advantage"] = -(weights * advantages)
             results = per_rollout_grams(
-                model, batch.input_ids[rows], batch.attention_mask[rows], coeffs, self.gram_params,
-                method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
+                model, batch.input_ids[rows], batch.attention_mask[rows], coeffs,
+                self.gram_params if params is None else params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
                 row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
             )  # one forward per row chunk, shared by the coefficient sets
             # The hooks' consistency check depends on the model's structure only: once every
@@ -498,7 +501,7 @@ class StepCapture:
         grams = self._fused_grams(batch, advantages, loss_weights) if fused else None
         self.source = "separate_pass" if grams is None else "training_pass"
         if grams is None:
-            grams = suite._grams(self.step, batch, loss_weights, advantages, self.model)
+            grams = suite.rollout_grams(self.step, batch, loss_weights, advantages, self.model)
         return layer_grads, grams
 
     def after_backward(self) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from grpo_cli.analysis import rules as verdict_rules  # thresholds only: plain Python, cheap
 from grpo_cli.config.errors import debug
 
 app = typer.Typer(
@@ -110,10 +111,10 @@ def analyze(
     out: Annotated[Path | None, typer.Option(help="Output directory (default <first>/analysis).")] = None,
     measure: Annotated[str, typer.Option(help="Rank measure to plot, or 'all'.")] = "all",
     align: Annotated[str, typer.Option(help="x-axis: step | reward | accuracy.")] = "step",
-    tolerance: Annotated[float, typer.Option(help="Claim 2c: |rank - 2| allowed at each judged R.")] = 0.5,
-    trend: Annotated[float, typer.Option(help="Claim 2b: |slope| of rank vs log2 R allowed.")] = 0.25,
-    last_fraction: Annotated[float, typer.Option(help="Part of training averaged for summaries.")] = 0.25,
-    confidence: Annotated[float, typer.Option(help="Two-sided level of every interval; claim 3 tests at (1 - confidence) / 2.")] = 0.9,
+    tolerance: Annotated[float, typer.Option(help="Claim 2c: |rank - 2| allowed at each judged R.")] = verdict_rules.RANK_BAND,
+    trend: Annotated[float, typer.Option(help="Claim 2b: |slope| of rank vs log2 R allowed.")] = verdict_rules.GROWTH_TOLERANCE,
+    last_fraction: Annotated[float, typer.Option(help="Part of training averaged for summaries.")] = verdict_rules.LAST_FRACTION,
+    confidence: Annotated[float, typer.Option(help="Two-sided level of every interval; claim 3 tests at (1 - confidence) / 2.")] = verdict_rules.CONFIDENCE,
     write_docs: Annotated[str | None, typer.Option(
         "--write-docs", help="Rewrite the block <!-- generated:claims:TAG --> ... "
         "<!-- /generated:claims:TAG --> of --docs-page from these results.")] = None,

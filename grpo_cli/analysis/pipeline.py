@@ -326,7 +326,7 @@ def _figures(
         "claim3": plots_claims.claim3_figure(
             with_x(metric_table(
                 [r for r in runs if r.variant in zero_sum_variants(runs)],
-                list(plots_claims.CLAIM3_PANELS)), runs, "step", None),
+                [*plots_claims.CLAIM3_PANELS, "grad_norm"]), runs, "step", None),
             styles, title,
         ),
         "claim4": plots_claims.claim4_figure(

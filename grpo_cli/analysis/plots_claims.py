@@ -84,6 +84,15 @@ def claim2_figure(summary: pd.DataFrame, verdicts: pd.DataFrame, variants: list[
 
 
 def claim3_figure(metrics_x: pd.DataFrame, styles: Styles, title: str) -> Figure:
+    """`metrics_x`: CLAIM3_PANELS and grad_norm rows; sparsity at a zero gradient (every group
+    had equal rewards: fully sparse by definition) is left out, as in the claim's test."""
+    zero = metrics_x.loc[(metrics_x["metric"] == "grad_norm") & (metrics_x["value"] == 0),
+                         ["run_id", "step"]]
+    if len(zero):
+        keyed = metrics_x.set_index(["run_id", "step"]).index
+        drop = keyed.isin(pd.MultiIndex.from_frame(zero)) & (metrics_x["metric"] != "zero_variance_frac")
+        metrics_x = metrics_x[~drop]
+    metrics_x = metrics_x[metrics_x["metric"].isin(CLAIM3_PANELS)]
     if metrics_x.empty:
         return empty_figure(f"{title}: claim 3", "no grad_sparsity or zero_variance_frac")
     grid = new_figure(1, len(CLAIM3_PANELS), width=3.8, height=3.0)

@@ -243,5 +243,6 @@ def test_token_weights_stop_being_uniform_off_policy_or_with_kl(tmp_path, cache_
     assert (metrics["credit_uniform_frac"] == 1.0).all()
     later = informative.loc[informative.index > 0, "token_weight_uniform_frac"]
     assert len(later) > 0 and (later < 1.0).all()
+    assert (informative.loc[informative.index > 0, "token_weight_spread"] > 0).all()
     if "kl_coef" in setting and 0 in informative.index:
         assert informative.loc[0, "token_weight_uniform_frac"] == 1.0

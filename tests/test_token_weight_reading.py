@@ -19,6 +19,7 @@ def sweep(tmp_path):
         run = write_run(root, group_size=4, seed=0, estimator=estimator, matrices=("rollout_group",))
         metrics = pd.read_csv(run / "metrics.csv")
         metrics["token_weight_uniform_frac"] = values
+        metrics["token_weight_spread"] = [0.0 if v == 1.0 else 0.02 for v in values]
         metrics.to_csv(run / "metrics.csv", index=False)
     write_run(root, group_size=4, seed=0, estimator="rloo", matrices=("rollout_group",))  # old results
     return root
@@ -33,6 +34,7 @@ def test_reading_per_variant(sweep):
     assert table.loc["dr_grpo", "reading"] == NOT_UNIFORM
     assert table.loc["dr_grpo", "steps not uniform"] == pytest.approx(0.25)
     assert table.loc["dr_grpo", "min uniform frac"] == pytest.approx(0.75)
+    assert table.loc["dr_grpo", "mean spread"] == pytest.approx(0.005)  # 5 of 20 steps at 0.02
     assert table.loc["ppo", "credit"] == "per_token"
     assert table.loc["rloo", "reading"] == NOT_RECORDED
 

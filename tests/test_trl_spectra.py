@@ -183,7 +183,7 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     # NaN exactly at steps without an informative group
     weights = run.metrics.token_weight_uniform_frac
     assert (weights.isna() == run.metrics.zero_variance_frac.eq(1.0)).all()
-    assert weights.dropna().eq(1.0).all()
+    assert weights.dropna().eq(1.0).all() and run.metrics.token_weight_spread.dropna().eq(0.0).all()
     assert run.metrics.grad_sparsity.notna().tolist() == [True, False, True]  # probe steps 0 and 2
     assert set(run.ranks.step) == {0, 2}
     assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}

@@ -27,6 +27,7 @@ from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED, combine
 from grpo_cli.analysis.tables import metric_table
 
 COLUMN = "token_weight_uniform_frac"
+SPREAD = "token_weight_spread"  # mean relative spread max|w - mean w| / max|w| (0: uniform)
 UNIFORM, NOT_UNIFORM, NOT_RECORDED = "uniform", "not uniform", "not recorded"
 
 
@@ -34,10 +35,13 @@ def token_weight_table(runs: list[Run]) -> pd.DataFrame:
     """variant, estimator, credit, runs, steps, mean and min uniform fraction, the share of
     steps with a non-uniform rollout, and the reading (module docstring)."""
     facts = {run.variant: run.estimator_facts for run in runs}
-    table = metric_table(runs, [COLUMN])
+    table = metric_table(runs, [COLUMN, SPREAD])
+    spreads = table[table["metric"] == SPREAD]
+    table = table[table["metric"] == COLUMN]
     rows = []
     for variant, fact in sorted(facts.items(), key=lambda item: str(item[0])):
         values = table.loc[table["variant"] == variant, "value"]
+        spread = spreads.loc[spreads["variant"] == variant, "value"]
         rows.append({
             "variant": variant or str(fact["name"]), "estimator": fact["name"],
             "credit": fact["credit"],
@@ -46,6 +50,7 @@ def token_weight_table(runs: list[Run]) -> pd.DataFrame:
             "mean uniform frac": values.mean() if len(values) else np.nan,
             "min uniform frac": values.min() if len(values) else np.nan,
             "steps not uniform": float((values < 1).mean()) if len(values) else np.nan,
+            "mean spread": spread.mean() if len(spread) else np.nan,
             "reading": NOT_RECORDED if values.empty else UNIFORM if (values >= 1).all() else NOT_UNIFORM,
         })
     return pd.DataFrame(rows)
@@ -61,10 +66,12 @@ def sentences(table: pd.DataFrame) -> list[str]:
             out.append(f"{r['variant']} ({r['credit']}): the loss gradient weighted every token of "
                        f"every informative rollout equally, at all {r['steps']} steps.")
         else:
+            spread = (f"; relative spread max|w - mean w| / max|w| {r['mean spread']:.2g} on "
+                      "average" if np.isfinite(r["mean spread"]) else "")
             out.append(f"{r['variant']} ({r['credit']}): the loss gradient's token weights varied "
                        f"within some rollout at {r['steps not uniform']:.0%} of {r['steps']} steps "
                        f"(uniform in {r['mean uniform frac']:.3f} of informative rollouts on "
-                       f"average, {r['min uniform frac']:.3f} at worst).")
+                       f"average, {r['min uniform frac']:.3f} at worst{spread}).")
     return out
 
 

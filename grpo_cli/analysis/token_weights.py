@@ -99,14 +99,20 @@ def with_empirical_part(claim: Claim, table: pd.DataFrame) -> Claim:
     (supported: uniform at every step; contradicted: not). The claim's verdict combines them;
     without a recorded 1b it stays 1a's."""
     first = Part("1a", "does every token of a rollout get the same advantage? (true by "
-                 "construction for outcome estimators)", claim.verdict, claim.evidence)
+                 "construction for outcome estimators)", claim.verdict,
+                 f"1a (the advantages; true by construction for outcome estimators): {claim.evidence}")
     empirical = [
         Part("1b", "is the loss gradient's weight d loss / d log pi(y_t) uniform over each "
-             "rollout's tokens?", SUPPORTED if r["reading"] == UNIFORM else CONTRADICTED, sentence)
+             "rollout's tokens?", SUPPORTED if r["reading"] == UNIFORM else CONTRADICTED,
+             f"1b (the loss gradient's token weights, can fail): {sentence}")
         for r, sentence in zip(table.to_dict("records"), sentences(table), strict=True)
         if r["credit"] == "outcome" and r["reading"] != NOT_RECORDED
     ] if not table.empty else []
     if not empirical:
         return replace(claim, parts=[first])
     verdict = combine([first.verdict, *(p.verdict for p in empirical)])
-    return replace(claim, verdict=verdict, parts=[first, *empirical])
+    rule = (f"1a: {claim.rule} 1b: per outcome variant, metrics.csv {COLUMN} (informative "
+            "rollouts whose d loss / d log pi(y_t) is uniform to a relative 1e-6); supported iff "
+            "it is 1 at every step with an informative rollout, contradicted otherwise. The "
+            "claim's verdict combines 1a and 1b.")
+    return replace(claim, verdict=verdict, parts=[first, *empirical], rule=rule)

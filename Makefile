@@ -22,6 +22,9 @@ SEEDS ?= 0,1,2,3
 SMOLLM2_SEEDS ?= 0,1,2
 CREDIT_ALGOS ?= grpo,ppo
 CREDIT_R ?= 4
+# extra overrides for every SmolLM2 run, e.g. the faster opt-ins of docs/speed.md (they change
+# the sampled tokens): SMOLLM2_ARGS="rollout=hf_static model.autocast=bf16"
+SMOLLM2_ARGS ?=
 comma := ,
 
 .DEFAULT_GOAL := help
@@ -85,11 +88,11 @@ settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, 
 	$(GRPO) analyze results/settle_credit
 
 smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMOLLM2_R="2 4 8 16") x seeds 0,1,2 (SMOLLM2_SEEDS=...) at 32 rollouts per step (B = 32/R), 20 steps each, whole-model probes every 4 steps, then analyze
-	for S in $(subst $(comma), ,$(SMOLLM2_SEEDS)); do for R in $(SMOLLM2_R); do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S || exit 1; done; done
+	for S in $(subst $(comma), ,$(SMOLLM2_SEEDS)); do for R in $(SMOLLM2_R); do $(GRPO) run experiment=cpu_smollm2_learn rollout.group_size=$$R rollout.prompts_per_step=$$((32 / $$R)) seed=$$S $(SMOLLM2_ARGS) || exit 1; done; done
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
 
 smollm2-cpu-credit: $(STAMP) ## Claim 4 on SmolLM2 (CPU): per-token credit (ppo) beside grpo (CREDIT_ALGOS=grpo,ppo,process), R = 4 (CREDIT_R=...), seed 0, then analyze
-	for A in $(subst $(comma), ,$(CREDIT_ALGOS)); do $(GRPO) run experiment=cpu_smollm2_credit algorithm=$$A rollout.group_size=$(CREDIT_R) rollout.prompts_per_step=$$((32 / $(CREDIT_R))) || exit 1; done
+	for A in $(subst $(comma), ,$(CREDIT_ALGOS)); do $(GRPO) run experiment=cpu_smollm2_credit algorithm=$$A rollout.group_size=$(CREDIT_R) rollout.prompts_per_step=$$((32 / $(CREDIT_R))) $(SMOLLM2_ARGS) || exit 1; done
 	$(GRPO) analyze results/cpu_smollm2_credit
 
 analyze: $(STAMP) ## Re-analyse every sweep under results/

@@ -105,11 +105,13 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monke
 def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir, monkeypatch):
     from grpo_cli.train import trainer
 
-    def nan_loss(*args, **kwargs):
-        loss = (args[0] * 0).sum() * float("nan")
-        return loss, {"clip_frac": torch.tensor(0.0)}
+    real_loss = trainer.actor_loss
 
-    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    def nan_loss(*args, **kwargs):  # the real loss terms, times NaN
+        loss, pg_loss, kl_tokens, stats = real_loss(*args, **kwargs)
+        return loss * float("nan"), pg_loss, kl_tokens, stats
+
+    monkeypatch.setattr(trainer, "actor_loss", nan_loss)
     result = grpo_run(tmp_path, cache_dir)
     assert result.exit_code != 0
     record = json.loads((run_dir(tmp_path) / "run.json").read_text())

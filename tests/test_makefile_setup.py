@@ -136,3 +136,7 @@ def test_smollm2_targets_compose_whole_model_probes(tmp_path, target, runs, expe
         assert {cfg.rollout.group_size for cfg in cfgs} == {4}
         with_process = target_commands(tmp_path / "p", target, "CREDIT_ALGOS=grpo,ppo,process")
         assert compose_config(with_process[2][1:]).algorithm.name == "process"
+    faster = target_commands(tmp_path / "f", target, "SMOLLM2_ARGS=rollout=hf_static model.autocast=bf16")
+    for command in faster[:-1]:  # the documented opt-ins reach every run
+        cfg = compose_config(command[1:])
+        assert (cfg.rollout.backend, cfg.model.autocast) == ("hf_static", "bf16")

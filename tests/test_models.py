@@ -136,6 +136,35 @@ def test_smollm2_gguf_converts_once_then_loads_and_answers(tmp_path, monkeypatch
     assert "7" in tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_tied_embedding_gram_matches_per_rollout_autograd(tmp_path, monkeypatch):
+    """Issue 23 on the real model: SmolLM2's tied lm_head = embed_tokens weight (vocab_rows),
+    the last block and the norms (auto's routes, float32 block products) against one backward
+    per rollout, fp32, three rollouts. Not the whole model: the reference's float64 rows
+    would take 3 x 135M x 8 bytes."""
+    from grpo_cli.probes.gram import naive_gram
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose_config(["model=smollm2_135m", f"cache_dir={tmp_path}", "progress=false"])
+    model = load_policy(cfg, task=None, device=CPU).model.eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    torch.manual_seed(0)
+    input_ids = torch.randint(0, 49152, (3, 14))  # [N, L]
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0  # a left-padded prompt
+    coeff = torch.randn(3, 14) * (torch.arange(14) >= 8)  # completion columns 8..13
+    regex = r"embed_tokens|layers\.29\.|norm"
+    result = per_rollout_grams(model, input_ids, attention_mask, {"k": coeff}, regex,
+                               per_param=True)["k"]
+    assert result.methods["model.embed_tokens.weight"] == "vocab_rows"
+    reference = naive_gram(model, input_ids, attention_mask, coeff, params=regex, per_param=True)
+    for name, gram in reference.per_param.items():
+        deviation = float((result.per_param[name] - gram).abs().max() / gram.abs().max())
+        assert deviation < 1e-5, name
+    assert float((result.gram - reference.gram).abs().max() / reference.gram.abs().max()) < 1e-5
+
+
 def lora_model(directory, dtype=torch.float64):
     model = load_pretrained(str(directory), CPU, dtype).model
     lora = SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])

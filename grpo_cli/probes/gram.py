@@ -5,9 +5,9 @@ spectrum of G is sqrt(eig(K)) (`rank_measures.singular_values_from_gram`), so th
 matrices of docs/results.md (rollout_batch, rollout_group, group_batch) all come from one K:
 `group_blocks`, `group_sum_gram`. K is accumulated in float64; the activations and output-
 gradients it is built from keep the model's precision, and so do the per-rollout gradient
-blocks, token inner products and block Gram products formed from them (as autograd's own per-sample gradients would;
-`token_logprobs` differentiates a float32 log-softmax), so a float32 model agrees with the naive
-reference to ~1e-7 relative.
+blocks, token inner products and block Gram products formed from them (as autograd's own
+per-sample gradients would; `token_logprobs` differentiates a float32 log-softmax), so a float32
+model agrees with the naive reference to ~1e-7 relative.
 
 Routes, chosen per parameter (`GramResult.methods`):
 

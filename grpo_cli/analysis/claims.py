@@ -377,9 +377,12 @@ def falsifier_claim(
                        "per-token": _label(other, estimators[other]), "R": size,
                        "common reward bins": len(common)}
                 if not common:
+                    missing = [_label(v, estimators[v]) for v in (base, other)
+                               if (v, size) not in bins]
+                    why = (f"no {' or '.join(missing)} run at R={size}" if missing
+                           else "no common reward bin")
                     rows.append(row | {"verdict": NOT_JUDGED})
-                    parts.append(Part("4", name, NOT_JUDGED,
-                                      f"{name}: not judged, no common reward bin."))
+                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
                     continue
                 rng = rng_for(rules, base, other, size)
                 a, raw_a = binned_interval(_binned_runs(table, base, size, common), common,

@@ -51,6 +51,11 @@ def test_stages_split_each_runs_probe_steps_in_halves(runs):
     assert r8.loc["early", "entropy"] == pytest.approx(2 - 0.05 * 4)
     assert r8.loc["late", "entropy"] == pytest.approx(2 - 0.05 * 14)
     assert set(r8["n_seeds"]) == {2}
+    # the factory's pred_distinct rows: the closed form of each group's composition (g0..g2 at
+    # R=8: minority 1, 2, 3), so the stage mean is their mean at every step
+    from grpo_cli.measures import predicted_rank_measures
+    closed = [predicted_rank_measures(m, 8 - m)["erank_entropy"] for m in (1, 2, 3)]
+    assert r8.loc["late", "predicted over distinct"] == pytest.approx(sum(closed) / 3)
 
 
 def test_stage_readings_judge_the_uncapped_sizes_per_stage(runs):

@@ -228,3 +228,21 @@ def test_credit_check_separates_outcome_from_token_level_estimators(
         assert (informative["credit_uniform_frac"] < 1.0).all()
         assert (informative["token_weight_uniform_frac"] < 1.0).all()
     assert metrics.loc[metrics["zero_variance_frac"] == 1.0, "token_weight_uniform_frac"].isna().all()
+
+
+@pytest.mark.parametrize("setting", ["algorithm.num_iterations=2", "algorithm.kl_coef=0.1"])
+def test_token_weights_stop_being_uniform_off_policy_or_with_kl(tmp_path, cache_dir, setting):
+    """Claim 1's empirical reading can fail in the real loop: a second pass over the batch
+    (token ratios != 1) or a KL term weights a rollout's tokens unequally, although grpo's
+    advantages stay uniform. At step 0 the policy is the reference, so the KL term's gradient
+    1 - exp(ref_logp - logp) is 0 there and the weights are still uniform."""
+    result = grpo_run(tmp_path, cache_dir, "train.steps=3", setting)
+    assert result.exit_code == 0, result.output
+    metrics = pd.read_csv(next(tmp_path.glob("smoke/R4-grpo-s0*")) / "metrics.csv")
+    informative = metrics[metrics["zero_variance_frac"] < 1.0].set_index("step")
+    assert (metrics["credit_uniform_frac"] == 1.0).all()
+    later = informative.loc[informative.index > 0, "token_weight_uniform_frac"]
+    assert len(later) > 0 and (later < 1.0).all()
+    assert (informative.loc[informative.index > 0, "token_weight_spread"] > 0).all()
+    if "kl_coef" in setting and 0 in informative.index:
+        assert informative.loc[0, "token_weight_uniform_frac"] == 1.0

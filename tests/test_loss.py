@@ -227,7 +227,7 @@ def test_on_policy_outcome_weights_are_minus_w_times_a_and_uniform(agg, constant
     weights = weights_at(LOGPROBS, LOGPROBS, agg=agg, constant=constant)
     torch.testing.assert_close(weights, -per_token * OUTCOME * WEIGHT_MASK)
     counts = uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK)
-    assert counts.tolist() == [2.0, 2.0]  # row 2 has advantage 0: not informative
+    assert counts.tolist() == [2.0, 2.0, 0.0]  # row 2 has advantage 0: not informative
 
 
 def test_clipped_tokens_get_zero_weight_and_ratios_scale_the_rest():
@@ -237,7 +237,11 @@ def test_clipped_tokens_get_zero_weight_and_ratios_scale_the_rest():
     weights = weights_at(LOGPROBS, old)
     want = torch.tensor([[0.0, -2 * math.exp(0.1) / 6, -2 / 6], [0.0, 1 / 6, 0.0], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(weights, want)
-    assert uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist() == [0.0, 2.0]
+    uniform, informative, spread = uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist()
+    assert (uniform, informative) == (0.0, 2.0)
+    # relative spread max |w - mean w| / max |w|: row 1 [0, 1/6] -> 1/2; row 0 [0, a, b] -> |mean| / |a|
+    a, b = -2 * math.exp(0.1) / 6, -2 / 6
+    assert spread == pytest.approx(0.5 + abs((a + b) / 3) / abs(a))
 
 
 def test_kl_term_adds_its_own_per_token_weight():
@@ -248,14 +252,14 @@ def test_kl_term_adds_its_own_per_token_weight():
     kl = 0.5 * (WEIGHT_MASK / 6) * (1 - torch.exp(ref - LOGPROBS))
     torch.testing.assert_close(weights, (-OUTCOME * WEIGHT_MASK / 6 + kl) * WEIGHT_MASK)
     # row 1 (KL gradient 0 there) stays uniform, row 0 does not
-    assert uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist() == [1.0, 2.0]
+    assert uniform_weight_rollouts(weights, OUTCOME, WEIGHT_MASK).tolist()[:2] == [1.0, 2.0]
 
 
 def test_per_token_advantages_are_not_uniform_and_the_tolerance_is_relative():
     # row 0 differs by float32 rounding (relative 2.4e-7 < 1e-6): uniform; row 1 does not
     per_token = torch.tensor([[1.0, 1.0, 1.0 + 2e-7], [3.0, 4.0, 0.0], [0.0, 0.0, 0.0]])
     weights = weights_at(LOGPROBS, LOGPROBS, advantages=per_token)
-    assert uniform_weight_rollouts(weights, per_token, WEIGHT_MASK).tolist() == [1.0, 2.0]
+    assert uniform_weight_rollouts(weights, per_token, WEIGHT_MASK).tolist()[:2] == [1.0, 2.0]
     # a relative 1e-5 spread is not uniform at 1e-6, whatever the weights' scale
     scaled = torch.tensor([[1e-9, 1e-9, 1.00001e-9]] * 3) * WEIGHT_MASK
-    assert uniform_weight_rollouts(scaled, OUTCOME, WEIGHT_MASK).tolist() == [1.0, 2.0]
+    assert uniform_weight_rollouts(scaled, OUTCOME, WEIGHT_MASK).tolist()[:2] == [1.0, 2.0]

@@ -19,6 +19,7 @@ def sweep(tmp_path):
         run = write_run(root, group_size=4, seed=0, estimator=estimator, matrices=("rollout_group",))
         metrics = pd.read_csv(run / "metrics.csv")
         metrics["token_weight_uniform_frac"] = values
+        metrics["token_weight_spread"] = [0.0 if v == 1.0 else 0.02 for v in values]
         metrics.to_csv(run / "metrics.csv", index=False)
     write_run(root, group_size=4, seed=0, estimator="rloo", matrices=("rollout_group",))  # old results
     return root
@@ -33,6 +34,7 @@ def test_reading_per_variant(sweep):
     assert table.loc["dr_grpo", "reading"] == NOT_UNIFORM
     assert table.loc["dr_grpo", "steps not uniform"] == pytest.approx(0.25)
     assert table.loc["dr_grpo", "min uniform frac"] == pytest.approx(0.75)
+    assert table.loc["dr_grpo", "mean spread"] == pytest.approx(0.005)  # 5 of 20 steps at 0.02
     assert table.loc["ppo", "credit"] == "per_token"
     assert table.loc["rloo", "reading"] == NOT_RECORDED
 
@@ -42,3 +44,15 @@ def test_report_labels_the_advantages_check_and_shows_the_reading(sweep):
     claims = result.files["summary_md"].read_text().split("## Runs")[0]
     assert "true by construction for outcome estimators" in claims
     assert "dr_grpo (outcome): the loss gradient's token weights varied within some rollout at 25%" in claims
+
+
+def test_claim_1_gets_the_empirical_part(sweep):
+    result = analyze([sweep], measure="erank_entropy", figures=False)
+    claim = result.claims[0]
+    parts = [(p.name, p.verdict) for p in claim.parts]
+    # 1a: every outcome estimator's advantages are uniform (by construction); 1b per outcome
+    # variant that recorded the weights: grpo uniform, dr_grpo not (ppo is per-token: contrast)
+    assert parts == [("1a", "supported"), ("1b", "contradicted"), ("1b", "supported")]
+    assert claim.verdict == "mixed"
+    summary = result.files["summary_md"].read_text()
+    assert "dr_grpo (outcome): the loss gradient's token weights varied" in summary.split("## Runs")[0]

@@ -179,6 +179,11 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert run.status == "completed" and run.group_size == 4 and run.seed == 0 and not run.problems
     assert list(run.metrics.step) == [0, 1, 2]
     assert run.metrics.grad_norm.gt(0).all() and run.metrics.tokens.gt(0).all()
+    # TRL's loss at ratio 1 (what the callback admits): -w A, uniform over each rollout's tokens;
+    # NaN exactly at steps without an informative group
+    weights = run.metrics.token_weight_uniform_frac
+    assert (weights.isna() == run.metrics.zero_variance_frac.eq(1.0)).all()
+    assert weights.dropna().eq(1.0).all() and run.metrics.token_weight_spread.dropna().eq(0.0).all()
     assert run.metrics.grad_sparsity.notna().tolist() == [True, False, True]  # probe steps 0 and 2
     assert set(run.ranks.step) == {0, 2}
     assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}

@@ -190,10 +190,12 @@ def uniform_weight_rollouts(
     advantages: torch.Tensor,  # [N, L]
     completion_mask: torch.Tensor,  # [N, L]
     rtol: float = 1e-6,
-) -> torch.Tensor:  # [2]: (uniform informative rollouts, informative rollouts), float64
-    """Counts for metrics.csv `token_weight_uniform_frac`: among rollouts with a non-zero
-    advantage on some completion token, those whose token weights are uniform, i.e.
-    max_t |w_t - w_mean| <= rtol * max_t |w_t| over their completion tokens. No host read."""
+) -> torch.Tensor:  # [3]: (uniform informative rollouts, informative rollouts, spread sum), float64
+    """Sums for metrics.csv `token_weight_uniform_frac` and `token_weight_spread`: among rollouts
+    with a non-zero advantage on some completion token (informative), those whose token weights
+    are uniform, max_t |w_t - w_mean| <= rtol * max_t |w_t| over their completion tokens, and the
+    sum over informative rollouts of that relative spread max_t |w_t - w_mean| / max_t |w_t|.
+    No host read."""
     in_completion = completion_mask > 0  # [N, L]
     informative = ((advantages != 0) & in_completion).any(dim=-1)  # [N]
     tokens = in_completion.sum(dim=-1).clamp(min=1)  # [N]
@@ -202,4 +204,5 @@ def uniform_weight_rollouts(
     spread = torch.where(in_completion, (masked - mean[:, None]).abs(), 0.0).amax(dim=-1)  # [N]
     scale = masked.abs().amax(dim=-1)  # [N]
     uniform = informative & (spread <= rtol * scale)
-    return torch.stack([uniform.sum(), informative.sum()]).double()
+    relative = torch.where(informative & (scale > 0), spread / scale.clamp(min=1e-300), 0.0)  # [N]
+    return torch.stack([uniform.sum().double(), informative.sum().double(), relative.sum()])

@@ -11,8 +11,8 @@ This module reads, per run, the claim-2 rank (`rollout_group` / `erank_entropy` 
 probe steps beside metrics.csv `distinct_completions` and `entropy` at the same steps, splits
 each run's probe steps into an early and a late half, and
 
-- `stage_table`: per variant, R and stage, the means over seeds of rank, distinct completions
-  and entropy;
+- `stage_table`: per variant, R and stage, the means over seeds of rank, the closed form over
+  distinct completions (ranks.csv pred_distinct_<measure>), distinct completions and entropy;
 - `stage_readings`: per variant and stage, claim 2's numbers on the stage alone: the mean rank
   per R, the slope per doubling of R and the largest deviation from the target over the judged
   (uncapped) R values;
@@ -35,15 +35,18 @@ from grpo_cli.analysis.tables import metric_table
 STAGES = ("early", "late")  # first and second half of a run's probe steps
 COLLAPSE_METRICS = ("distinct_completions", "entropy")
 KEYS = ["variant", "group_size"]
+PREDICTED = "predicted over distinct"  # the closed form over a group's distinct completions
 
 
 def collapse_frame(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_group",
                    measure: str = "erank_entropy") -> pd.DataFrame:
     """One row per run and probe step: variant, group_size, seed, run_id, step, stage, rank,
-    distinct_completions, entropy (NaN where metrics.csv lacks the column). `ranks`:
+    distinct_completions, entropy (NaN where metrics.csv lacks the column) and PREDICTED, the
+    closed-form rank over the group's distinct completions (ranks.csv pred_distinct_<measure>,
+    mean over the step's groups; NaN where the closed form does not apply). `ranks`:
     tables.rank_table (the group == "mean" rows of `matrix` are read)."""
     columns = ["variant", "group_size", "seed", "run_id", "step", "stage", "rank",
-               *COLLAPSE_METRICS]
+               *COLLAPSE_METRICS, PREDICTED]
     if ranks.empty:
         return pd.DataFrame(columns=columns)
     picked = ranks[(ranks["matrix"] == matrix) & (ranks["measure"] == measure)
@@ -59,6 +62,8 @@ def collapse_frame(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_
     for column in COLLAPSE_METRICS:
         if column not in frame:
             frame[column] = np.nan
+    frame = frame.merge(_predicted_over_distinct(runs, matrix, measure), on=["run_id", "step"],
+                        how="left")
     frame = frame.sort_values(["run_id", "step"]).reset_index(drop=True)
     # early: the first half of each run's probe steps (the middle one of an odd count is late)
     order = frame.groupby("run_id").cumcount()
@@ -67,19 +72,37 @@ def collapse_frame(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_
     return frame[columns]
 
 
+def _predicted_over_distinct(runs: list[Run], matrix: str, measure: str) -> pd.DataFrame:
+    """run_id, step, PREDICTED: the mean over a step's per-group rows of pred_distinct_<measure>."""
+    column, parts = f"pred_distinct_{measure}", []
+    for run in runs:
+        ranks = run.ranks
+        if ranks.empty or column not in ranks or "matrix" not in ranks:
+            continue
+        rows = ranks[(ranks["matrix"] == matrix) & ranks["group"].astype(str).str.startswith("g")]
+        values = pd.to_numeric(rows[column], errors="coerce")
+        per_step = values.groupby(rows["step"]).mean().dropna()
+        parts.append(pd.DataFrame({"run_id": str(run.path), "step": per_step.index,
+                                   PREDICTED: per_step.to_numpy()}))
+    if not parts:
+        return pd.DataFrame(columns=["run_id", "step", PREDICTED])
+    return pd.concat(parts, ignore_index=True)
+
+
 def stage_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per variant, R and stage: steps (first-last probe step), seeds, and the means over seeds
     (each seed's stage mean first) of rank, distinct_completions and entropy."""
-    columns = [*KEYS, "stage", "steps", "n_seeds", "rank", *COLLAPSE_METRICS]
+    columns = [*KEYS, "stage", "steps", "n_seeds", "rank", PREDICTED, *COLLAPSE_METRICS]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     per_run = frame.groupby([*KEYS, "stage", "run_id"], as_index=False).agg(
         first=("step", "min"), last=("step", "max"), rank=("rank", "mean"),
-        **{column: (column, "mean") for column in COLLAPSE_METRICS},
+        **{column: (column, "mean") for column in (PREDICTED, *COLLAPSE_METRICS)},
     )
     table = per_run.groupby([*KEYS, "stage"], as_index=False).agg(
         first=("first", "min"), last=("last", "max"), n_seeds=("run_id", "nunique"),
-        rank=("rank", "mean"), **{column: (column, "mean") for column in COLLAPSE_METRICS},
+        rank=("rank", "mean"),
+        **{column: (column, "mean") for column in (PREDICTED, *COLLAPSE_METRICS)},
     )
     table["steps"] = [f"{int(a)}-{int(b)}" for a, b in zip(table["first"], table["last"], strict=True)]
     table["stage"] = pd.Categorical(table["stage"], STAGES, ordered=True)

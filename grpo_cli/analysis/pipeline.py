@@ -82,7 +82,8 @@ FIGURES = {
     "closed-form prediction for m = 1..R/2.",
     "collapse": "The claim-2 rank over probe steps beside distinct completions per informative "
     "group and token entropy, per R; dotted: each R's cap (R rows, R distinct completions), "
-    "dashed: the claimed rank 2.",
+    "densely dotted: the closed form over each group's distinct completions, dashed: the "
+    "claimed rank 2.",
 }
 DYNAMICS_COLUMNS = [
     "grad_sparsity",
@@ -248,6 +249,8 @@ def analyze(
     )
     comp_table = comp.composition_table(analysed, measures)
     claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
+    token_weight_table = token_weights.token_weight_table(analysed)
+    claims[0] = token_weights.with_empirical_part(claims[0], token_weight_table)  # claim 1b
     collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
     matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
@@ -287,7 +290,7 @@ def analyze(
         matching_bins=matching_bins,
         same_checkpoint=same_checkpoint.checkpoint_table(
             analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target),
-        token_weights=token_weights.token_weight_table(analysed),
+        token_weights=token_weight_table,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

@@ -6,7 +6,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from grpo_cli.analysis.collapse import COLLAPSE_METRICS
+from grpo_cli.analysis.collapse import COLLAPSE_METRICS, PREDICTED
 from grpo_cli.analysis.style import Styles, band, empty_figure, new_figure, no_data, r_color
 from grpo_cli.analysis.tables import curves
 
@@ -20,7 +20,8 @@ PANELS = {
 def collapse_figure(frame: pd.DataFrame, styles: Styles, title: str, matrix: str, measure: str,
                     target: float) -> Figure:
     """Over probe steps, per R (mean over seeds, band min-max): the `matrix` / `measure` rank
-    with the target and each R's cap (a group has at most R independent rows), distinct
+    with the target, each R's cap (a group has at most R independent rows) and the closed form
+    over the group's distinct completions (densely dotted, where it applies), distinct
     completions per informative group with R (all distinct), and token entropy. A rank that
     follows distinct completions down is sampling collapse (analysis/collapse.py)."""
     if frame.empty:
@@ -44,6 +45,11 @@ def collapse_figure(frame: pd.DataFrame, styles: Styles, title: str, matrix: str
             ax.set_ylim(0, max(top, target + 0.5))
         if column == "rank":
             ax.axhline(target, color="0.2", ls="--", lw=1.0)
+            predicted = frame.assign(x=frame["step"].astype(float), value=frame[PREDICTED])
+            predicted = predicted.dropna(subset=["value"])
+            for (size, _), curve in (curves(predicted, []).groupby(["group_size", "variant"])
+                                     if not predicted.empty else []):
+                ax.plot(curve["x"], curve["mean"], color=r_color(size), ls=(0, (1, 1)), lw=1.0)
         ax.set_title(f"{matrix} / {measure}" if column == "rank" else column, fontsize=10)
         ax.set_xlabel("step (probe steps)")
         ax.set_ylabel(ylabel)
@@ -52,6 +58,8 @@ def collapse_figure(frame: pd.DataFrame, styles: Styles, title: str, matrix: str
     handles += [
         Line2D([], [], color="0.2", ls="--", lw=1.0, label=f"claimed rank {target:g}"),
         Line2D([], [], color="0.3", ls=":", lw=0.9, label="cap: R rows / R distinct completions"),
+        Line2D([], [], color="0.3", ls=(0, (1, 1)), lw=1.0,
+               label="closed form over distinct completions (pred_distinct)"),
     ]
     assert set(PANELS) - {"rank"} == set(COLLAPSE_METRICS)
     return grid.finish(

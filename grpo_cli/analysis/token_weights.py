@@ -9,18 +9,25 @@ weights are uniform to a relative 1e-6 (grpo_cli/algorithm/loss.py `token_loss_w
 
 Per variant: the steps recorded, the mean and the smallest fraction, and a reading: "uniform"
 when every informative rollout of every step had uniform weights, "not uniform" otherwise, with
-the share of steps where some rollout's weights varied.
+the share of steps where some rollout's weights varied. `with_empirical_part` makes it claim 1's
+part 1b beside the advantages check (1a).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis.claims import Claim
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rank_verdict import Part
+from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED, combine
 from grpo_cli.analysis.tables import metric_table
 
 COLUMN = "token_weight_uniform_frac"
+SPREAD = "token_weight_spread"  # mean relative spread max|w - mean w| / max|w| (0: uniform)
 UNIFORM, NOT_UNIFORM, NOT_RECORDED = "uniform", "not uniform", "not recorded"
 
 
@@ -28,10 +35,13 @@ def token_weight_table(runs: list[Run]) -> pd.DataFrame:
     """variant, estimator, credit, runs, steps, mean and min uniform fraction, the share of
     steps with a non-uniform rollout, and the reading (module docstring)."""
     facts = {run.variant: run.estimator_facts for run in runs}
-    table = metric_table(runs, [COLUMN])
+    table = metric_table(runs, [COLUMN, SPREAD])
+    spreads = table[table["metric"] == SPREAD]
+    table = table[table["metric"] == COLUMN]
     rows = []
     for variant, fact in sorted(facts.items(), key=lambda item: str(item[0])):
         values = table.loc[table["variant"] == variant, "value"]
+        spread = spreads.loc[spreads["variant"] == variant, "value"]
         rows.append({
             "variant": variant or str(fact["name"]), "estimator": fact["name"],
             "credit": fact["credit"],
@@ -40,6 +50,7 @@ def token_weight_table(runs: list[Run]) -> pd.DataFrame:
             "mean uniform frac": values.mean() if len(values) else np.nan,
             "min uniform frac": values.min() if len(values) else np.nan,
             "steps not uniform": float((values < 1).mean()) if len(values) else np.nan,
+            "mean spread": spread.mean() if len(spread) else np.nan,
             "reading": NOT_RECORDED if values.empty else UNIFORM if (values >= 1).all() else NOT_UNIFORM,
         })
     return pd.DataFrame(rows)
@@ -55,10 +66,12 @@ def sentences(table: pd.DataFrame) -> list[str]:
             out.append(f"{r['variant']} ({r['credit']}): the loss gradient weighted every token of "
                        f"every informative rollout equally, at all {r['steps']} steps.")
         else:
+            spread = (f"; relative spread max|w - mean w| / max|w| {r['mean spread']:.2g} on "
+                      "average" if np.isfinite(r["mean spread"]) else "")
             out.append(f"{r['variant']} ({r['credit']}): the loss gradient's token weights varied "
                        f"within some rollout at {r['steps not uniform']:.0%} of {r['steps']} steps "
                        f"(uniform in {r['mean uniform frac']:.3f} of informative rollouts on "
-                       f"average, {r['min uniform frac']:.3f} at worst).")
+                       f"average, {r['min uniform frac']:.3f} at worst{spread}).")
     return out
 
 
@@ -78,3 +91,28 @@ def blocks(table: pd.DataFrame) -> list[tuple[str, object]]:
         ("list", sentences(table)),
         ("table", table),
     ]
+
+
+def with_empirical_part(claim: Claim, table: pd.DataFrame) -> Claim:
+    """Claim 1 with two parts: 1a, the advantages check (true by construction for outcome
+    estimators), and 1b, this module's reading for each outcome variant that recorded it
+    (supported: uniform at every step; contradicted: not). The claim's verdict combines them;
+    without a recorded 1b it stays 1a's."""
+    first = Part("1a", "does every token of a rollout get the same advantage? (true by "
+                 "construction for outcome estimators)", claim.verdict,
+                 f"1a (the advantages; true by construction for outcome estimators): {claim.evidence}")
+    empirical = [
+        Part("1b", "is the loss gradient's weight d loss / d log pi(y_t) uniform over each "
+             "rollout's tokens?", SUPPORTED if r["reading"] == UNIFORM else CONTRADICTED,
+             f"1b (the loss gradient's token weights, can fail): {sentence}")
+        for r, sentence in zip(table.to_dict("records"), sentences(table), strict=True)
+        if r["credit"] == "outcome" and r["reading"] != NOT_RECORDED
+    ] if not table.empty else []
+    if not empirical:
+        return replace(claim, parts=[first])
+    verdict = combine([first.verdict, *(p.verdict for p in empirical)])
+    rule = (f"1a: {claim.rule} 1b: per outcome variant, metrics.csv {COLUMN} (informative "
+            "rollouts whose d loss / d log pi(y_t) is uniform to a relative 1e-6); supported iff "
+            "it is 1 at every step with an informative rollout, contradicted otherwise. The "
+            "claim's verdict combines 1a and 1b.")
+    return replace(claim, verdict=verdict, parts=[first, *empirical], rule=rule)

@@ -441,6 +441,7 @@ class SpectraCallback(TrainerCallback):
             "distinct_completions": float(informative_distinct_mean(
                 data.batch.input_ids, data.batch.completion_mask, finite, size)),
             "token_weight_uniform_frac": float(uniform_counts[0] / uniform_counts[1]),
+            "token_weight_spread": float(uniform_counts[2] / uniform_counts[1]),
         })
 
     def _config(self, args, state) -> dict:

@@ -52,6 +52,7 @@ METRIC_COLUMNS = (
     "update_changed_frac_bf16",  # ... in a bf16 round-to-nearest copy of the weights
     "distinct_completions",  # mean distinct completions per informative group (mode collapse)
     "token_weight_uniform_frac",  # informative rollouts whose d loss / d log pi(y_t) is uniform
+    "token_weight_spread",  # ... and their mean relative spread max|w - mean w| / max|w|
 )
 TIMING_COLUMNS = (
     "step",

@@ -97,8 +97,9 @@ class Update:
     totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
     layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # probe steps: batch gradients
     rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and per-rollout Grams
-    # every pass: (informative rollouts with uniform token loss weights, informative rollouts) [2]
-    uniform_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    # every pass: (informative rollouts with uniform token loss weights, informative rollouts,
+    # their summed relative weight spread) [3]
+    uniform_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
 
 
 class ProbeCapture(Protocol):
@@ -422,7 +423,7 @@ class GRPOTrainer:
             shared_prompt_forward=self.shared_prompt_forward and not fused,
             prompt_keys=self.prompt_keys(batch),
             policy_logprobs=torch.zeros_like(mask),
-            uniform_counts=mask.new_zeros(2, dtype=torch.float64),
+            uniform_counts=mask.new_zeros(3, dtype=torch.float64),
         )
 
     def _micro_batch(self, batch: RolloutBatch, rows: slice, share: float, targets: Targets,
@@ -529,10 +530,12 @@ class GRPOTrainer:
             *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
             informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
             update.uniform_counts[0] / update.uniform_counts[1],  # over passes; 0/0 = NaN: none informative
+            update.uniform_counts[2] / update.uniform_counts[1],  # mean relative spread (NaN: none)
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct, weight_uniform), correct = (
+         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct, weight_uniform,
+         weight_spread), correct = (
             read[: len(summary)], read[len(summary):])
         prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
         self.problem_success.update(
@@ -571,6 +574,7 @@ class GRPOTrainer:
             "groups_mixed": mixed,
             "distinct_completions": distinct,  # mean over informative groups (NaN: none)
             "token_weight_uniform_frac": weight_uniform,  # every pass (NaN: no informative rollout)
+            "token_weight_spread": weight_spread,  # mean over informative rollouts and passes
         })
 
 

@@ -297,3 +297,23 @@ def test_hamed_rao_inflates_the_variance_of_an_autocorrelated_series():
     blocks = np.repeat(rng.normal(size=12), 5) + 0.01 * rng.normal(size=60)  # runs of 5 alike
     assert hamed_rao_factor(steps, blocks) > 1.5
     assert hamed_rao_factor(steps[:9], blocks[:9]) == 1.0  # too few points to estimate rho_k
+
+
+def test_settings_that_change_no_number_do_not_split_variants(tmp_path):
+    """Runs that differ only in how the probes chunk their work (probes.gram_row_chunk) or in
+    threads are one variant: grpo probe reruns of one R with a smaller chunk join their sweep."""
+    import pandas as pd
+
+    from grpo_cli.analysis.grouping import differing_keys
+    from grpo_cli.analysis.load import Run
+
+    def run(name, **config):
+        empty = pd.DataFrame()
+        return Run(tmp_path / name, "completed", None, {}, {"rollout.group_size": 4, **config},
+                   empty, empty, empty, empty, None)
+
+    runs = [run("a", **{"probes.gram_row_chunk": 0, "threads": 1}),
+            run("b", **{"probes.gram_row_chunk": 16, "threads": 2})]
+    assert differing_keys(runs) == []
+    runs.append(run("c", **{"probes.gram_row_chunk": 0, "algorithm.name": "otb"}))
+    assert differing_keys(runs) == ["algorithm.name"]

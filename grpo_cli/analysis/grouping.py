@@ -26,6 +26,7 @@ IGNORED_KEYS = frozenset(
         "checkpoint_every",
         "keep_checkpoints",
         "task.path",
+        "probes.gram_row_chunk",  # rollouts per Gram pass: memory only, the Gram is exact either way
     }
 )
 IGNORED_PREFIXES = ("hydra.",)

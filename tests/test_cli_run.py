@@ -119,6 +119,20 @@ def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir, monkeypatch):
     assert "NonFiniteLossError" in record["error"] and "step 0" in record["error"]
 
 
+def test_weights_blown_up_by_the_update_are_named_not_a_sampling_traceback(tmp_path, cache_dir):
+    """optim.lr=1e30 passes validation (> 0) but step 0's update makes the logits overflow, so
+    step 1 cannot sample: the run fails naming the cause, the step and the setting to change,
+    and step 0's row stays readable."""
+    result = grpo_run(tmp_path, cache_dir, "optim.lr=1e30")
+    assert result.exit_code != 0
+    out = next((tmp_path / "smoke").glob("R4-grpo-s0*"))
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed"
+    assert "NonFiniteLossError" in record["error"] and "step 1" in record["error"]
+    assert "non-finite probabilities" in record["error"] and "optim.lr" in record["error"]
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0]
+
+
 def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir, monkeypatch):
     from grpo_cli.train import trainer
 

@@ -251,11 +251,20 @@ class GRPOTrainer:
     def rollout(self, step: int, draw: int) -> RolloutBatch:
         indices = self.sample_problems(step, draw)
         with self.timer.phase("rollout"):
-            batch = self.backend.generate(
-                [self.prompt_ids[i] for i in indices],
-                self.settings,
-                generator_seed=step_seed(self.cfg.seed, step, salt=100 + draw),
-            )
+            try:
+                batch = self.backend.generate(
+                    [self.prompt_ids[i] for i in indices],
+                    self.settings,
+                    generator_seed=step_seed(self.cfg.seed, step, salt=100 + draw),
+                )
+            except RuntimeError as error:  # torch's sampler refuses inf / nan probabilities
+                if "inf" not in str(error) and "nan" not in str(error):
+                    raise
+                largest = max(float(p.detach().abs().max()) for p in self.model.parameters())
+                raise NonFiniteLossError(
+                    f"step {step}: sampling met non-finite probabilities (largest |weight| "
+                    f"{largest:.3g} after the previous update); lower optim.lr"
+                ) from error
         batch.problem_indices = indices
         return batch.to(self.device)
 

@@ -165,6 +165,16 @@ def slope(log2_sizes: np.ndarray, means: np.ndarray) -> np.ndarray:
     return (means - means.mean(axis=-1, keepdims=True)) @ x / (x @ x)
 
 
+def slope_per_doubling(sizes, values) -> float:
+    """`slope` of one reading per R against log2(R), leaving out non-finite values (NaN with
+    fewer than two R values left)."""
+    sizes, values = np.asarray(sizes, float), np.asarray(values, float)
+    keep = np.isfinite(values)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(slope(np.log2(sizes[keep]), values[keep]))
+
+
 def flip_probability(estimate: float, replicates: np.ndarray,
                      reading: Callable[[np.ndarray], np.ndarray]) -> float:
     """Share of replicates whose reading (a boolean of the value) differs from the estimate's."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rules import DISTINCT_FALL, RANK_BAND, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.tables import metric_table
@@ -107,15 +108,6 @@ def stage_table(frame: pd.DataFrame) -> pd.DataFrame:
     table["steps"] = [f"{int(a)}-{int(b)}" for a, b in zip(table["first"], table["last"], strict=True)]
     table["stage"] = pd.Categorical(table["stage"], STAGES, ordered=True)
     return table.sort_values([*KEYS, "stage"])[columns].reset_index(drop=True)
-
-
-def slope_per_doubling(sizes, values) -> float:
-    """Least-squares slope of `values` against log2(R) (NaN with fewer than two R values)."""
-    sizes, values = np.asarray(sizes, float), np.asarray(values, float)
-    keep = np.isfinite(values)
-    if keep.sum() < 2:
-        return float("nan")
-    return float(np.polyfit(np.log2(sizes[keep]), values[keep], 1)[0])
 
 
 def stage_readings(stages: pd.DataFrame, target: float = RANK_TARGET) -> pd.DataFrame:

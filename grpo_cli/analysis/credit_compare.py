@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.collapse import slope_per_doubling
+from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rules import MIN_CHECKED_STEPS, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.summary import last_part_means, rank_summary

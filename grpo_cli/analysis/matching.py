@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.collapse import slope_per_doubling
+from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rules import MATCH_COMMON_SHARE, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.tables import progress_at

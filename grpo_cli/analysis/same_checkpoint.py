@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.collapse import slope_per_doubling
+from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rules import RANK_TARGET, judged_group_sizes
 
@@ -55,7 +55,7 @@ def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollou
             "seeds": int(part["seed"].nunique()),
             **{f"R={r}": means.get(r, np.nan) for r in sizes},
             "judged R": ",".join(map(str, judged)),
-            "slope / doubling": slope_per_doubling(judged, values) if len(judged) > 1 else np.nan,
+            "slope / doubling": slope_per_doubling(judged, values),
             "max dev. from 2": float(np.max(np.abs(np.array(values) - target))) if values else np.nan,
         })
     return pd.DataFrame(rows)

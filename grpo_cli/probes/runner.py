@@ -299,14 +299,14 @@ class ProbeSuite:
         """
         size, n = batch.group_size, batch.num_rollouts
         per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
-        informative = nonzero_advantage_rows(advantages, batch.completion_mask).reshape(-1, size)
-        informative = informative.any(1).repeat_interleave(size)  # [N] rows of informative groups
-        rows = informative.nonzero().flatten().to(batch.input_ids.device)  # [M]
+        nonzero = nonzero_advantage_rows(advantages, batch.completion_mask)  # [N]
+        if self.needs_score:  # every row of an informative group (its score block is read)
+            keep = nonzero.reshape(-1, size).any(1).repeat_interleave(size)  # [N]
+        else:  # only K_adv is read: the zero-advantage rows can go too
+            keep = nonzero
+        rows = keep.nonzero().flatten().to(batch.input_ids.device)  # [M]
         advantage = torch.zeros(n, n, dtype=torch.float64, device=batch.input_ids.device)
         score = torch.full_like(advantage, math.nan)
-        if not self.needs_score:  # only K_adv is read: the zero-advantage rows can go too
-            rows = nonzero_advantage_rows(advantages, batch.completion_mask).nonzero().flatten()
-            rows = rows.to(batch.input_ids.device)
         if rows.numel():
             weights, advantages = weights[rows], advantages[rows]
             coeffs = {"score": weights}

@@ -20,7 +20,9 @@ LINT = (
 
 
 def lint(config: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's grpo_cli, not an installed one
+    # this checkout's grpo_cli first, not an installed one; the rest of PYTHONPATH kept (an offline
+    # GPU machine provides import-linter through it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-c", LINT, str(config)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -28,7 +28,7 @@ def spawn_run(results: Path, cache: Path, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "grpo_cli.cli", "run", "experiment=smoke",
-               f"results_dir={results}", f"cache_dir={cache}", "progress=false", *overrides]
+               f"results_dir={results}", f"cache_dir={cache}", "progress=false", "device=cpu", *overrides]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=ROOT)
 

@@ -42,10 +42,15 @@ def utc_now() -> str:
 
 
 def versions(**extra: str) -> dict:
-    """run.json's `versions`: python, torch, transformers, grpo_cli (and any `extra`, e.g. trl)."""
+    """run.json's `versions`: python, torch, transformers, grpo_cli (and any `extra`, e.g. trl).
+
+    torch is the loaded module's `__version__`, build tag included ("2.11.0+cu130"; a CUDA wheel's
+    metadata may say "2.11.0"): every writer of run.json has torch loaded, and this layer reads it
+    from sys.modules rather than importing it (the import contract keeps torch out of results)."""
+    torch = sys.modules.get("torch")
     return {
         "python": platform.python_version(),
-        "torch": metadata.version("torch"),
+        "torch": torch.__version__ if torch is not None else metadata.version("torch"),
         "transformers": metadata.version("transformers"),
         "grpo_cli": grpo_cli.__version__,
         **extra,

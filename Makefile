@@ -22,8 +22,8 @@ SEEDS ?= 0,1,2,3
 SMOLLM2_SEEDS ?= 0,1,2
 CREDIT_ALGOS ?= grpo,ppo
 CREDIT_R ?= 4
-# extra overrides for every SmolLM2 run, e.g. the faster opt-ins of docs/speed.md (they change
-# the sampled tokens): SMOLLM2_ARGS="rollout=hf_static model.autocast=bf16"
+# extra overrides for every SmolLM2 run, e.g. bf16 matmuls, the opt-in of docs/speed.md that
+# changes the numerics (SMOLLM2_ARGS="model.autocast=bf16"), or HF generate (rollout=hf)
 SMOLLM2_ARGS ?=
 comma := ,
 

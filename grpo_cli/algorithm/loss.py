@@ -206,3 +206,10 @@ def uniform_weight_rollouts(
     uniform = informative & (spread <= rtol * scale)
     relative = torch.where(informative & (scale > 0), spread / scale.clamp(min=1e-300), 0.0)  # [N]
     return torch.stack([uniform.sum().double(), informative.sum().double(), relative.sum()])
+
+
+def token_weight_readings(counts: torch.Tensor) -> torch.Tensor:  # [2] float64
+    """metrics.csv (`token_weight_uniform_frac`, `token_weight_spread`) from the sums of
+    `uniform_weight_rollouts` (added over passes): the uniform share and the mean relative spread
+    over informative rollouts; NaN (0/0) when none was informative. No host read."""
+    return counts[[0, 2]] / counts[1]

@@ -51,7 +51,7 @@ from transformers import TrainerCallback
 
 from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
-from grpo_cli.algorithm.loss import uniform_weight_rollouts
+from grpo_cli.algorithm.loss import token_weight_readings, uniform_weight_rollouts
 from grpo_cli.algorithm.scored import (
     ScoredBatch,
     credit_uniform_fraction,
@@ -411,8 +411,8 @@ class SpectraCallback(TrainerCallback):
         lengths = data.batch.completion_mask.sum(dim=1)  # [N] loss tokens per rollout
         trl = {key: (sum(v) / len(v) if v else math.nan) for key, v in self._trl_metrics.items()}
         # at ratio 1 with no KL (what unsupported_settings admits) d loss / d log pi = -w A exactly
-        uniform_counts = uniform_weight_rollouts(
-            -(data.loss_weights * data.advantages), data.advantages, data.batch.completion_mask)
+        weight_uniform, weight_spread = token_weight_readings(uniform_weight_rollouts(
+            -(data.loss_weights * data.advantages), data.advantages, data.batch.completion_mask)).tolist()
         return metrics_row({
             "step": self._step,
             "reward_mean": float(rewards.nanmean()),
@@ -440,8 +440,8 @@ class SpectraCallback(TrainerCallback):
                        group_outcome_shares((rewards > self.success_threshold).float(), size).tolist(), strict=True)),
             "distinct_completions": float(informative_distinct_mean(
                 data.batch.input_ids, data.batch.completion_mask, finite, size)),
-            "token_weight_uniform_frac": float(uniform_counts[0] / uniform_counts[1]),
-            "token_weight_spread": float(uniform_counts[2] / uniform_counts[1]),
+            "token_weight_uniform_frac": weight_uniform,
+            "token_weight_spread": weight_spread,
         })
 
     def _config(self, args, state) -> dict:

@@ -22,6 +22,7 @@ from grpo_cli.algorithm.loss import (
     actor_loss,
     aggregation_weights,
     token_loss_weights,
+    token_weight_readings,
     uniform_weight_rollouts,
     value_loss,
 )
@@ -538,8 +539,7 @@ class GRPOTrainer:
             credit_uniform_share(targets.advantages, mask),
             *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
             informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
-            update.uniform_counts[0] / update.uniform_counts[1],  # over passes; 0/0 = NaN: none informative
-            update.uniform_counts[2] / update.uniform_counts[1],  # mean relative spread (NaN: none)
+            *token_weight_readings(update.uniform_counts),  # over passes: uniform share, mean spread
         ]
         read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
         (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,

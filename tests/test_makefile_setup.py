@@ -132,10 +132,12 @@ def test_smollm2_targets_compose_whole_model_probes(tmp_path, target, runs, expe
         assert {(cfg.rollout.group_size, cfg.seed) for cfg in cfgs} == {
             (r, s) for r in (2, 4, 8) for s in (0, 1, 2)}
     else:
-        assert [cfg.algorithm.name for cfg in cfgs] == ["grpo", "ppo"]
+        # the runs go two at a time (SMOLLM2_JOBS), so they print in either order
+        assert sorted(cfg.algorithm.name for cfg in cfgs) == ["grpo", "ppo"]
         assert {cfg.rollout.group_size for cfg in cfgs} == {4}
         with_process = target_commands(tmp_path / "p", target, "CREDIT_ALGOS=grpo,ppo,process")
-        assert compose_config(with_process[2][1:]).algorithm.name == "process"
+        assert sorted(compose_config(c[1:]).algorithm.name for c in with_process[:-1]) == [
+            "grpo", "ppo", "process"]
     faster = target_commands(tmp_path / "f", target, "SMOLLM2_ARGS=rollout=hf_static model.autocast=bf16")
     for command in faster[:-1]:  # the documented opt-ins reach every run
         cfg = compose_config(command[1:])

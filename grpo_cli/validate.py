@@ -42,6 +42,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
     from grpo_cli.models.policy import WEIGHTS
     from grpo_cli.probes.gram import METHODS
     from grpo_cli.probes.runner import FUSED_GRAM, KNOWN_MATRICES
+    from grpo_cli.rollout.sampling import DRAWS
     from grpo_cli.tasks import TASKS
     from grpo_cli.tasks.rehearsal import REWARDS
     from grpo_cli.train.autocast import AUTOCAST_KINDS
@@ -56,6 +57,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "probes.matrices": tuple(KNOWN_MATRICES),
         "probes.fused_gram": tuple(FUSED_GRAM),
         "task.name": tuple(TASKS),
+        "rollout.draw": tuple(DRAWS),
         "task.reward": tuple(REWARDS),
         "model.autocast": tuple(AUTOCAST_KINDS),
         "model.weights": tuple(WEIGHTS),
@@ -153,6 +155,10 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("rollout.max_new_tokens", 1)
     need("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     unit("rollout.vllm_gpu_memory_utilization", low_open=True)
+    choice("rollout.draw", names["rollout.draw"])
+    if value("rollout.draw") == "inverse_cdf":
+        need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.draw=inverse_cdf")
+        need("rollout.cuda_graphs", lambda v: not v, "false with rollout.draw=inverse_cdf")
     if value("rollout.cuda_graphs"):  # the model and the resolved device are checked at setup
         need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.cuda_graphs=true")
         need("rollout.compile_decode", lambda v: not v, "false with rollout.cuda_graphs=true")
@@ -182,6 +188,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("algorithm.num_iterations", 1)
     at_least("train.micro_batch_size", 1)
     at_least("train.logits_chunk_mb", 0)
+    at_least("train.completion_buckets", 1)
     at_least("algorithm.epsilon", 0)
     at_least("algorithm.epsilon_high", 0)
     choice("algorithm.loss_agg", names["algorithm.loss_agg"])

@@ -28,6 +28,8 @@ REFUSED = [
     ("+foo=1", "foo: not a setting of grpo's schema"),
     ("model.weights=foo", "model.weights='foo': must be one of pretrained, random"),
     ("task.reward=coin", "task.reward='coin': must be one of task, random"),
+    ("rollout.draw=gumbel", "rollout.draw='gumbel': must be one of multinomial, inverse_cdf"),
+    ("rollout.draw=inverse_cdf", "rollout.backend='hf': must be hf_static with rollout.draw=inverse_cdf"),
 ]
 
 

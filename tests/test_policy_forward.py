@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from step_parity import assert_same_update, relative_gap, setup_for, step_loss_and_grads
 
 from grpo_cli.rollout.batch import select_rows
 from grpo_cli.train.policy_forward import (
+    BUCKET_CHARGE,
     distinct_prompts,
     expand_rows,
+    length_buckets,
     plain_forward,
     shared_prefix_forward,
     take_rows,
@@ -70,6 +74,67 @@ def test_shared_prefix_forward_matches_on_completion_columns(tmp_path):
     torch.testing.assert_close(shared[1][:, columns], plain[1][:, columns], atol=1e-5, rtol=0)
     single = select_rows(batch, torch.arange(0, batch.num_rollouts, batch.group_size))
     assert shared_prefix_forward(setup.model, single) is None  # nothing shared: plain forward
+
+
+def _bucket_cost(groups, widths, total_rows):
+    widest = max(widths)
+    return sum(len(rows) * max(widths[row] for row in rows) for rows in groups) + (
+        BUCKET_CHARGE * total_rows * widest * len(groups))
+
+
+def _splits(order, most):
+    """Every split of `order` into at most `most` consecutive groups."""
+    for count in range(1, most + 1):
+        for cuts in itertools.combinations(range(1, len(order)), count - 1):
+            bounds = (0, *cuts, len(order))
+            yield [order[start:end] for start, end in itertools.pairwise(bounds)]
+
+
+def test_length_buckets_split_by_width_at_least_cost():
+    assert length_buckets([5, 1, 5, 1], 1) == [[0, 1, 2, 3]]
+    assert length_buckets([5, 1, 5, 1], 2) == [[0, 2], [1, 3]]  # 10 + 2 positions instead of 20
+    assert length_buckets([4, 4, 4], 3) == [[0, 1, 2]]  # nothing to gain: one forward
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):  # against every split of the sorted rows into at most 3 groups
+        widths = torch.randint(1, 33, (7,), generator=generator).tolist()
+        groups = length_buckets(widths, 3)
+        assert sorted(row for rows in groups for row in rows) == list(range(7))
+        order = sorted(range(7), key=lambda row: -widths[row])
+        best = min(_bucket_cost(split, widths, 7) for split in _splits(order, 3))
+        assert _bucket_cost(groups, widths, 7) <= best + 1e-9
+
+
+def test_bucketed_completion_forward_matches_one_forward(tmp_path):
+    """Rows of different lengths in up to 3 completion forwards: the same log-probs and entropies
+    on every real completion column, and the same gradient of a weighted sum, to 1e-5."""
+    setup = setup_for(tmp_path, "model.warm_start.steps=50")
+    batch = setup.trainer.rollout(0, draw=0)
+    widths = batch.attention_mask[:, batch.prompt_length:].sum(dim=1).tolist()
+    assert len(length_buckets(widths, 3)) > 1  # the rows' lengths differ enough to split
+    weights = torch.rand(batch.completion_mask.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for buckets in (1, 3):
+        setup.model.zero_grad(set_to_none=True)
+        logprobs, entropy = shared_prefix_forward(setup.model, batch, buckets=buckets)
+        (logprobs * weights * batch.completion_mask).sum().backward()
+        grads = {name: p.grad.clone() for name, p in setup.model.named_parameters() if p.grad is not None}
+        results.append((logprobs.detach() * batch.attention_mask, entropy.detach() * batch.attention_mask, grads))
+    (lp_one, ent_one, grads_one), (lp_buckets, ent_buckets, grads_buckets) = results
+    torch.testing.assert_close(lp_buckets, lp_one, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_buckets, ent_one, atol=1e-5, rtol=0)
+    assert grads_one.keys() == grads_buckets.keys()
+    for name, grad in grads_one.items():
+        assert relative_gap(grad, grads_buckets[name]) <= 1e-5, name
+
+
+@pytest.mark.parametrize("micro_batch_size", [64, 5])
+def test_bucketed_completion_forward_keeps_the_update(tmp_path, micro_batch_size):
+    """train.completion_buckets in the training step: the same loss and gradients (1e-5)."""
+    overrides = ["model.warm_start.steps=50", SHARED, f"train.micro_batch_size={micro_batch_size}"]
+    reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
+    candidate_setup = setup_for(tmp_path, *overrides, "train.completion_buckets=3")
+    assert candidate_setup.trainer.buckets == 3
+    assert_same_update(reference, step_loss_and_grads(candidate_setup))
 
 
 def test_bf16_autocast_step_deviation_is_rounding_only(tmp_path):

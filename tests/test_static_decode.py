@@ -142,6 +142,25 @@ def test_deterministic_given_seed_and_restores_training_mode(tokenizer):
     assert model.training
 
 
+def test_inverse_cdf_draw_samples_the_policy_from_another_stream(tokenizer):
+    """rollout.draw=inverse_cdf: the sampler's log-probs are the policy's, a seed gives the same
+    batch twice, and the tokens differ from multinomial's for that seed (another stream)."""
+    model = peaked_llama(tokenizer, eos_boost=2.0)
+    settings = SamplingSettings(group_size=4, max_new_tokens=12, temperature=0.9, top_p=0.95)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    backend = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf")
+    batch = backend.generate(prompts, settings, generator_seed=3)
+    assert torch.equal(batch.input_ids, backend.generate(prompts, settings, generator_seed=3).input_ids)
+    multinomial = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=3)
+    assert not torch.equal(batch.input_ids, multinomial.input_ids)
+    with torch.no_grad():
+        recomputed = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    in_completion = batch.completion_mask > 0
+    assert (recomputed - batch.sampler_logprobs)[in_completion].abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="rollout.draw='race'"):
+        StaticDecodeBackend(model, tokenizer, CPU, draw="race")
+
+
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):
     model = peaked_llama(tokenizer, eos_boost=6.0)
     settings = SamplingSettings(group_size=3, max_new_tokens=20)

@@ -75,6 +75,7 @@ class TaskConfig:
 class RolloutConfig:
     backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
     compile_decode: bool = False  # hf_static: torch.compile the one-token decode step (compiles once per shape)
+    draw: str = "multinomial"  # hf_static: multinomial (torch.multinomial's stream) | inverse_cdf (one uniform per row: the same law, another stream, faster on CPU; rollout/sampling.py)
     cuda_graphs: bool = False  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py; never yet run on a GPU)
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
@@ -90,6 +91,7 @@ class TrainConfig:
     steps: int = 50  # optimizer steps of GRPO
     micro_batch_size: int = 64  # sequences per forward/backward micro-batch
     shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
+    completion_buckets: int = 1  # shared prompt forward: completion columns in up to this many forwards over rows of similar length, padding after short completions not computed (same loss and gradients up to float summation order; 1 = one forward)
     logits_chunk_mb: float = 1024.0  # float32 logits held at once by the log-prob pass (MiB); longer batches run lm_head + log-softmax in chunks of positions (0 = one pass)
 
 

@@ -13,7 +13,8 @@ EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), bu
 - no logits processors, stopping criteria or output bookkeeping: one `model(...)` per token
   (for Llama-architecture models, the same arithmetic as plain tensor functions without the
   module stack: `llama_decode.py`), sampling with temperature and top-p exactly as transformers' warpers do, greedy when the
-  temperature is 0, drawn from a `torch.Generator` seeded by `generator_seed`;
+  temperature is 0, drawn from a `torch.Generator` seeded by `generator_seed` (by `multinomial`,
+  or with `draw="inverse_cdf"` by one uniform per row: the same law, another stream; sampling.py);
 - the loop stops when every row has emitted EOS, checked every `check_every` tokens (1 on CPU,
   where the check costs nothing; more on CUDA to avoid a host sync per token).
 
@@ -47,7 +48,7 @@ from grpo_cli.rollout.llama_decode import (
     rope_depends_on_position_only,
     supports_llama_step,
 )
-from grpo_cli.rollout.sampling import sample_tokens
+from grpo_cli.rollout.sampling import DRAWS
 from grpo_cli.rollout.stop_tokens import is_stop
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
@@ -302,7 +303,11 @@ class StaticDecodeBackend:
         stop_ids: list[int] | None = None,
         cuda_graphs: bool = False,
         capture_graphs: bool | None = None,
+        draw: str = "multinomial",
     ):
+        if draw not in DRAWS:
+            raise ValueError(f"rollout.draw={draw!r} is not one of {', '.join(DRAWS)}")
+        self.draw = DRAWS[draw]  # sampling.py: the categorical draw of each token
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -453,7 +458,7 @@ class StaticDecodeBackend:
         step_function = step_function or self._step_function()
         stop = torch.tensor(stop_ids, device=self.device)  # [S] stop token ids
         for t in range(max_new):
-            token = sample_tokens(logits, settings.temperature, settings.top_p, generator)  # [N]
+            token = self.draw(logits, settings.temperature, settings.top_p, generator)  # [N]
             token = torch.where(done, pad_id, token)
             tokens[:, t] = token
             logprobs[:, t] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)

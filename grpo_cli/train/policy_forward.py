@@ -127,11 +127,55 @@ def predicted_logprobs(
     return logprobs_from_hidden(head, scores, targets, chunk_mb)
 
 
+def length_buckets(widths: Sequence[int], buckets: int) -> list[list[int]]:
+    """Rows grouped for the completion forward: at most `buckets` groups of rows of similar
+    completion width (`widths` [n], columns up to the last real token), chosen to minimise the
+    positions computed, sum over groups of rows x the group's widest row, plus a charge of
+    BUCKET_CHARGE of the unsplit area per extra group (a smaller matmul runs less efficiently).
+    Rows keep their order within a group; one group of every row when `buckets` <= 1."""
+    rows = len(widths)
+    if buckets <= 1 or rows <= 1:
+        return [list(range(rows))]
+    order = sorted(range(rows), key=lambda row: -widths[row])  # widest first
+    sorted_widths = [widths[row] for row in order]
+    charge = BUCKET_CHARGE * rows * max(sorted_widths[0], 1)
+    # best[k][j]: least cost of the first j sorted rows in k groups; cut[k][j] where the last starts
+    inf = float("inf")
+    best = [[inf] * (rows + 1) for _ in range(buckets + 1)]
+    cut = [[0] * (rows + 1) for _ in range(buckets + 1)]
+    best[0][0] = 0.0
+    for k in range(1, buckets + 1):
+        for j in range(1, rows + 1):
+            for i in range(k - 1, j):  # the k-th group is sorted rows i .. j-1, widest i
+                cost = best[k - 1][i] + (j - i) * sorted_widths[i] + charge
+                if cost < best[k][j]:
+                    best[k][j], cut[k][j] = cost, i
+    k = min(range(1, buckets + 1), key=lambda count: best[count][rows])
+    groups, end = [], rows
+    while k > 0:
+        start = cut[k][end]
+        groups.append(sorted(order[start:end]))
+        end, k = start, k - 1
+    return groups[::-1]
+
+
+BUCKET_CHARGE = 0.04  # an extra completion forward costs as much as 4% more positions
+
+
 def shared_prefix_forward(
-    model, batch: RolloutBatch, chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None
+    model, batch: RolloutBatch, chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None,
+    buckets: int = 1, widths: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(logprobs [n, L], entropy [n, L]) like `forward_policy`, or None when no prompt is shared
-    (or the model keeps no KV cache); the caller then runs the plain forward."""
+    (or the model keeps no KV cache); the caller then runs the plain forward.
+
+    `buckets` > 1 runs the completion columns in up to that many forwards over rows of similar
+    length (`length_buckets`), each cut after its widest row's last real token, all on the one
+    prompt forward's cache: the padding after a short completion is then not computed. Each
+    row's outputs are those of the single completion forward (a row attends only to its prompt
+    and its own earlier tokens); `widths` [n] are the rows' completion widths if the caller
+    has them on the host (else they are read back, a device sync on CUDA).
+    """
     if not can_share(model, batch, want_hidden=False):
         return None
     first, inverse = distinct_prompts(batch, prompt_keys)
@@ -139,27 +183,45 @@ def shared_prefix_forward(
         return None
     prompt_length = batch.prompt_length
     positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
+    # One embedding lookup for every forward below: each lookup's backward zeroes and fills a
+    # dense [V, H] gradient (113 MB for SmolLM2), once per forward call otherwise.
+    embeds = model.get_input_embeddings()(batch.input_ids)  # [n, L, H]
     cache = DynamicCache(config=model.config)
-    common = {"cache": cache, "use_cache": True}
     prompt_scores, _, head = final_columns(
         model, 1,
-        input_ids=take_rows(batch.input_ids[:, :prompt_length], first),
+        inputs_embeds=take_rows(embeds[:, :prompt_length], first),
         attention_mask=take_rows(batch.attention_mask[:, :prompt_length], first),
-        position_ids=take_rows(positions[:, :prompt_length], first), **common,
+        position_ids=take_rows(positions[:, :prompt_length], first), cache=cache, use_cache=True,
     )  # [U, 1, H or V]
-    for layer in cache.layers:  # [U, H, P, D] -> [n, H, P, D], differentiable
-        layer.keys, layer.values = expand_rows(layer.keys, inverse), expand_rows(layer.values, inverse)
+    prompt_cache = [(layer.keys, layer.values) for layer in cache.layers]  # [U, H, P, D] each
     completion_length = batch.input_ids.shape[1] - prompt_length
-    completion_scores, _, _ = final_columns(
-        model, completion_length,
-        input_ids=batch.input_ids[:, prompt_length:],
-        attention_mask=batch.attention_mask,
-        position_ids=positions[:, prompt_length:], **common,
-    )  # [n, C, H or V]
-    scores = torch.cat([expand_rows(prompt_scores, inverse), completion_scores[:, :-1]], dim=1)
-    logprobs, entropy = predicted_logprobs(scores, head, batch.input_ids[:, prompt_length:], chunk_mb)
-    pad = (prompt_length, 0)
-    return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)  # [n, L]
+    if buckets > 1 and widths is None:
+        widths = batch.attention_mask[:, prompt_length:].sum(dim=1).tolist()  # one read
+    groups = [list(range(batch.num_rollouts))] if buckets <= 1 else length_buckets(widths, buckets)
+    logprobs, entropy = [], []
+    for rows in groups:
+        width = completion_length if len(groups) == 1 else max(1, max(widths[row] for row in rows))
+        prompt_rows = [inverse[row] for row in rows]
+        columns = slice(prompt_length, prompt_length + width)
+        group_cache = DynamicCache(config=model.config)
+        for index, (keys, values) in enumerate(prompt_cache):  # [U, ...] -> [n_g, ...], differentiable
+            group_cache.update(expand_rows(keys, prompt_rows), expand_rows(values, prompt_rows), index)
+        completion_scores, _, _ = final_columns(
+            model, width,
+            inputs_embeds=take_rows(embeds[:, columns], rows),
+            attention_mask=take_rows(batch.attention_mask[:, : prompt_length + width], rows),
+            position_ids=take_rows(positions[:, columns], rows), cache=group_cache, use_cache=True,
+        )  # [n_g, width, H or V]
+        scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
+        part = predicted_logprobs(scores, head, take_rows(batch.input_ids[:, columns], rows), chunk_mb)
+        pad = (prompt_length, completion_length - width)
+        logprobs.append(torch.nn.functional.pad(part[0], pad))  # [n_g, L]
+        entropy.append(torch.nn.functional.pad(part[1], pad))
+    if len(groups) == 1:
+        return logprobs[0], entropy[0]
+    position = {row: place for place, row in enumerate(row for rows in groups for row in rows)}
+    back = [position[row] for row in range(batch.num_rollouts)]  # concatenated order -> rows
+    return take_rows(torch.cat(logprobs), back), take_rows(torch.cat(entropy), back)
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,
@@ -205,15 +267,16 @@ def token_probabilities(model, batch: RolloutBatch, chunk_mb: float = 0.0
 
 
 def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, shared_prompt_forward: bool = False,
-                   chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None):
+                   chunk_mb: float = 0.0, prompt_keys: Sequence[Hashable] | None = None,
+                   buckets: int = 1, widths: Sequence[int] | None = None):
     """(logprobs [N, L], entropy [N, L], hidden [N, L, H] or None) for a batch of rollouts.
 
     `shared_prompt_forward` runs each distinct prompt once where that is exact (`can_share`); the value
     head (`want_hidden`) and activation checkpointing always take the plain forward.
-    `prompt_keys`: see `distinct_prompts`.
+    `prompt_keys`: see `distinct_prompts`; `buckets`, `widths`: see `shared_prefix_forward`.
     """
     if shared_prompt_forward and not want_hidden:
-        shared = shared_prefix_forward(model, batch, chunk_mb, prompt_keys)
+        shared = shared_prefix_forward(model, batch, chunk_mb, prompt_keys, buckets, widths)
         if shared is not None:
             return (*shared, None)
     return plain_forward(model, batch, want_hidden, chunk_mb)

@@ -66,7 +66,8 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
             if problem is not None:
                 raise ConfigError(f"rollout.cuda_graphs=true: {problem}; set rollout.cuda_graphs=false")
         return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode,
-                                   stop_ids=stop_ids, cuda_graphs=cfg.rollout.cuda_graphs)
+                                   stop_ids=stop_ids, cuda_graphs=cfg.rollout.cuda_graphs,
+                                   draw=cfg.rollout.draw)
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 

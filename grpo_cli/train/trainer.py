@@ -93,6 +93,7 @@ class Update:
     fused: bool  # the probes take their per-rollout factors from this forward and backward
     shared_prompt_forward: bool  # one prompt forward per distinct prompt (off when fused)
     prompt_keys: list[tuple[int, ...]] | None  # [N] each row's prompt tokens
+    widths: list[int] | None  # [N] each row's completion columns through its last token (buckets > 1)
     policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
     grad_norm: float = 0.0  # the first pass's gradient norm, before clipping
     totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
@@ -172,6 +173,7 @@ class GRPOTrainer:
         self.problem_success = ProblemSuccess()  # per-problem success so far (checkpointed)
         self.shared_prompt_forward = cfg.train.shared_prompt_forward
         self.chunk_mb = cfg.train.logits_chunk_mb
+        self.buckets = cfg.train.completion_buckets
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
         if cfg.task.reward not in REWARDS:
@@ -409,10 +411,16 @@ class GRPOTrainer:
         algorithm = self.cfg.algorithm
         mask = batch.completion_mask  # [N, L]
         micro = self.micro_batches(batch.num_rollouts)
-        # one read: the batch's tokens, each micro-batch's, and the completion positions
-        token_counts = torch.stack(
-            [mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()]
-        ).tolist()
+        # one read: the batch's tokens, each micro-batch's, the completion positions and, for
+        # the bucketed completion forward, each row's completion width
+        counts = torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()])
+        widths = None
+        if self.buckets > 1:
+            counts = torch.cat([counts, batch.attention_mask[:, batch.prompt_length:].sum(dim=1).to(counts)])
+        token_counts = counts.tolist()
+        if self.buckets > 1:
+            widths = [int(width) for width in token_counts[len(micro) + 2:]]
+            token_counts = token_counts[: len(micro) + 2]
         batch_tokens = float(token_counts[0])
         constant = algorithm.loss_constant or self.settings.max_new_tokens
         # probe step: the per-rollout factors from this forward and backward where exact; each
@@ -432,6 +440,7 @@ class GRPOTrainer:
             fused=fused,
             shared_prompt_forward=self.shared_prompt_forward and not fused,
             prompt_keys=self.prompt_keys(batch),
+            widths=widths,
             policy_logprobs=torch.zeros_like(mask),
             uniform_counts=mask.new_zeros(3, dtype=torch.float64),
         )
@@ -449,6 +458,7 @@ class GRPOTrainer:
                     self.model, part, want_hidden=self.value_head is not None,
                     shared_prompt_forward=update.shared_prompt_forward, chunk_mb=self.chunk_mb,
                     prompt_keys=None if update.prompt_keys is None else update.prompt_keys[rows],
+                    buckets=self.buckets, widths=None if update.widths is None else update.widths[rows],
                 )  # [n, L] each
             if first:
                 update.policy_logprobs[rows] = logprobs.detach()

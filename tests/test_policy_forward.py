@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from step_parity import assert_same_update, relative_gap, setup_for, step_loss_and_grads
+from step_parity import assert_same_update, parity_reward, relative_gap, setup_for, step_loss_and_grads
 
 from grpo_cli.rollout.batch import select_rows
 from grpo_cli.train.policy_forward import (
@@ -182,3 +182,60 @@ def test_take_and_expand_rows_equal_advanced_indexing(rows):
 def test_expand_rows_repeats_contiguous_groups():
     groups = torch.arange(6.0).reshape(3, 2)
     assert torch.equal(expand_rows(groups, [0, 0, 1, 1, 2, 2]), groups.repeat_interleave(2, dim=0))
+
+
+LIVE = "train.backward_live_rows=true"
+
+
+def half_idle(setup):
+    """About half the problems reward every completion alike (a group of zero advantages)."""
+    def reward(text, problem):
+        return 1.0 if sum(map(ord, repr(problem))) % 2 else parity_reward(text, problem)
+
+    setup.task.reward = reward
+    return setup
+
+
+@pytest.mark.parametrize("extra", [[SHARED, "train.completion_buckets=3"], ["train.micro_batch_size=5"]])
+def test_backward_of_live_rows_only_keeps_the_update(tmp_path, extra):
+    """Rows of zero advantage carry no gradient: without their backward, the same loss and
+    gradients (1e-5), with shared prompts and buckets, and with micro-batches that split groups."""
+    overrides = ["model.warm_start.steps=50", "rollout.prompts_per_step=8", *extra]
+    reference = step_loss_and_grads(half_idle(setup_for(tmp_path, *overrides)))
+    candidate = step_loss_and_grads(half_idle(setup_for(tmp_path, *overrides, LIVE)))
+    advantages = candidate[2].advantages  # [N, L]
+    idle = (advantages == 0).all(dim=1)
+    assert idle.any() and not idle.all()  # the batch has rows to skip and rows to train
+    assert_same_update(reference, candidate)
+
+
+def test_backward_of_live_rows_with_no_live_row_steps_adamw_as_before(tmp_path):
+    """A step whose rows all have zero advantage, after a real one: no backward runs, yet AdamW
+    gets the zero gradients a backward would have left and moves the weights by its moments,
+    as without the option (AdamW skips a parameter whose .grad is None)."""
+    def weights_after_two_steps(*overrides):
+        setup = setup_for(tmp_path, "model.warm_start.steps=50", *overrides)
+        setup.trainer.step(0)  # parity_reward: moments from a real gradient
+        setup.task.reward = lambda text, problem: 1.0  # then every group uniform, every advantage 0
+        output = setup.trainer.step(1)
+        assert (output.advantages == 0).all()
+        return {name: p.detach().clone() for name, p in setup.model.named_parameters()}
+
+    reference, candidate = weights_after_two_steps(), weights_after_two_steps(LIVE)
+    for name, weight in reference.items():
+        torch.testing.assert_close(candidate[name], weight, rtol=1e-5, atol=1e-7)
+
+
+def test_backward_of_live_rows_keeps_the_kl_gradient_of_idle_rows(tmp_path):
+    """With a KL term every row has a gradient once the policy has left the reference (the
+    second step): the option leaves such steps whole."""
+    overrides = ["model.warm_start.steps=50", "rollout.prompts_per_step=8", "algorithm.kl_coef=0.1"]
+
+    def second_step(*extra):
+        setup = half_idle(setup_for(tmp_path, *overrides, *extra))
+        setup.trainer.step(0)
+        return step_loss_and_grads(setup, step=1)
+
+    reference, candidate = second_step(), second_step(LIVE)
+    assert (candidate[2].advantages == 0).all(dim=1).any()  # idle rows that the KL term moves
+    assert_same_update(reference, candidate)

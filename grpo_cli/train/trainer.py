@@ -49,7 +49,12 @@ from grpo_cli.train.credit import (
     step_tensors,
     token_advantages,
 )
-from grpo_cli.train.policy_forward import checkpointing, forward_policy, token_probabilities
+from grpo_cli.train.policy_forward import (
+    checkpointing,
+    forward_policy,
+    take_rows,
+    token_probabilities,
+)
 from grpo_cli.train.problem_success import ProblemSuccess
 
 # What each micro-batch logs, as one [6] tensor read back once per pass
@@ -94,6 +99,7 @@ class Update:
     shared_prompt_forward: bool  # one prompt forward per distinct prompt (off when fused)
     prompt_keys: list[tuple[int, ...]] | None  # [N] each row's prompt tokens
     widths: list[int] | None  # [N] each row's completion columns through its last token (buckets > 1)
+    live: list[bool] | None  # [N] rows whose loss has a gradient (train.backward_live_rows), else None
     policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
     grad_norm: float = 0.0  # the first pass's gradient norm, before clipping
     totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
@@ -174,6 +180,7 @@ class GRPOTrainer:
         self.shared_prompt_forward = cfg.train.shared_prompt_forward
         self.chunk_mb = cfg.train.logits_chunk_mb
         self.buckets = cfg.train.completion_buckets
+        self.backward_live_rows = cfg.train.backward_live_rows
         self.autocast_kind = cfg.model.autocast
         policy_autocast(device, self.autocast_kind)  # validates the setting
         if cfg.task.reward not in REWARDS:
@@ -382,6 +389,10 @@ class GRPOTrainer:
             for rows, share in zip(update.micro, update.shares, strict=True):
                 with capture.micro_batch(rows) if update.fused and first else nullcontext():
                     logged.append(self._micro_batch(batch, rows, share, targets, update, first))
+            if update.live is not None and not any(update.live):  # no backward ran: the zero
+                for p in params:  # gradients it would have left, so AdamW steps as it would
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
             with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
                 norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             values, norm = self._read_pass(step, logged, norm_tensor)  # host read, once per pass
@@ -412,23 +423,29 @@ class GRPOTrainer:
         mask = batch.completion_mask  # [N, L]
         micro = self.micro_batches(batch.num_rollouts)
         # one read: the batch's tokens, each micro-batch's, the completion positions and, for
-        # the bucketed completion forward, each row's completion width
-        counts = torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()])
-        widths = None
+        # the bucketed completion forward, each row's completion width, for train.backward_live_rows
+        # each row's liveness. Probe step: the per-rollout factors from this forward and backward
+        # where exact (`fused`); each row then needs its own prompt forward (a shared one sums the
+        # group's prompt gradients)
+        counts = [torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()])]
         if self.buckets > 1:
-            counts = torch.cat([counts, batch.attention_mask[:, batch.prompt_length:].sum(dim=1).to(counts)])
-        token_counts = counts.tolist()
-        if self.buckets > 1:
-            widths = [int(width) for width in token_counts[len(micro) + 2:]]
-            token_counts = token_counts[: len(micro) + 2]
-        batch_tokens = float(token_counts[0])
-        constant = algorithm.loss_constant or self.settings.max_new_tokens
-        # probe step: the per-rollout factors from this forward and backward where exact; each
-        # row then needs its own prompt forward (a shared one sums the group's prompt gradients)
+            counts.append(batch.attention_mask[:, batch.prompt_length:].sum(dim=1).to(counts[0]))
         fused = (
             capture is not None and capture.training_pass and self.fused_probe_pass(targets.single_pass)
             and (capture.unshare_prompts or not self.shared_prompt_forward)
         )
+        # rows whose loss has no gradient (every token's advantage 0, no KL or value term) run
+        # their forward without autograd: the same gradient, less backward
+        prune = (self.backward_live_rows and not fused and self.reference_model is None
+                 and self.value_head is None)
+        if prune:
+            counts.append(((targets.advantages * targets.tis != 0) & (mask > 0)).any(dim=1).to(counts[0]))
+        read = torch.cat(counts).tolist()
+        token_counts, rest = read[: len(micro) + 2], read[len(micro) + 2:]
+        widths = [int(width) for width in rest[: batch.num_rollouts]] if self.buckets > 1 else None
+        live = [flag > 0 for flag in rest[-batch.num_rollouts:]] if prune else None
+        batch_tokens = float(token_counts[0])
+        constant = algorithm.loss_constant or self.settings.max_new_tokens
         return Update(
             micro=micro,
             shares=[count / max(batch_tokens, 1.0) for count in token_counts[1:-1]],
@@ -441,6 +458,7 @@ class GRPOTrainer:
             shared_prompt_forward=self.shared_prompt_forward and not fused,
             prompt_keys=self.prompt_keys(batch),
             widths=widths,
+            live=live,
             policy_logprobs=torch.zeros_like(mask),
             uniform_counts=mask.new_zeros(3, dtype=torch.float64),
         )
@@ -453,13 +471,7 @@ class GRPOTrainer:
         part_mask = part.completion_mask  # [n, L]
         zero = part_mask.new_zeros(())
         with timer.phase("forward"):  # the policy's forward and the loss terms
-            with self.autocast():
-                logprobs, entropy, hidden = forward_policy(
-                    self.model, part, want_hidden=self.value_head is not None,
-                    shared_prompt_forward=update.shared_prompt_forward, chunk_mb=self.chunk_mb,
-                    prompt_keys=None if update.prompt_keys is None else update.prompt_keys[rows],
-                    buckets=self.buckets, widths=None if update.widths is None else update.widths[rows],
-                )  # [n, L] each
+            logprobs, entropy, hidden = self._policy_forward(part, update, rows)  # [n, L] each
             if first:
                 update.policy_logprobs[rows] = logprobs.detach()
             old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
@@ -484,11 +496,44 @@ class GRPOTrainer:
                 v_loss = value_loss(self.value_head(hidden), targets.returns[rows], part_mask)
                 loss = loss + algorithm.value_coef * v_loss * share
         with timer.phase("backward"):
-            loss.backward()
+            if loss.requires_grad:  # else every row of the micro-batch is idle (backward_live_rows)
+                loss.backward()
         return torch.stack([
             loss.detach(), pg_loss.detach(), stats["clip_frac"],
             (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
         ]).double()  # exact: .item() would give the same doubles
+
+    def _policy_forward(self, part: RolloutBatch, update: Update, rows: slice):
+        """`forward_policy` over a micro-batch; with `update.live`, its idle rows (no loss
+        gradient) under no_grad and its live rows with autograd, outputs in row order."""
+        def forward(subset: RolloutBatch, keep: list[int] | None):
+            keys, widths = update.prompt_keys, update.widths
+            if keys is not None:
+                keys = keys[rows] if keep is None else [keys[rows][row] for row in keep]
+            if widths is not None:
+                widths = widths[rows] if keep is None else [widths[rows][row] for row in keep]
+            with self.autocast():
+                return forward_policy(
+                    self.model, subset, want_hidden=self.value_head is not None,
+                    shared_prompt_forward=update.shared_prompt_forward, chunk_mb=self.chunk_mb,
+                    prompt_keys=keys, buckets=self.buckets, widths=widths,
+                )
+
+        live = None if update.live is None else update.live[rows]
+        if live is None or all(live):
+            return forward(part, None)
+        if not any(live):
+            with torch.no_grad():
+                return forward(part, None)
+        active = [row for row, flag in enumerate(live) if flag]
+        idle = [row for row, flag in enumerate(live) if not flag]
+        logprobs, entropy, _ = forward(select_rows(part, active), active)
+        with torch.no_grad():
+            idle_logprobs, idle_entropy, _ = forward(select_rows(part, idle), idle)
+        place = {row: index for index, row in enumerate(active + idle)}
+        back = [place[row] for row in range(len(live))]  # [n] concatenated order -> rows
+        return (take_rows(torch.cat([logprobs, idle_logprobs]), back),
+                take_rows(torch.cat([entropy, idle_entropy]), back), None)
 
     def _read_pass(self, step: int, logged: list[torch.Tensor],
                    norm: torch.Tensor) -> tuple[list[list[float]], float]:

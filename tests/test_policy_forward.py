@@ -1,4 +1,4 @@
-"""The training forward's speed-ups: shared-prompt forward (exact) and bf16 autocast (reported)."""
+"""The training forward's speed-ups: shared-prompt forward, completion buckets and live-row backward (exact up to round-off) and bf16 autocast (reported)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 import torch
-from step_parity import assert_same_update, parity_reward, relative_gap, setup_for, step_loss_and_grads
+from step_parity import (
+    assert_same_update,
+    parity_reward,
+    relative_gap,
+    setup_for,
+    step_loss_and_grads,
+)
 
 from grpo_cli.rollout.batch import select_rows
 from grpo_cli.train.policy_forward import (

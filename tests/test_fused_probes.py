@@ -93,6 +93,33 @@ def test_auto_fuses_only_where_training_runs_each_rows_prompt(tmp_path, shared):
     assert output.rollout_grams["score_blocks"].shape == (3, 4, 4)
 
 
+@pytest.mark.parametrize("micro_batch_size", [12, 5])
+def test_live_rows_fuse_their_factors_and_equal_the_separate_pass(tmp_path, micro_batch_size):
+    """train.backward_live_rows with shared prompts: `auto` fuses over the rows with a gradient
+    (the zero-variance group and the two rows at their group's mean are not hooked; their rows
+    and columns of K_adv are 0), and every Gram and spectrum equals the separate pass's (1e-6)."""
+    overrides = ["train.shared_prompt_forward=true", "train.backward_live_rows=true",
+                 f"train.micro_batch_size={micro_batch_size}"]
+    fused_setup, fused_capture, fused, _ = probe_step(tmp_path, "auto", *overrides)
+    separate_setup, separate_capture, separate, _ = probe_step(tmp_path, False, *overrides[:1])
+    assert fused_capture.source == "training_pass" and separate_capture.source == "separate_pass"
+    assert torch.equal(fused.batch.input_ids, separate.batch.input_ids)
+    idle = (fused.advantages == 0).all(dim=1)
+    assert idle.tolist() == [False] * 4 + [True] * 4 + [False, True, False, True]
+    kernel = fused.rollout_grams["advantage"]
+    assert (kernel[idle] == 0).all() and (kernel[:, idle] == 0).all()
+    assert_gram_close(kernel, separate.rollout_grams["advantage"], "K_adv")
+    assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
+                      separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")
+    rows = {name: setup.probes.record(0, output, setup.model)
+            for name, setup, output in (("fused", fused_setup, fused), ("separate", separate_setup, separate))}
+    for matrix in ("rollout_group", "rollout_batch", "score_group", "group_batch"):
+        sigma = {name: torch.tensor([r["sigma"] for r in rows[name].spectra if r["matrix"] == matrix])
+                 for name in rows}
+        assert sigma["separate"].numel() > 0, matrix
+        assert_gram_close(sigma["fused"], sigma["separate"], matrix)
+
+
 def test_an_unknown_fused_gram_setting_is_refused(tmp_path):
     with pytest.raises(ValueError, match="probes.fused_gram"):
         probe_step(tmp_path, "sometimes")

@@ -149,7 +149,7 @@ class ProbesConfig:
     gram_method: str = "auto"  # auto | ghost | per_sample | sketch
     sketch_dim: int = 4096  # sketch: random-projection width
     gram_row_chunk: int = 0  # per-rollout Grams: rollouts per forward/backward (0 = all at once)
-    fused_gram: str = "auto"  # auto | always | never: per-rollout Grams from the training step's own forward/backward where exact (probes/fused.py; auto: not when that would unshare prompts)
+    fused_gram: str = "auto"  # auto | always | never: per-rollout Grams from the training step's own forward/backward where exact (probes/fused.py; auto: not when that would unshare prompts, except over the live rows of train.backward_live_rows, where it replaces the separate pass over the same rows)
     rank_rtol: float = 1e-6  # numerical rank: sigma_k > rank_rtol * sigma_1
     sparsity_rtol: float = 1e-3  # sparsity: |g| < sparsity_rtol * max|g|
     max_groups_saved: int = 64  # per-group spectra kept per probe step

@@ -18,7 +18,10 @@ is not the hooked one). Each row's prompt must have its own forward, since a sha
 sums the group's prompt gradients before any hook sees them: where training shares prompts
 (`train.shared_prompt_forward`), `probes.fused_gram=always` runs the plain forward on probe steps
 (the same loss and gradients to 1e-5, tests/test_policy_forward.py) and `auto` keeps the shared
-forward and takes the separate pass. The trade: fusing saves the separate pass over N (P + C)
+forward and takes the separate pass, except with `train.backward_live_rows`: there only the rows
+with a gradient are hooked, each with its own prompt forward, and the rows of zero advantage run
+shared and without autograd (their K_adv rows and columns are 0); the hooked forward then
+replaces the separate pass over the same rows, so each live row is computed once, not twice. The trade: fusing saves the separate pass over N (P + C)
 tokens but costs the unshared prompts, (N - U) P tokens, plus the rows of the groups below; on the
 CPU preset (prompts longer than completions, R = 8) the two cancel (docs/speed.md).
 
@@ -62,13 +65,17 @@ class TrainingPassFactors:
 
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], builder: ShareBuilder):
         self.model, self.params, self.builder = model, params, builder
-        self.spans: list[slice] = []  # rows of each micro-batch
+        self.spans: list[slice] = []  # rows of each micro-batch, numbered in order of hooking
+        self.rows: list[int] = []  # the batch row of each hooked row (train.backward_live_rows
+        # hooks only the rows with a gradient: the others' rows and columns of K_adv are 0)
         self.shares: dict[str, dict[int, ChunkShare]] = defaultdict(dict)  # name -> chunk -> share
         self.complete = True  # every parameter's hooks held in every micro-batch
 
     @contextmanager
-    def micro_batch(self, num_rows: int):
-        """Around one micro-batch's forward and backward (the next `num_rows` rows)."""
+    def micro_batch(self, rows: list[int]):
+        """Around one micro-batch's forward and backward of the batch rows `rows`, in order."""
+        num_rows = len(rows)
+        self.rows.extend(rows)
         start = self.spans[-1].stop if self.spans else 0
         chunk = len(self.spans)
         self.spans.append(slice(start, start + num_rows))
@@ -79,8 +86,9 @@ class TrainingPassFactors:
         for name in covered:  # the factors in the model's precision (exact) or sketched rows
             self.shares[name][chunk] = self.builder(name, capture.terms(name, capture.grads), None)
 
-    def gram(self, check: bool) -> tuple[torch.Tensor | None, dict[str, str]]:
-        """(K_adv [N, N] float64, parameter -> route), or (None, {}) when the hooks missed a use."""
+    def gram(self, check: bool, num_rows: int) -> tuple[torch.Tensor | None, dict[str, str]]:
+        """(K_adv [N, N] float64 over the batch's `num_rows` rows, parameter -> route), or
+        (None, {}) when the hooks missed a use. Rows never hooked have no gradient: 0 there."""
         if not self.complete or not self.spans:
             return None, {}
         n = self.spans[-1].stop
@@ -95,7 +103,12 @@ class TrainingPassFactors:
                 return None, {}
             total += gram
             methods[name] = method
-        return total, methods
+        if self.rows == list(range(num_rows)):
+            return total, methods
+        full = total.new_zeros(num_rows, num_rows)
+        index = torch.tensor(self.rows, device=total.device)
+        full[index.unsqueeze(1), index.unsqueeze(0)] = total
+        return full, methods
 
     def _adds_up(self, name: str, gram: torch.Tensor, grad: torch.Tensor | None, method: str) -> bool:
         """1^T K 1 = ||sum_i G_i||^2 against the batch gradient the same backward left in .grad."""

@@ -460,7 +460,8 @@ class StepCapture:
     also run each row's prompt forward where training shares prompts (probes.fused_gram=always;
     under `auto` such steps take the separate pass: on the CPU preset, whose prompts are longer
     than its completions, the unshared forward costs what the separate pass saves, docs/speed.md).
-    `micro_batch(rows)` wraps one micro-batch's forward and backward; `before_update` runs after
+    `micro_batch(rows)` wraps one micro-batch's forward and backward of the batch rows `rows`
+    (with train.backward_live_rows, only the rows that have a gradient); `before_update` runs after
     the last backward and before the optimizer: the batch gradients of the layer matrices and the
     per-rollout Grams, all at the weights the loss was computed at.
     """
@@ -476,14 +477,14 @@ class StepCapture:
         self._factors: TrainingPassFactors | None = None
 
     @contextmanager
-    def micro_batch(self, rows: slice):  # the micro-batch's rows start:stop, in order
+    def micro_batch(self, rows: list[int]):  # the batch rows this forward and backward hook, in order
         if self._factors is None:
             cfg = self.suite.cfg
             device = next(self.model.parameters()).device
             builder = ShareBuilder(cfg.gram_method, check_rtol(self.model), device, cfg.sketch_dim,
                                    self.step, CHUNK_ELEMS)
             self._factors = TrainingPassFactors(self.model, self.suite.gram_params, builder)
-        with self._factors.micro_batch(rows.stop - rows.start):
+        with self._factors.micro_batch(rows):
             yield
             if self.timer is not None:  # turning the factors into Gram shares is probe time
                 self.timer.start("probes")
@@ -512,7 +513,7 @@ class StepCapture:
     def _fused_grams(self, batch, advantages, weights) -> dict[str, torch.Tensor] | None:
         suite = self.suite
         factors, self._factors = self._factors, None
-        gram, _ = factors.gram(check=not suite._hooks_verified) if factors else (None, {})
+        gram, _ = factors.gram(not suite._hooks_verified, batch.num_rollouts) if factors else (None, {})
         if gram is None:  # a use the hooks missed: the separate pass from now on
             suite._fuse = False
             warnings.warn("probes: per-rollout factors of the training pass failed their check; "

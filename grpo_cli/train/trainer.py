@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -118,8 +118,9 @@ class ProbeCapture(Protocol):
     training_pass: bool  # wants the per-rollout factors of the training forward and backward
     unshare_prompts: bool  # ... even where that means each row's own prompt forward
 
-    def micro_batch(self, rows: slice) -> AbstractContextManager:
-        """Around one micro-batch's forward and backward (rows start:stop, in order)."""
+    def micro_batch(self, rows: list[int]) -> AbstractContextManager:
+        """Around one micro-batch's forward and backward of the batch rows `rows` (in order):
+        every row of the micro-batch, or with train.backward_live_rows those with a gradient."""
 
     def before_update(self, batch: RolloutBatch, advantages: torch.Tensor, loss_weights: torch.Tensor,
                       fused: bool) -> tuple[dict, dict]:
@@ -387,8 +388,8 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             logged = []  # per micro-batch: LOGGED_TERMS [6]
             for rows, share in zip(update.micro, update.shares, strict=True):
-                with capture.micro_batch(rows) if update.fused and first else nullcontext():
-                    logged.append(self._micro_batch(batch, rows, share, targets, update, first))
+                hooks = capture if update.fused and first else None
+                logged.append(self._micro_batch(batch, rows, share, targets, update, first, hooks))
             if update.live is not None and not any(update.live):  # no backward ran: the zero
                 for p in params:  # gradients it would have left, so AdamW steps as it would
                     if p.grad is None:
@@ -430,14 +431,15 @@ class GRPOTrainer:
         counts = [torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()])]
         if self.buckets > 1:
             counts.append(batch.attention_mask[:, batch.prompt_length:].sum(dim=1).to(counts[0]))
+        # rows whose loss has no gradient (every token's advantage 0, no KL or value term) run
+        # their forward without autograd: the same gradient, less backward. A probe step then
+        # fuses over the live rows: their own prompt forwards replace the separate pass over
+        # the same rows (each live row computed once instead of twice)
+        prune = self.backward_live_rows and self.reference_model is None and self.value_head is None
         fused = (
             capture is not None and capture.training_pass and self.fused_probe_pass(targets.single_pass)
-            and (capture.unshare_prompts or not self.shared_prompt_forward)
+            and (capture.unshare_prompts or not self.shared_prompt_forward or prune)
         )
-        # rows whose loss has no gradient (every token's advantage 0, no KL or value term) run
-        # their forward without autograd: the same gradient, less backward
-        prune = (self.backward_live_rows and not fused and self.reference_model is None
-                 and self.value_head is None)
         if prune:
             counts.append(((targets.advantages * targets.tis != 0) & (mask > 0)).any(dim=1).to(counts[0]))
         read = torch.cat(counts).tolist()
@@ -464,14 +466,22 @@ class GRPOTrainer:
         )
 
     def _micro_batch(self, batch: RolloutBatch, rows: slice, share: float, targets: Targets,
-                     update: Update, first: bool) -> torch.Tensor:
-        """One micro-batch's forward, loss terms and backward; its LOGGED_TERMS [6] (no host read)."""
+                     update: Update, first: bool, hooks: ProbeCapture | None = None) -> torch.Tensor:
+        """One micro-batch's forward, loss terms and backward; its LOGGED_TERMS [6] (no host read).
+        `hooks`: the probe capture around the forward and backward of the rows with a gradient."""
+        with ExitStack() as stack:
+            def hook(hooked: list[int]) -> None:
+                if hooks is not None:
+                    stack.enter_context(hooks.micro_batch(hooked))
+            return self._micro_batch_terms(batch, rows, share, targets, update, first, hook)
+
+    def _micro_batch_terms(self, batch, rows, share, targets, update, first, hook) -> torch.Tensor:
         algorithm, timer = self.cfg.algorithm, self.timer
         part = select_rows(batch, rows)
         part_mask = part.completion_mask  # [n, L]
         zero = part_mask.new_zeros(())
         with timer.phase("forward"):  # the policy's forward and the loss terms
-            logprobs, entropy, hidden = self._policy_forward(part, update, rows)  # [n, L] each
+            logprobs, entropy, hidden = self._policy_forward(part, update, rows, hook)  # [n, L] each
             if first:
                 update.policy_logprobs[rows] = logprobs.detach()
             old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
@@ -503,10 +513,11 @@ class GRPOTrainer:
             (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
         ]).double()  # exact: .item() would give the same doubles
 
-    def _policy_forward(self, part: RolloutBatch, update: Update, rows: slice):
+    def _policy_forward(self, part: RolloutBatch, update: Update, rows: slice, hook):
         """`forward_policy` over a micro-batch; with `update.live`, its idle rows (no loss
-        gradient) under no_grad and its live rows with autograd, outputs in row order."""
-        def forward(subset: RolloutBatch, keep: list[int] | None):
+        gradient) under no_grad first, then its live rows with autograd, outputs in row order.
+        `hook(batch_rows)` is called just before the forward whose backward gives gradients."""
+        def forward(subset: RolloutBatch, keep: list[int] | None, shared: bool = update.shared_prompt_forward):
             keys, widths = update.prompt_keys, update.widths
             if keys is not None:
                 keys = keys[rows] if keep is None else [keys[rows][row] for row in keep]
@@ -515,21 +526,24 @@ class GRPOTrainer:
             with self.autocast():
                 return forward_policy(
                     self.model, subset, want_hidden=self.value_head is not None,
-                    shared_prompt_forward=update.shared_prompt_forward, chunk_mb=self.chunk_mb,
+                    shared_prompt_forward=shared, chunk_mb=self.chunk_mb,
                     prompt_keys=keys, buckets=self.buckets, widths=widths,
                 )
 
         live = None if update.live is None else update.live[rows]
+        every = list(range(rows.start, rows.stop))  # the micro-batch's batch rows
         if live is None or all(live):
+            hook(every)
             return forward(part, None)
-        if not any(live):
+        if not any(live):  # no gradient, nothing hooked; the prompts may be shared
             with torch.no_grad():
-                return forward(part, None)
+                return forward(part, None, self.shared_prompt_forward)
         active = [row for row, flag in enumerate(live) if flag]
         idle = [row for row, flag in enumerate(live) if not flag]
+        with torch.no_grad():  # before the hooks: they see only the rows with a gradient
+            idle_logprobs, idle_entropy, _ = forward(select_rows(part, idle), idle, self.shared_prompt_forward)
+        hook([every[row] for row in active])
         logprobs, entropy, _ = forward(select_rows(part, active), active)
-        with torch.no_grad():
-            idle_logprobs, idle_entropy, _ = forward(select_rows(part, idle), idle)
         place = {row: index for index, row in enumerate(active + idle)}
         back = [place[row] for row in range(len(live))]  # [n] concatenated order -> rows
         return (take_rows(torch.cat([logprobs, idle_logprobs]), back),

@@ -20,12 +20,12 @@ REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
 READ_GROUPS = [0, 2]  # groups with a non-zero advantage: the only score blocks any matrix reads
 
 
-def probe_step(tmp_path, fused: bool | str, *overrides):
+def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS):
     mode = {True: "always", False: "never"}.get(fused, fused)
     setup = setup_for(tmp_path, "probes.every=1", MATRICES, f"probes.fused_gram={mode}", *overrides)
     setup.model.double()  # in place: the optimizer and the probes hold the same parameters
-    rewards = itertools.cycle(REWARDS)
-    setup.task.reward = lambda text, problem: next(rewards)  # scored in row order
+    cycle = itertools.cycle(rewards)
+    setup.task.reward = lambda text, problem: next(cycle)  # scored in row order
     before = copy.deepcopy(setup.model)
     capture = setup.probes.step_capture(0, setup.model)
     output = setup.trainer.step(0, capture=capture)
@@ -118,6 +118,22 @@ def test_live_rows_fuse_their_factors_and_equal_the_separate_pass(tmp_path, micr
                  for name in rows}
         assert sigma["separate"].numel() > 0, matrix
         assert_gram_close(sigma["fused"], sigma["separate"], matrix)
+
+
+def test_live_rows_with_no_live_row_keep_fusing(tmp_path):
+    """A probe step where no row has a gradient hooks nothing: K_adv is 0, the spectra are the
+    separate pass's, and the next probe step still fuses (no fallback)."""
+    overrides = ["train.shared_prompt_forward=true", "train.backward_live_rows=true"]
+    fused_setup, fused_capture, fused, _ = probe_step(tmp_path, "auto", *overrides, rewards=[1.0])
+    separate_setup, _, separate, _ = probe_step(tmp_path, False, *overrides[:1], rewards=[1.0])
+    assert (fused.advantages == 0).all()
+    assert fused_capture.source == "training_pass"
+    assert (fused.rollout_grams["advantage"] == 0).all()
+    assert torch.equal(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"])
+    rows = {name: [(r["matrix"], r["group"], r["k"], r["sigma"]) for r in setup.probes.record(0, output, setup.model).spectra]
+            for name, setup, output in (("fused", fused_setup, fused), ("separate", separate_setup, separate))}
+    assert rows["fused"] == rows["separate"]
+    assert fused_setup.probes._fuse  # not switched to the separate pass
 
 
 def test_an_unknown_fused_gram_setting_is_refused(tmp_path):

@@ -513,13 +513,17 @@ class StepCapture:
     def _fused_grams(self, batch, advantages, weights) -> dict[str, torch.Tensor] | None:
         suite = self.suite
         factors, self._factors = self._factors, None
-        gram, _ = factors.gram(not suite._hooks_verified, batch.num_rollouts) if factors else (None, {})
+        if factors is None:  # nothing hooked: no row had a gradient (train.backward_live_rows)
+            gram = torch.zeros(batch.num_rollouts, batch.num_rollouts, dtype=torch.float64,
+                               device=next(self.model.parameters()).device)
+        else:
+            gram, _ = factors.gram(not suite._hooks_verified, batch.num_rollouts)
         if gram is None:  # a use the hooks missed: the separate pass from now on
             suite._fuse = False
             warnings.warn("probes: per-rollout factors of the training pass failed their check; "
                           "using a separate pass", stacklevel=2)
             return None
-        suite._hooks_verified = True
+        suite._hooks_verified = suite._hooks_verified or factors is not None
         grams = {"advantage": gram}  # [N, N]
         if not suite.needs_score:
             return grams

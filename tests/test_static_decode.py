@@ -161,6 +161,23 @@ def test_inverse_cdf_draw_samples_the_policy_from_another_stream(tokenizer):
         StaticDecodeBackend(model, tokenizer, CPU, draw="race")
 
 
+@pytest.mark.parametrize("group_size", [4, 1])
+def test_dropping_finished_rows_keeps_the_inverse_cdf_batch(tokenizer, group_size):
+    """inverse_cdf's loop stops computing rows that emitted EOS (several times in a rollout here)
+    and still gives the full loop's batch: the same tokens, log-probs within 1e-5."""
+    model = peaked_llama(tokenizer, eos_boost=2.5)
+    settings = SamplingSettings(group_size=group_size, max_new_tokens=16, temperature=1.0)
+    prompts = prompts_of(tokenizer, PROMPTS * 3)
+    full = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", compact_rows=False)
+    compact = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf")
+    expected = full.generate(prompts, settings, generator_seed=4)
+    actual = compact.generate(prompts, settings, generator_seed=4)
+    assert full.compactions == 0 and compact.compactions >= 2
+    assert_same_layout(expected, actual)
+    with pytest.raises(ValueError, match="compact_rows"):
+        StaticDecodeBackend(model, tokenizer, CPU, compact_rows=True)  # multinomial
+
+
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):
     model = peaked_llama(tokenizer, eos_boost=6.0)
     settings = SamplingSettings(group_size=3, max_new_tokens=20)

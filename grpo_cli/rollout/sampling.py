@@ -56,19 +56,27 @@ def sample_tokens(
 
 
 def inverse_cdf_tokens(
-    logits: torch.Tensor,  # [N, V] float32 raw logits
+    logits: torch.Tensor,  # [n, V] float32 raw logits
     temperature: float,
     top_p: float,
     generator: torch.Generator,
-) -> torch.Tensor:  # [N] long
+    rows: tuple[int, torch.Tensor] | None = None,
+) -> torch.Tensor:  # [n] long
     """The first token whose cumulative probability exceeds u * total, u ~ U[0, 1) (module
     docstring): token i is drawn with probability p_i / total, and a token of probability 0
-    (filtered by top-p) never, since its cumulative probability equals its predecessor's."""
+    (filtered by top-p) never, since its cumulative probability equals its predecessor's.
+
+    `rows` = (N, index [n]): these n rows are rows `index` of a batch of N; N uniforms are drawn
+    and theirs kept, so a decode loop that stops computing finished rows draws what the full
+    loop draws for the others."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    cumulative = sampling_probs(logits, temperature, top_p).double().cumsum(dim=-1)  # [N, V]
-    uniform = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device,
+    cumulative = sampling_probs(logits, temperature, top_p).double().cumsum(dim=-1)  # [n, V]
+    count = logits.shape[0] if rows is None else rows[0]
+    uniform = torch.rand(count, 1, dtype=torch.float64, device=logits.device,
                          generator=generator)  # [N, 1]
+    if rows is not None:
+        uniform = uniform[rows[1]]  # [n, 1]
     chosen = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # [N, 1]
     return chosen.squeeze(1).clamp_(max=logits.shape[-1] - 1)
 

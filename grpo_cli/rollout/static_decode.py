@@ -158,6 +158,17 @@ class SharedPrefixLayer(DynamicLayer):
         prompt = 0 if self.prompt_keys is None else self.prompt_keys.shape[-2]
         return prompt + self.length
 
+    def keep_rows(self, keep: torch.Tensor, prompt_of_kept: torch.Tensor | None) -> None:
+        """Drop the completion rows not in `keep` [n'] (indices into the current rows). The
+        prompt part becomes one copy per kept row, `prompt_of_kept` [n'] (indices into the
+        current prompt rows), or, once it is per row (None), follows `keep`."""
+        self.prompt_keys = self.prompt_keys[keep if prompt_of_kept is None else prompt_of_kept]
+        self.prompt_values = self.prompt_values[keep if prompt_of_kept is None else prompt_of_kept]
+        if self.key_buffer is not None:  # else no completion token is cached yet
+            self.key_buffer, self.value_buffer = self.key_buffer[keep], self.value_buffer[keep]
+            self.keys = self.key_buffer[:, :, : self.length]
+            self.values = self.value_buffer[:, :, : self.length]
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
 
@@ -304,10 +315,18 @@ class StaticDecodeBackend:
         cuda_graphs: bool = False,
         capture_graphs: bool | None = None,
         draw: str = "multinomial",
+        compact_rows: bool | None = None,
     ):
         if draw not in DRAWS:
             raise ValueError(f"rollout.draw={draw!r} is not one of {', '.join(DRAWS)}")
         self.draw = DRAWS[draw]  # sampling.py: the categorical draw of each token
+        # Stop computing rows that have emitted EOS (functional shared-prefix loop): only where
+        # the draw of the other rows stays that of the full loop (inverse_cdf draws N uniforms
+        # and keeps the live rows'); None: on with inverse_cdf
+        self.compact_rows = (draw == "inverse_cdf") if compact_rows is None else compact_rows
+        self.compactions = 0  # times the last `generate` dropped finished rows (a reading for tests)
+        if self.compact_rows and draw != "inverse_cdf":
+            raise ValueError("compact_rows needs draw='inverse_cdf' (multinomial's stream depends on every row)")
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -357,6 +376,7 @@ class StaticDecodeBackend:
         if self.compile:  # a few cache sizes, so the compiled step is not rebuilt for every width
             capacity = -(-capacity // CAPACITY_BUCKET) * CAPACITY_BUCKET
         generator = torch.Generator(device=self.device).manual_seed(generator_seed)
+        self.compactions = 0
         model = self.model
         was_training = model.training
         model.eval()
@@ -399,7 +419,8 @@ class StaticDecodeBackend:
                 step = LlamaDecodeStep(model, max_positions=capacity)
             with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
-                                  capacity, settings, generator, stop_ids, pad_id, step)
+                                  capacity, settings, generator, stop_ids, pad_id, step,
+                                  compact=self.compact_rows and step is not None)
         cache = make_cache(model.config, capacity, full_view=self.compile)
         if self.compile and supports_shared_prefix(model):
             with attention_routed(model, DECODE_MATH_ATTENTION):
@@ -441,7 +462,12 @@ class StaticDecodeBackend:
         return output.logits[:, -1].float()
 
     def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
-              settings, generator, stop_ids, pad_id, step_function=None):
+              settings, generator, stop_ids, pad_id, step_function=None, compact=False):
+        """Decode all B*R rows token by token. `compact` (functional step on the shared-prefix
+        cache, inverse_cdf draw): once at least an eighth of the rows being decoded have emitted
+        EOS, they are dropped from the step's batch and cache (`SharedPrefixLayer.keep_rows`);
+        the draw keeps the full loop's uniforms, so tokens and log-probs are the full loop's up
+        to the round-off of smaller matmuls."""
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         prompt_length = unique_ids.shape[1]
         logits = self._prefill(model, cache, full_view, unique_ids, unique_mask, capacity)
@@ -457,6 +483,10 @@ class StaticDecodeBackend:
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [N]
         step_function = step_function or self._step_function()
         stop = torch.tensor(stop_ids, device=self.device)  # [S] stop token ids
+        if compact:
+            return self._compacting_loop(model, cache, logits, mask, next_position, tokens, logprobs,
+                                         prompt_length, group_size, max_new, settings, generator,
+                                         stop, pad_id, step_function)
         for t in range(max_new):
             token = self.draw(logits, settings.temperature, settings.top_p, generator)  # [N]
             token = torch.where(done, pad_id, token)
@@ -470,4 +500,35 @@ class StaticDecodeBackend:
             mask[:, 0, 0, column] = True
             step_mask = mask if full_view else mask[..., : column + 1]
             logits = step_function(model, token[:, None], step_mask, next_position + t, cache)
+        return tokens, logprobs
+
+    def _compacting_loop(self, model, cache, logits, mask, next_position, tokens, logprobs,
+                         prompt_length, group_size, max_new, settings, generator, stop, pad_id,
+                         step_function):
+        """`_loop` that stops computing finished rows (its docstring); one host read a token."""
+        rows = tokens.shape[0]
+        live = torch.arange(rows, device=self.device)  # [n] the batch rows still decoded
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [n] of those, finished
+        per_row_prompts = False  # the cache's prompt part: per group until the first compaction
+        for t in range(max_new):
+            token = self.draw(logits, settings.temperature, settings.top_p, generator, (rows, live))  # [n]
+            token = torch.where(done, pad_id, token)
+            tokens[live, t] = token
+            logprobs[live, t] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            done |= is_stop(token, stop)
+            count = int(done.sum())  # the host read
+            if t == max_new - 1 or count == live.numel():
+                break
+            if count * 8 >= live.numel():  # drop the finished rows
+                keep = (~done).nonzero().flatten()  # [n']
+                live, token, done = live[keep], token[keep], done[keep]
+                mask, next_position = mask[keep], next_position[keep]
+                prompt_of_kept = None if per_row_prompts else live // group_size
+                for layer in cache.layers:
+                    layer.keep_rows(keep, prompt_of_kept)
+                per_row_prompts = True
+                self.compactions += 1
+            column = prompt_length + t
+            mask[:, 0, 0, column] = True
+            logits = step_function(model, token[:, None], mask[..., : column + 1], next_position + t, cache)
         return tokens, logprobs

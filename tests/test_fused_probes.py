@@ -20,7 +20,7 @@ REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
 READ_GROUPS = [0, 2]  # groups with a non-zero advantage: the only score blocks any matrix reads
 
 
-def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS):
+def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=True):
     mode = {True: "always", False: "never"}.get(fused, fused)
     setup = setup_for(tmp_path, "probes.every=1", MATRICES, f"probes.fused_gram={mode}", *overrides)
     setup.model.double()  # in place: the optimizer and the probes hold the same parameters
@@ -28,7 +28,7 @@ def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS):
     setup.task.reward = lambda text, problem: next(cycle)  # scored in row order
     before = copy.deepcopy(setup.model)
     capture = setup.probes.step_capture(0, setup.model)
-    output = setup.trainer.step(0, capture=capture)
+    output = setup.trainer.step(0, capture=capture, update=update)
     return setup, capture, output, before
 
 
@@ -118,6 +118,20 @@ def test_live_rows_fuse_their_factors_and_equal_the_separate_pass(tmp_path, micr
                  for name in rows}
         assert sigma["separate"].numel() > 0, matrix
         assert_gram_close(sigma["fused"], sigma["separate"], matrix)
+
+
+def test_live_rows_fused_probe_step_keeps_the_training_gradient(tmp_path):
+    """The fused live-row probe step trains as the unprobed shared-prompt step does: the same
+    batch gradient (1e-6 relative: the log-softmax runs in float32), read before the optimizer."""
+    shared = "train.shared_prompt_forward=true"
+    grads = {}
+    for name, overrides in (("fused", [shared, "train.backward_live_rows=true"]), ("plain", [shared])):
+        setup, capture, _, _ = probe_step(tmp_path, "auto", *overrides, update=False)
+        assert capture.source == ("training_pass" if name == "fused" else "separate_pass")
+        grads[name] = {key: p.grad.clone() for key, p in setup.model.named_parameters()}
+    for key, grad in grads["plain"].items():
+        assert grad.norm() > 0, key
+        assert float((grads["fused"][key] - grad).norm()) <= 1e-6 * float(grad.norm()), key
 
 
 def test_live_rows_with_no_live_row_keep_fusing(tmp_path):

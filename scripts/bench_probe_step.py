@@ -2,8 +2,11 @@
 the probes into the training pass moves time (docs/speed.md, "Probes against a faster step").
 
     python scripts/bench_probe_step.py [--repeats 8] [--after-steps 40] [--only "shared prompts"]
+    python scripts/bench_probe_step.py --experiment cpu_smollm2_learn --group-size 4 --repeats 3 \
+        --only "shared prompts|live rows" task.reward=random rollout.prompts_per_step=8
 
-All configurations live in one process (the CPU preset's model, R = 8) and take turns step by
+All configurations live in one process (the CPU preset's model, R = 8, unless `--experiment` and
+`--group-size` say otherwise) and take turns step by
 step, so a change of the machine's load hits them alike. Each repetition runs `trainer.step(S)`
 (the same prompts and seed every time; the weights move on) and, on probe configurations, the
 probes' `record`; S = 0 unless `--after-steps S` first trains every configuration S steps without
@@ -27,6 +30,10 @@ CONFIGS = {  # name -> (overrides, probed)
     "plain, no probe": (["train.shared_prompt_forward=false"], False),
     "plain, separate pass": (["train.shared_prompt_forward=false", "probes.fused_gram=never"], True),
     "plain, fused (auto)": (["train.shared_prompt_forward=false", "probes.fused_gram=auto"], True),
+    # train.backward_live_rows: idle rows without backward; `auto` fuses over the live rows
+    "live rows, no probe": (["train.shared_prompt_forward=true", "train.backward_live_rows=true"], False),
+    "live rows, fused (auto)": (["train.shared_prompt_forward=true", "train.backward_live_rows=true",
+                                 "probes.fused_gram=auto"], True),
 }
 PHASES = ("forward", "backward", "probes", "rollout", "total")
 
@@ -38,12 +45,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--after-steps", type=int, default=0, help="train this many steps first")
-    parser.add_argument("--only", default="", help="configurations whose name contains this")
+    parser.add_argument("--only", default="", help="configurations whose name contains one of these ('|'-separated)")
+    parser.add_argument("--experiment", default="cpu_rank_collapse")
+    parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--every", type=int, default=5, help="probe schedule for the overhead")
     args, overrides = parser.parse_known_args()
-    configs = {name: spec for name, spec in CONFIGS.items() if args.only in name}
-    base = ["experiment=cpu_rank_collapse", "progress=false", "eval.every=0",
-            "rollout.group_size=8", "threads=1", "probes.every=1", *overrides]
+    wanted = args.only.split("|")
+    configs = {name: spec for name, spec in CONFIGS.items() if any(part in name for part in wanted)}
+    base = [f"experiment={args.experiment}", "progress=false", "eval.every=0",
+            f"rollout.group_size={args.group_size}", "threads=1", "probes.every=1", *overrides]
     setups = {name: build_setup(compose_config(base + extra), log=lambda *a: None)
               for name, (extra, _) in configs.items()}
     step = args.after_steps

@@ -476,6 +476,8 @@ class GRPOTrainer:
             return self._micro_batch_terms(batch, rows, share, targets, update, first, hook)
 
     def _micro_batch_terms(self, batch, rows, share, targets, update, first, hook) -> torch.Tensor:
+        """`_micro_batch`'s work; `hook(batch_rows)` opens the probe capture (if any) just before
+        the forward whose backward gives gradients, and `_micro_batch` closes it after backward."""
         algorithm, timer = self.cfg.algorithm, self.timer
         part = select_rows(batch, rows)
         part_mask = part.completion_mask  # [n, L]

@@ -42,6 +42,11 @@ class RolloutBatch:
     def completion_lengths(self) -> torch.Tensor:  # [N]
         return self.completion_mask.sum(dim=1)
 
+    def completion_widths(self) -> torch.Tensor:  # [N] long
+        """Completion columns of each row through its last real token (completions are
+        right-padded): what a forward over that row's completion must cover."""
+        return self.attention_mask[:, self.prompt_length :].sum(dim=1)
+
     def to(self, device: torch.device | str) -> RolloutBatch:
         return replace_tensors(self, lambda tensor: tensor.to(device))
 

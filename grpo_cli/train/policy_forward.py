@@ -83,6 +83,13 @@ def expand_rows(tensor: torch.Tensor, inverse: list[int]) -> torch.Tensor:
     return take_rows(tensor, inverse)
 
 
+def in_row_order(parts: Sequence[torch.Tensor], groups: Sequence[Sequence[int]]) -> torch.Tensor:
+    """parts[g] [len(groups[g]), ...] holds rows groups[g] of a batch (the groups together hold
+    each row once): the rows in batch order, differentiably (a gather)."""
+    place = {row: index for index, row in enumerate(row for rows in groups for row in rows)}
+    return take_rows(torch.cat(list(parts)), [place[row] for row in range(len(place))])
+
+
 def checkpointing(model) -> bool:
     flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
     if flag is None:
@@ -196,7 +203,7 @@ def shared_prefix_forward(
     prompt_cache = [(layer.keys, layer.values) for layer in cache.layers]  # [U, H, P, D] each
     completion_length = batch.input_ids.shape[1] - prompt_length
     if buckets > 1 and widths is None:
-        widths = batch.attention_mask[:, prompt_length:].sum(dim=1).tolist()  # one read
+        widths = batch.completion_widths().tolist()  # one read
     groups = [list(range(batch.num_rollouts))] if buckets <= 1 else length_buckets(widths, buckets)
     logprobs, entropy = [], []
     for rows in groups:
@@ -219,9 +226,7 @@ def shared_prefix_forward(
         entropy.append(torch.nn.functional.pad(part[1], pad))
     if len(groups) == 1:
         return logprobs[0], entropy[0]
-    position = {row: place for place, row in enumerate(row for rows in groups for row in rows)}
-    back = [position[row] for row in range(batch.num_rollouts)]  # concatenated order -> rows
-    return take_rows(torch.cat(logprobs), back), take_rows(torch.cat(entropy), back)
+    return in_row_order(logprobs, groups), in_row_order(entropy, groups)
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,

@@ -52,7 +52,7 @@ from grpo_cli.train.credit import (
 from grpo_cli.train.policy_forward import (
     checkpointing,
     forward_policy,
-    take_rows,
+    in_row_order,
     token_probabilities,
 )
 from grpo_cli.train.problem_success import ProblemSuccess
@@ -430,7 +430,7 @@ class GRPOTrainer:
         # group's prompt gradients)
         counts = [torch.stack([mask.sum()] + [mask[rows].sum() for rows in micro] + [(mask > 0).sum().float()])]
         if self.buckets > 1:
-            counts.append(batch.attention_mask[:, batch.prompt_length:].sum(dim=1).to(counts[0]))
+            counts.append(batch.completion_widths().to(counts[0]))
         # rows whose loss has no gradient (every token's advantage 0, no KL or value term) run
         # their forward without autograd: the same gradient, less backward. A probe step then
         # fuses over the live rows: their own prompt forwards replace the separate pass over
@@ -520,11 +520,13 @@ class GRPOTrainer:
         gradient) under no_grad first, then its live rows with autograd, outputs in row order.
         `hook(batch_rows)` is called just before the forward whose backward gives gradients."""
         def forward(subset: RolloutBatch, keep: list[int] | None, shared: bool = update.shared_prompt_forward):
-            keys, widths = update.prompt_keys, update.widths
-            if keys is not None:
-                keys = keys[rows] if keep is None else [keys[rows][row] for row in keep]
-            if widths is not None:
-                widths = widths[rows] if keep is None else [widths[rows][row] for row in keep]
+            def pick(values: list | None) -> list | None:  # the subset's entries of a per-row list
+                if values is None:
+                    return None
+                part_values = values[rows]
+                return part_values if keep is None else [part_values[row] for row in keep]
+
+            keys, widths = pick(update.prompt_keys), pick(update.widths)
             with self.autocast():
                 return forward_policy(
                     self.model, subset, want_hidden=self.value_head is not None,
@@ -546,10 +548,8 @@ class GRPOTrainer:
             idle_logprobs, idle_entropy, _ = forward(select_rows(part, idle), idle, self.shared_prompt_forward)
         hook([every[row] for row in active])
         logprobs, entropy, _ = forward(select_rows(part, active), active)
-        place = {row: index for index, row in enumerate(active + idle)}
-        back = [place[row] for row in range(len(live))]  # [n] concatenated order -> rows
-        return (take_rows(torch.cat([logprobs, idle_logprobs]), back),
-                take_rows(torch.cat([entropy, idle_entropy]), back), None)
+        return (in_row_order([logprobs, idle_logprobs], [active, idle]),
+                in_row_order([entropy, idle_entropy], [active, idle]), None)
 
     def _read_pass(self, step: int, logged: list[torch.Tensor],
                    norm: torch.Tensor) -> tuple[list[list[float]], float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_llama
 from transformers import LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
@@ -12,8 +13,10 @@ from grpo_cli.algorithm.logprobs import token_logprobs
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_backend import HFGenerateBackend
+from grpo_cli.rollout.llama_decode import FP32Head, LlamaDecodeStep, RolloutLinear
 from grpo_cli.rollout.sampling import filter_top_p
 from grpo_cli.rollout.static_decode import PreallocatedLayer, StaticDecodeBackend
+from grpo_cli.train.autocast import keep_lm_head_fp32
 
 CPU = torch.device("cpu")
 
@@ -161,21 +164,62 @@ def test_inverse_cdf_draw_samples_the_policy_from_another_stream(tokenizer):
         StaticDecodeBackend(model, tokenizer, CPU, draw="race")
 
 
-@pytest.mark.parametrize("group_size", [4, 1])
-def test_dropping_finished_rows_keeps_the_inverse_cdf_batch(tokenizer, group_size):
-    """inverse_cdf's loop stops computing rows that emitted EOS (several times in a rollout here)
-    and still gives the full loop's batch: the same tokens, log-probs within 1e-5."""
-    model = peaked_llama(tokenizer, eos_boost=2.5)
+@pytest.mark.parametrize("group_size,prepare", [(4, True), (1, True), (4, False)])
+def test_dropping_finished_rows_keeps_the_inverse_cdf_batch(tokenizer, group_size, prepare):
+    """inverse_cdf's loop stops computing rows that emitted EOS (several times in a rollout here;
+    with MKL-packed weights it repacks for the rows left) and still gives the full loop's batch:
+    the same tokens, log-probs within 1e-5."""
+    model = peaked_llama(tokenizer, eos_boost=2.0)
     settings = SamplingSettings(group_size=group_size, max_new_tokens=16, temperature=1.0)
     prompts = prompts_of(tokenizer, PROMPTS * 3)
     full = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", compact_rows=False)
-    compact = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf")
+    compact = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", prepare_weights=prepare)
     expected = full.generate(prompts, settings, generator_seed=4)
     actual = compact.generate(prompts, settings, generator_seed=4)
     assert full.compactions == 0 and compact.compactions >= 2
     assert_same_layout(expected, actual)
     with pytest.raises(ValueError, match="compact_rows"):
         StaticDecodeBackend(model, tokenizer, CPU, compact_rows=True)  # multinomial
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocast):
+    """The decode step's weights prepared once a rollout (fp32: MKL-packed for its B*R rows;
+    under bf16 autocast: cast once, the head kept fp32) give the batch of the step that reads the
+    live weights on every call: the same tokens and bit-identical log-probs."""
+    model = peaked_llama(tokenizer, eos_boost=2.0)
+    if autocast:
+        keep_lm_head_fp32(model)
+    settings = SamplingSettings(group_size=4, max_new_tokens=12, temperature=1.0, top_p=0.95)
+    prompts = prompts_of(tokenizer, PROMPTS)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        step = LlamaDecodeStep(model, max_positions=64, rollout_rows=12)
+        live = StaticDecodeBackend(model, tokenizer, CPU, prepare_weights=False)
+        expected = live.generate(prompts, settings, generator_seed=5)
+        actual = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts, settings, generator_seed=5)
+    assert_same_layout(expected, actual)
+    assert torch.equal(actual.sampler_logprobs, expected.sampler_logprobs)
+    qkv = step.linears[0][0]
+    if autocast:  # cast copies, and the head outside autocast in fp32
+        assert qkv.weight.dtype == torch.bfloat16 and qkv.packed is None and not step.packed
+        assert isinstance(step.head, FP32Head)
+    else:
+        assert step.packed == torch.backends.mkl.is_available()
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
+def test_mkl_packed_linear_equals_f_linear_for_its_rows_and_others():
+    """RolloutLinear packed for 6 rows: F.linear's product bit for bit for 6 rows, with a bias,
+    and for another row count (torch's mkl_linear falls back to plain sgemm)."""
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
+    linear = RolloutLinear(weight, bias, rows=6)
+    assert linear.packed is not None
+    for rows in (6, 3):
+        x = torch.randn(rows, 1, 24, generator=generator)
+        assert torch.equal(linear(x), F.linear(x, weight, bias))
+    unprepared = RolloutLinear(weight, None)  # rows = 0: the live weight
+    assert unprepared.packed is None and unprepared.weight is weight
 
 
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):

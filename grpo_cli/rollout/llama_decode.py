@@ -93,6 +93,58 @@ def _fuse_into(fused: tuple[torch.Tensor, torch.Tensor | None], module: nn.Modul
         torch.cat(biases, out=fused[1])
 
 
+def mkl_packable(weight: torch.Tensor) -> bool:
+    """Whether MKL can run `F.linear` with `weight` from a pre-packed copy (fp32 on a CPU, torch
+    built with MKL)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
+class RolloutLinear:
+    """`F.linear(x, weight, bias)` for a weight that stays fixed over many calls (one rollout's
+    decode steps), prepared once (`rows` > 0) in the fastest form that gives the same product:
+
+    - under autocast (`autocast_dtype`): the weight and bias cast once to that dtype. Autocast
+      casts them on every call (it caches casts of leaf parameters only, not of the fused q/k/v
+      and gate/up copies): on SmolLM2 in bf16 on CPU the casts took as long as the matmuls.
+    - fp32 on a CPU with MKL: a copy packed by MKL for `rows` input rows (`cblas_sgemm_pack`).
+      A decode step's matmul has few rows and plain `sgemm` packs the whole weight again on every
+      call (~30% of its time at 32 rows on SmolLM2's shapes); the packed product runs MKL's same
+      kernel (tests/test_static_decode.py: tokens and log-probs equal to the unpacked step). An
+      input with another number of rows falls back to plain `sgemm` on `weight` (torch's
+      `mkl_linear`).
+    - else (or `rows` = 0): `F.linear` on the live weight, as transformers' module would.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int = 0,
+                 autocast_dtype: torch.dtype | None = None):
+        self.weight, self.bias, self.rows, self.packed = weight, bias, rows, None
+        if rows <= 0:
+            return
+        if autocast_dtype is not None:
+            self.weight = weight.detach().to(autocast_dtype)
+            self.bias = None if bias is None else bias.detach().to(autocast_dtype)
+        elif mkl_packable(weight):
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, self.rows)
+
+
+class FP32Head:
+    """The output head kept fp32 under autocast (`train.autocast.keep_lm_head_fp32`), prepared as a
+    `RolloutLinear` in the head's dtype and called with autocast off, as that head's forward does."""
+
+    def __init__(self, head: nn.Linear, rows: int):
+        self.linear = RolloutLinear(head.weight, head.bias, rows)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.linear(hidden.to(self.linear.weight.dtype))
+
+
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
     normalised = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
@@ -103,7 +155,10 @@ class LlamaDecodeStep:
     """Callable with `StaticDecodeBackend._decode_step`'s signature, on the shared-prefix cache
     (`static_decode.SharedPrefixLayer`: prompt keys once per group, completion keys per row)."""
 
-    def __init__(self, model: nn.Module, max_positions: int = 0):
+    def __init__(self, model: nn.Module, max_positions: int = 0, rollout_rows: int = 0):
+        """`rollout_rows` > 0: the step serves one rollout of that many rows, and its matmul
+        weights are prepared once for it (`RolloutLinear`: cast under autocast, MKL-packed in
+        fp32 on a CPU). 0 (CUDA graphs, whose step outlives optimizer steps): live weights."""
         self.model = model
         config = model.config
         self.heads = config.num_attention_heads
@@ -122,6 +177,31 @@ class LlamaDecodeStep:
         half = torch.ones(self.head_dim // 2, device=model.device, dtype=hidden_dtype)
         self.rotation_sign = torch.cat([-half, half])  # [D]
         self.rope_table = self._rope_table(model, max_positions)
+        self.prepare(rollout_rows)
+
+    def prepare(self, rows: int) -> None:
+        """The step's matmuls (`RolloutLinear`) for `rows` rows: per layer (qkv, o, gate_up, down),
+        then the output head. Called again when a rollout drops finished rows, to repack."""
+        model = self.model
+        device_type = model.model.embed_tokens.weight.device.type
+        autocast_dtype = (torch.get_autocast_dtype(device_type)
+                          if rows > 0 and torch.is_autocast_enabled(device_type) else None)
+        self.linears = None  # the old packs are freed before the new ones are built
+        with torch.no_grad():
+            self.linears = [
+                (RolloutLinear(*qkv, rows, autocast_dtype),
+                 RolloutLinear(layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, rows, autocast_dtype),
+                 RolloutLinear(*gate_up, rows, autocast_dtype),
+                 RolloutLinear(layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, rows, autocast_dtype))
+                for layer, qkv, gate_up in zip(model.model.layers, self.qkv, self.gate_up, strict=True)]
+            head = model.get_output_embeddings()
+            if rows <= 0:
+                self.head = head  # a module call: it may be kept fp32 under autocast
+            elif autocast_dtype is not None and getattr(head, "_fp32_under_autocast", False):
+                self.head = FP32Head(head, rows)
+            else:
+                self.head = RolloutLinear(head.weight, head.bias, rows, autocast_dtype)
+        self.packed = any(linear.packed is not None for linear in self.linears[0])
 
     def refresh_weights(self) -> None:
         """Copy the policy's current q/k/v and gate/up weights into the fused buffers in place:
@@ -160,9 +240,10 @@ class LlamaDecodeStep:
             signed_sin = sin * self.rotation_sign
         qk_heads = self.heads + self.kv_heads
         for index, layer in enumerate(body.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+            qkv_proj, o_proj, gate_up_proj, down_proj = self.linears[index]
+            attn = layer.self_attn
             normed = rms_norm(x, layer.input_layernorm)
-            qkv = F.linear(normed, *self.qkv[index]).view(rows, qk_heads + self.kv_heads, self.head_dim)
+            qkv = qkv_proj(normed).view(rows, qk_heads + self.kv_heads, self.head_dim)
             qk = qkv[:, :qk_heads]  # [N, H + H_kv, D]
             qk = torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), signed_sin)
             q = qk[:, : self.heads].unsqueeze(2)  # [N, H, 1, D]
@@ -173,9 +254,8 @@ class LlamaDecodeStep:
             attended = two_part_attention(q, cached.prompt_keys, cached.prompt_values, keys,
                                           values, mask, attn.scaling)  # [N, 1, H, D]
             attended = attended.reshape(rows, 1, self.heads * self.head_dim)
-            x = x + F.linear(attended, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + o_proj(attended)
             normed = rms_norm(x, layer.post_attention_layernorm)
-            gate, up = F.linear(normed, *self.gate_up[index]).chunk(2, dim=-1)
-            x = x + F.linear(self.act(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        head = model.get_output_embeddings()  # a module call: it may be kept fp32 under autocast
-        return head(rms_norm(x, body.norm))[:, -1].float()  # [N, V]
+            gate, up = gate_up_proj(normed).chunk(2, dim=-1)
+            x = x + down_proj(self.act(gate) * up)
+        return self.head(rms_norm(x, body.norm))[:, -1].float()  # [N, V]

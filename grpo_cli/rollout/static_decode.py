@@ -316,6 +316,7 @@ class StaticDecodeBackend:
         capture_graphs: bool | None = None,
         draw: str = "multinomial",
         compact_rows: bool | None = None,
+        prepare_weights: bool = True,
     ):
         if draw not in DRAWS:
             raise ValueError(f"rollout.draw={draw!r} is not one of {', '.join(DRAWS)}")
@@ -325,6 +326,9 @@ class StaticDecodeBackend:
         # and keeps the live rows'); None: on with inverse_cdf
         self.compact_rows = (draw == "inverse_cdf") if compact_rows is None else compact_rows
         self.compactions = 0  # times the last `generate` dropped finished rows (a reading for tests)
+        # The functional step's matmul weights prepared once a rollout (llama_decode.RolloutLinear:
+        # cast under autocast, MKL-packed for the B*R rows in fp32 on a CPU); the same products
+        self.prepare_weights = prepare_weights
         if self.compact_rows and draw != "inverse_cdf":
             raise ValueError("compact_rows needs draw='inverse_cdf' (multinomial's stream depends on every row)")
         self.model = model
@@ -416,7 +420,9 @@ class StaticDecodeBackend:
             cache = Cache(layers=[SharedPrefixLayer(max_new) for _ in range(num_layers(model))])
             step = None
             if self.functional_step and supports_llama_step(model):
-                step = LlamaDecodeStep(model, max_positions=capacity)
+                rows = unique_ids.shape[0] * group_size
+                step = LlamaDecodeStep(model, max_positions=capacity,
+                                       rollout_rows=rows if self.prepare_weights else 0)
             with attention_routed(model, SHARED_PREFIX_ATTENTION, cache):
                 return self._loop(model, cache, False, unique_ids, unique_mask, group_size, max_new,
                                   capacity, settings, generator, stop_ids, pad_id, step,
@@ -519,7 +525,10 @@ class StaticDecodeBackend:
             count = int(done.sum())  # the host read
             if t == max_new - 1 or count == live.numel():
                 break
-            if count * 8 >= live.numel():  # drop the finished rows
+            # drop the finished rows once an eighth of them are done; with packed weights once
+            # half are, and repack (a pack costs about as much as 3 tokens of decode)
+            packed = getattr(step_function, "packed", False)
+            if count * (2 if packed else 8) >= live.numel():
                 keep = (~done).nonzero().flatten()  # [n']
                 live, token, done = live[keep], token[keep], done[keep]
                 mask, next_position = mask[keep], next_position[keep]
@@ -528,6 +537,8 @@ class StaticDecodeBackend:
                     layer.keep_rows(keep, prompt_of_kept)
                 per_row_prompts = True
                 self.compactions += 1
+                if packed:
+                    step_function.prepare(live.numel())
             column = prompt_length + t
             mask[:, 0, 0, column] = True
             logits = step_function(model, token[:, None], mask[..., : column + 1], next_position + t, cache)

@@ -72,3 +72,45 @@ def test_bf16_weights_under_autocast_decode_train_and_probe():
     coeffs = {"score": batch.completion_mask}
     grams = per_rollout_grams(model, batch.input_ids, batch.attention_mask, coeffs, "lm_head")
     assert grams["score"].gram.shape == (4, 4) and grams["score"].gram.diagonal().min() > 0
+
+
+def test_cpu_bf16_training_forward_attends_in_float32():
+    """model.autocast=bf16 on a CPU: the scoring/training forwards (`policy_forward_autocast`)
+    route SDPA through float32 copies of q/k/v (with SDPA's masks: without them the log-probs
+    were off by up to 3 nats); the log-probs stay within bf16 rounding of fp32's, differ from
+    bf16 attention's, and the model's attention setting is restored afterwards, also on error."""
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+    from grpo_cli.rollout.base import SamplingSettings
+    from grpo_cli.rollout.static_decode import StaticDecodeBackend
+    from grpo_cli.train.autocast import (
+        FLOAT32_ATTENTION,
+        keep_lm_head_fp32,
+        policy_autocast,
+        policy_forward_autocast,
+    )
+    from grpo_cli.train.policy_forward import forward_policy
+
+    tokenizer = build_char_tokenizer()
+    model = peaked_llama(tokenizer, eos_boost=1.0)
+    keep_lm_head_fp32(model)
+    cpu = torch.device("cpu")
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("1+2=", "30+45=?")]
+    batch = StaticDecodeBackend(model, tokenizer, cpu).generate(
+        prompts, SamplingSettings(group_size=3, max_new_tokens=16), generator_seed=0
+    )
+    in_completion = batch.completion_mask > 0
+    with torch.no_grad():
+        reference = forward_policy(model, batch, shared_prompt_forward=True)[0]
+        with policy_autocast(cpu, "bf16"):
+            bf16_attention = forward_policy(model, batch, shared_prompt_forward=True)[0]
+        with policy_forward_autocast(model, cpu, "bf16"):
+            assert model.config._attn_implementation == FLOAT32_ATTENTION
+            float32_attention = forward_policy(model, batch, shared_prompt_forward=True)[0]
+    assert model.config._attn_implementation == "sdpa"
+    assert (float32_attention - reference)[in_completion].abs().max() <= 0.05
+    assert (float32_attention - bf16_attention)[in_completion].abs().max() > 0
+    with pytest.raises(RuntimeError), policy_forward_autocast(model, cpu, "bf16"):
+        raise RuntimeError("a failed forward")
+    assert model.config._attn_implementation == "sdpa"
+    with policy_forward_autocast(model, cpu, "none"):  # fp32: SDPA as it is
+        assert model.config._attn_implementation == "sdpa"

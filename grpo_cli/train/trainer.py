@@ -43,7 +43,7 @@ from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, 
 from grpo_cli.runtime.memory import PhaseMemory
 from grpo_cli.runtime.timing import PhaseTimer
 from grpo_cli.tasks.rehearsal import REWARDS, random_rewards
-from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast
+from grpo_cli.train.autocast import keep_lm_head_fp32, policy_autocast, policy_forward_autocast
 from grpo_cli.train.credit import (
     overlong_penalty,
     step_tensors,
@@ -190,8 +190,13 @@ class GRPOTrainer:
             keep_lm_head_fp32(model)  # log-probs from fp32 logits
 
     def autocast(self):
-        """Context for the policy's forwards: bf16 autocast when model.autocast=bf16."""
+        """Context for sampling: bf16 autocast when model.autocast=bf16."""
         return policy_autocast(self.device, self.autocast_kind)
+
+    def forward_autocast(self):
+        """Context for the forwards that score or train the policy: `autocast`, and on a CPU
+        attention in float32 under it (train/autocast.py)."""
+        return policy_forward_autocast(self.model, self.device, self.autocast_kind)
 
     def step(self, step: int, capture: ProbeCapture | None = None, update: bool = True) -> StepOutput:
         """One GRPO step in four phases, each a method below, timed by `self.timer` under the
@@ -339,7 +344,7 @@ class GRPOTrainer:
             keys = self.prompt_keys(batch)
             for rows in self.micro_batches(batch.num_rollouts):
                 part = select_rows(batch, rows)
-                with self.autocast():
+                with self.forward_autocast():
                     logprobs, _, hidden = forward_policy(
                         self.model, part, want_hidden=self.value_head is not None,
                         shared_prompt_forward=self.shared_prompt_forward, chunk_mb=self.chunk_mb,
@@ -357,7 +362,7 @@ class GRPOTrainer:
             return None
         parts = []
         for rows in self.micro_batches(batch.num_rollouts):
-            with self.autocast():
+            with self.forward_autocast():
                 parts.append(token_probabilities(self.model, select_rows(batch, rows), self.chunk_mb))
         return TokenProbs(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
@@ -527,7 +532,7 @@ class GRPOTrainer:
                 return part_values if keep is None else [part_values[row] for row in keep]
 
             keys, widths = pick(update.prompt_keys), pick(update.widths)
-            with self.autocast():
+            with self.forward_autocast():
                 return forward_policy(
                     self.model, subset, want_hidden=self.value_head is not None,
                     shared_prompt_forward=shared, chunk_mb=self.chunk_mb,

@@ -291,3 +291,30 @@ def test_multi_tensor_update_on_cuda_agrees_with_the_per_parameter_loop():
             a, b = param.detach().float(), other.detach().float()
             scale = torch.maximum(a.abs().max(), b.abs().max())  # values may cross zero
             assert (a - b).abs().max() <= 4 * bf16_step * scale, name  # <= a step per update
+
+
+def test_optim_fused_builds_torch_fused_adamw_within_round_off():
+    """optim.fused=true: torch's fused AdamW for fp32 weights, the default loop's parameters
+    within round-off after three steps; refused for bf16 weights (MixedPrecisionAdamW)."""
+    from grpo_cli.algorithm.optim import build_optimizer
+    from grpo_cli.config.schema import OptimConfig
+
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(64, 32, generator=generator), torch.randn(32, generator=generator)]
+    grads = [[torch.randn(p.shape, generator=generator) for p in start] for _ in range(3)]
+    finals = {}
+    for fused in (False, True):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        optimizer = build_optimizer(params, OptimConfig(lr=1e-2, weight_decay=0.1, fused=fused), seed=0)
+        assert type(optimizer) is torch.optim.AdamW and bool(optimizer.defaults["fused"]) == fused
+        for step_grads in grads:
+            for param, grad in zip(params, step_grads, strict=True):
+                param.grad = grad.clone()
+            optimizer.step()
+        finals[fused] = params
+    assert not torch.equal(finals[False][0], start[0])  # the steps moved the weights
+    for loop, fused in zip(finals[False], finals[True], strict=True):
+        torch.testing.assert_close(fused, loop, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="optim.fused"):
+        build_optimizer([torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))],
+                        OptimConfig(fused=True), seed=0)

@@ -102,6 +102,7 @@ class OptimConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     max_grad_norm: float = 1.0  # gradient clipping (<=0 disables)
+    fused: bool = False  # torch's fused AdamW kernel (fp32 weights): ~5x faster on CPU, round-off from the default
 
 
 @dataclass

@@ -470,10 +470,11 @@ class StaticDecodeBackend:
     def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
               settings, generator, stop_ids, pad_id, step_function=None, compact=False):
         """Decode all B*R rows token by token. `compact` (functional step on the shared-prefix
-        cache, inverse_cdf draw): once at least an eighth of the rows being decoded have emitted
-        EOS, they are dropped from the step's batch and cache (`SharedPrefixLayer.keep_rows`);
-        the draw keeps the full loop's uniforms, so tokens and log-probs are the full loop's up
-        to the round-off of smaller matmuls."""
+        cache, inverse_cdf draw): once at least an eighth of the rows being decoded (half, with
+        MKL-packed weights, which are then repacked) have emitted EOS, they are dropped from the
+        step's batch and cache (`SharedPrefixLayer.keep_rows`); the draw keeps the full loop's
+        uniforms, so tokens and log-probs are the full loop's up to the round-off of smaller
+        matmuls."""
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         prompt_length = unique_ids.shape[1]
         logits = self._prefill(model, cache, full_view, unique_ids, unique_mask, capacity)
@@ -516,6 +517,9 @@ class StaticDecodeBackend:
         live = torch.arange(rows, device=self.device)  # [n] the batch rows still decoded
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [n] of those, finished
         per_row_prompts = False  # the cache's prompt part: per group until the first compaction
+        # drop the finished rows once an eighth of them are done; with MKL-packed weights once half
+        # are, and repack for the rows left (a pack costs about as much as 3 tokens of decode)
+        packed = getattr(step_function, "packed", False)
         for t in range(max_new):
             token = self.draw(logits, settings.temperature, settings.top_p, generator, (rows, live))  # [n]
             token = torch.where(done, pad_id, token)
@@ -525,9 +529,6 @@ class StaticDecodeBackend:
             count = int(done.sum())  # the host read
             if t == max_new - 1 or count == live.numel():
                 break
-            # drop the finished rows once an eighth of them are done; with packed weights once
-            # half are, and repack (a pack costs about as much as 3 tokens of decode)
-            packed = getattr(step_function, "packed", False)
             if count * (2 if packed else 8) >= live.numel():
                 keep = (~done).nonzero().flatten()  # [n']
                 live, token, done = live[keep], token[keep], done[keep]

@@ -8,8 +8,9 @@ on CPUs with AVX512-BF16/AMX; elsewhere bf16 matmuls are emulated and slower (me
 
 On a CPU the training-side forwards (`policy_forward_autocast`) also attend in float32: torch's
 CPU flash attention is 3-4x slower in bf16 than in float32, forward and backward (SmolLM2's
-shapes: 25 against 9 ms for 8 prompts of 57 tokens), and float32 scores are the more accurate
-(the decode loop attends in float32 for that reason: rollout/decode_attention.py).
+shapes: 25 against 9 ms for 8 prompts of 57 tokens). The log-probs stay within bf16 rounding of
+fp32's, as with bf16 attention (tests/test_bf16_runs.py); the decode loop attends in float32 too
+(rollout/decode_attention.py).
 """
 
 from __future__ import annotations

@@ -116,3 +116,27 @@ def test_functional_step_in_bf16_samples_what_the_model_forward_samples(tokenize
     assert candidate.sampler_logprobs.dtype == torch.float32
     torch.testing.assert_close(candidate.sampler_logprobs, reference.sampler_logprobs, atol=0.01, rtol=0)
     assert candidate.completion_mask.sum() > 20
+
+
+def test_decode_attention_runs_in_float32_under_autocast():
+    """two_part_attention and one_query_attention attend in float32 under bf16 autocast too (it
+    would run their matmuls in bf16): the output is the one computed with autocast off."""
+    from grpo_cli.rollout.decode_attention import one_query_attention, two_part_attention
+
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to(torch.bfloat16)
+
+    query, prompt_keys, prompt_values = rand(4, 6, 1, 16), rand(2, 2, 5, 16), rand(2, 2, 5, 16)
+    keys, values = rand(4, 2, 3, 16), rand(4, 2, 3, 16)
+    mask = torch.ones(4, 1, 1, 8, dtype=torch.bool)
+    mask[0, ..., 1] = False
+    outputs = []
+    for enabled in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            outputs.append((two_part_attention(query, prompt_keys, prompt_values, keys, values, mask, 0.25),
+                            one_query_attention(query, keys, values, mask[..., :3], 0.25)))
+    (two_plain, one_plain), (two_autocast, one_autocast) = outputs
+    assert two_plain.dtype == torch.bfloat16 and torch.equal(two_autocast, two_plain)
+    assert torch.equal(one_autocast, one_plain)

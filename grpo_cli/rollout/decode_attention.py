@@ -6,7 +6,11 @@ static_decode.py's shared-prefix cache); `one_query_attention` reads one cache p
 Half-precision (bf16/fp16) inputs are attended in float32 and the output cast back, as fused
 SDPA kernels accumulate: bf16 scores would round each logit to ~3 significant digits. On CPU
 (tests/test_static_decode.py, bf16 tiny Llama) this halved the largest gap between the
-sampler's and the training forward's log-probs, 0.026 -> 0.015 nats.
+sampler's and the training forward's log-probs, 0.026 -> 0.015 nats. Autocast is off inside:
+under `model.autocast=bf16` the matmuls below used to run in bf16 after all. With float32 here
+and in the CPU training forward (train/autocast.py), the tiny Llama's mean sampler-trainer gap
+went 0.00075-0.00125 -> 0.00046-0.0009 nats (6 seeds); a bf16 SmolLM2 rollout costs about the
+same (4 rollouts, CPU s: 18.8 / 19.1 before, 22.1 / 19.9 after, interleaved).
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ def two_part_attention(query, prompt_keys, prompt_values, keys, values, attentio
     """Exact softmax attention of one query per row over its group's prompt keys and its own
     completion keys (module docstring). query [N, H, 1, D]; prompt_keys/values [B, H_kv, P, D];
     keys/values [N, H_kv, t, D]; attention_mask [N, 1, 1, P + t] bool. Returns [N, 1, H, D]."""
+    with torch.autocast(query.device.type, enabled=False):
+        return _two_part_attention(query, prompt_keys, prompt_values, keys, values, attention_mask, scaling)
+
+
+def _two_part_attention(query, prompt_keys, prompt_values, keys, values, attention_mask, scaling):
     out_dtype = query.dtype
     query, prompt_keys, prompt_values, keys, values = _float32(
         query, prompt_keys, prompt_values, keys, values
@@ -52,6 +61,11 @@ def two_part_attention(query, prompt_keys, prompt_values, keys, values, attentio
 def one_query_attention(query, keys, values, attention_mask, scaling):
     """query [N, H, 1, D]; keys/values [N, H_kv, S, D]; attention_mask [N, 1, 1, S] bool.
     Returns [N, 1, H, D]."""
+    with torch.autocast(query.device.type, enabled=False):
+        return _one_query_attention(query, keys, values, attention_mask, scaling)
+
+
+def _one_query_attention(query, keys, values, attention_mask, scaling):
     out_dtype = query.dtype
     query, keys, values = _float32(query, keys, values)
     rows, heads, _, head_dim = query.shape

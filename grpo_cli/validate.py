@@ -185,6 +185,9 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("optim.weight_decay", 0)
     need("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
          "two numbers in [0, 1)")
+    if value("optim.fused"):  # on CUDA, dtype auto gives bf16 weights: refused at setup
+        need("model.dtype", lambda v: v != "bfloat16",
+             "float32 or auto with optim.fused=true (bf16 weights use MixedPrecisionAdamW)")
     at_least("algorithm.num_iterations", 1)
     at_least("train.micro_batch_size", 1)
     at_least("train.logits_chunk_mb", 0)

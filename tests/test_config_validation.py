@@ -33,6 +33,13 @@ REFUSED = [
 ]
 
 
+def test_fused_adamw_with_bf16_weights_is_refused_before_setup():
+    problems = config_problems(compose_config(["experiment=smoke", "optim.fused=true", "model.dtype=bfloat16"]))
+    assert problems == ["model.dtype='bfloat16': must be float32 or auto with optim.fused=true "
+                        "(bf16 weights use MixedPrecisionAdamW)"]
+    assert config_problems(compose_config(["experiment=smoke", "optim.fused=true"])) == []
+
+
 @pytest.mark.parametrize(("override", "message"), REFUSED)
 def test_bad_value_is_named_with_its_range(override, message):
     problems = config_problems(compose_config(["experiment=smoke", override]))

@@ -232,7 +232,8 @@ def supports_shared_prefix(model) -> bool:
 
 @contextmanager
 def attention_routed(model, name: str, cache: Cache | None = None):
-    """Route the model's attention through the registered function `name` while decoding."""
+    """Route the model's attention through the registered function `name` while decoding (or,
+    for train/autocast.py, while scoring)."""
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = name
@@ -519,7 +520,7 @@ class StaticDecodeBackend:
         per_row_prompts = False  # the cache's prompt part: per group until the first compaction
         # drop the finished rows once an eighth of them are done; with MKL-packed weights once half
         # are, and repack for the rows left (a pack costs about as much as 3 tokens of decode)
-        packed = getattr(step_function, "packed", False)
+        packed = step_function.packed  # a LlamaDecodeStep here (`_sample`)
         for t in range(max_new):
             token = self.draw(logits, settings.temperature, settings.top_p, generator, (rows, live))  # [n]
             token = torch.where(done, pad_id, token)

@@ -15,12 +15,14 @@ fp32's, as with bf16 attention (tests/test_bf16_runs.py); the decode loop attend
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
+
+from grpo_cli.rollout.static_decode import attention_routed
 
 AUTOCAST_KINDS = ("none", "bf16")
 
@@ -71,13 +73,6 @@ AttentionMaskInterface.register(FLOAT32_ATTENTION, sdpa_mask)  # the masks SDPA 
 def policy_forward_autocast(model: torch.nn.Module, device: torch.device, kind: str):
     """`policy_autocast` for forwards that train or score the policy; on a CPU under bf16 it also
     routes the model's SDPA attention through `sdpa_in_float32` (module docstring)."""
-    config = model.config
-    reroute = kind == "bf16" and device.type == "cpu" and config._attn_implementation == "sdpa"
-    if reroute:
-        config._attn_implementation = FLOAT32_ATTENTION
-    try:
-        with policy_autocast(device, kind):
-            yield
-    finally:
-        if reroute:
-            config._attn_implementation = "sdpa"
+    reroute = kind == "bf16" and device.type == "cpu" and model.config._attn_implementation == "sdpa"
+    with attention_routed(model, FLOAT32_ATTENTION) if reroute else nullcontext(), policy_autocast(device, kind):
+        yield

@@ -173,13 +173,26 @@ def test_dropping_finished_rows_keeps_the_inverse_cdf_batch(tokenizer, group_siz
     settings = SamplingSettings(group_size=group_size, max_new_tokens=16, temperature=1.0)
     prompts = prompts_of(tokenizer, PROMPTS * 3)
     full = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", compact_rows=False)
-    compact = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", prepare_weights=prepare)
+    compact = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", prepare_weights=prepare,
+                                  repack_row_tokens=8)  # repack whenever rows finish with 8 row-tokens left
     expected = full.generate(prompts, settings, generator_seed=4)
     actual = compact.generate(prompts, settings, generator_seed=4)
     assert full.compactions == 0 and compact.compactions >= 2
     assert_same_layout(expected, actual)
     with pytest.raises(ValueError, match="compact_rows"):
         StaticDecodeBackend(model, tokenizer, CPU, compact_rows=True)  # multinomial
+
+
+def test_rows_are_dropped_when_a_repack_pays(tokenizer):
+    """Unpacked weights: drop the finished rows once an eighth are done. Packed: only when the
+    finished rows could still be decoded `repack_row_tokens` times (the cost of a new pack)."""
+    backend = StaticDecodeBackend(peaked_llama(tokenizer), tokenizer, CPU, draw="inverse_cdf",
+                                  repack_row_tokens=192)
+    assert not backend._drop_finished(3, 32, 30, packed=False)
+    assert backend._drop_finished(4, 32, 1, packed=False)
+    assert backend._drop_finished(8, 32, 24, packed=True)  # 192 row-tokens saved at most
+    assert not backend._drop_finished(8, 32, 23, packed=True)
+    assert not backend._drop_finished(16, 32, 11, packed=True)  # half done, too late to pay
 
 
 @pytest.mark.parametrize("autocast", [False, True])

@@ -52,6 +52,10 @@ from grpo_cli.rollout.sampling import DRAWS
 from grpo_cli.rollout.stop_tokens import is_stop
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
+# A repack of the decode weights for fewer rows (MKL, fp32 on a CPU) costs about as much as
+# decoding this many row-tokens: on SmolLM2, one thread, a pack took 0.3-0.65 s and a row ~2.7 ms
+# of matmul a token (docs/speed.md); packing and the matmuls both scale with the weights' size
+REPACK_ROW_TOKENS = 192
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -318,6 +322,7 @@ class StaticDecodeBackend:
         draw: str = "multinomial",
         compact_rows: bool | None = None,
         prepare_weights: bool = True,
+        repack_row_tokens: int = REPACK_ROW_TOKENS,
     ):
         if draw not in DRAWS:
             raise ValueError(f"rollout.draw={draw!r} is not one of {', '.join(DRAWS)}")
@@ -330,6 +335,7 @@ class StaticDecodeBackend:
         # The functional step's matmul weights prepared once a rollout (llama_decode.RolloutLinear:
         # cast under autocast, MKL-packed for the B*R rows in fp32 on a CPU); the same products
         self.prepare_weights = prepare_weights
+        self.repack_row_tokens = repack_row_tokens  # with packed weights, when dropping rows pays
         if self.compact_rows and draw != "inverse_cdf":
             raise ValueError("compact_rows needs draw='inverse_cdf' (multinomial's stream depends on every row)")
         self.model = model
@@ -471,9 +477,8 @@ class StaticDecodeBackend:
     def _loop(self, model, cache, full_view, unique_ids, unique_mask, group_size, max_new, capacity,
               settings, generator, stop_ids, pad_id, step_function=None, compact=False):
         """Decode all B*R rows token by token. `compact` (functional step on the shared-prefix
-        cache, inverse_cdf draw): once at least an eighth of the rows being decoded (half, with
-        MKL-packed weights, which are then repacked) have emitted EOS, they are dropped from the
-        step's batch and cache (`SharedPrefixLayer.keep_rows`); the draw keeps the full loop's
+        cache, inverse_cdf draw): rows that have emitted EOS are dropped from the step's batch and
+        cache (`SharedPrefixLayer.keep_rows`) when `_drop_finished` says so; the draw keeps the full loop's
         uniforms, so tokens and log-probs are the full loop's up to the round-off of smaller
         matmuls."""
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
@@ -510,6 +515,15 @@ class StaticDecodeBackend:
             logits = step_function(model, token[:, None], step_mask, next_position + t, cache)
         return tokens, logprobs
 
+    def _drop_finished(self, finished: int, rows: int, tokens_left: int, packed: bool) -> bool:
+        """Whether the compacting loop drops its `finished` rows (of `rows`) now. Unpacked: once
+        an eighth of the rows are done. With MKL-packed weights the rows left need a new pack,
+        which costs about as much as decoding `repack_row_tokens` row-tokens (REPACK_ROW_TOKENS);
+        so only when the finished rows could otherwise still be decoded that many times."""
+        if packed:
+            return finished * tokens_left >= self.repack_row_tokens
+        return finished * 8 >= rows
+
     def _compacting_loop(self, model, cache, logits, mask, next_position, tokens, logprobs,
                          prompt_length, group_size, max_new, settings, generator, stop, pad_id,
                          step_function):
@@ -518,8 +532,6 @@ class StaticDecodeBackend:
         live = torch.arange(rows, device=self.device)  # [n] the batch rows still decoded
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # [n] of those, finished
         per_row_prompts = False  # the cache's prompt part: per group until the first compaction
-        # drop the finished rows once an eighth of them are done; with MKL-packed weights once half
-        # are, and repack for the rows left (a pack costs about as much as 3 tokens of decode)
         packed = step_function.packed  # a LlamaDecodeStep here (`_sample`)
         for t in range(max_new):
             token = self.draw(logits, settings.temperature, settings.top_p, generator, (rows, live))  # [n]
@@ -530,7 +542,7 @@ class StaticDecodeBackend:
             count = int(done.sum())  # the host read
             if t == max_new - 1 or count == live.numel():
                 break
-            if count * (2 if packed else 8) >= live.numel():
+            if self._drop_finished(count, live.numel(), max_new - t - 1, packed):
                 keep = (~done).nonzero().flatten()  # [n']
                 live, token, done = live[keep], token[keep], done[keep]
                 mask, next_position = mask[keep], next_position[keep]

@@ -205,7 +205,8 @@ def shared_prefix_forward(
     if buckets > 1 and widths is None:
         widths = batch.completion_widths().tolist()  # one read
     groups = [list(range(batch.num_rollouts))] if buckets <= 1 else length_buckets(widths, buckets)
-    logprobs, entropy = [], []
+    packed = head is not None and len(groups) > 1 and sum(widths) > 0
+    logprobs, entropy, hidden, targets = [], [], [], []
     for rows in groups:
         width = completion_length if len(groups) == 1 else max(1, max(widths[row] for row in rows))
         prompt_rows = [inverse[row] for row in rows]
@@ -220,13 +221,41 @@ def shared_prefix_forward(
             position_ids=take_rows(positions[:, columns], rows), cache=group_cache, use_cache=True,
         )  # [n_g, width, H or V]
         scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
-        part = predicted_logprobs(scores, head, take_rows(batch.input_ids[:, columns], rows), chunk_mb)
+        group_targets = take_rows(batch.input_ids[:, columns], rows)  # [n_g, width]
+        if packed:  # each row's positions through its last token, for one head pass below
+            kept = [index * width + column for index, row in enumerate(rows) for column in range(widths[row])]
+            hidden.append(take_rows(scores.reshape(-1, scores.shape[-1]), kept))  # [m_g, H]
+            targets.append(take_rows(group_targets.reshape(-1), kept))  # [m_g]
+            continue
+        part = predicted_logprobs(scores, head, group_targets, chunk_mb)
         pad = (prompt_length, completion_length - width)
         logprobs.append(torch.nn.functional.pad(part[0], pad))  # [n_g, L]
         entropy.append(torch.nn.functional.pad(part[1], pad))
+    if packed:
+        return _packed_head_outputs(batch, groups, widths, head, hidden, targets, chunk_mb)
     if len(groups) == 1:
         return logprobs[0], entropy[0]
     return in_row_order(logprobs, groups), in_row_order(entropy, groups)
+
+
+def _packed_head_outputs(batch: RolloutBatch, groups: list[list[int]], widths: Sequence[int], head,
+                         hidden: list[torch.Tensor], targets: list[torch.Tensor], chunk_mb: float):
+    """(logprobs [n, L], entropy [n, L]) from the buckets' final hidden states at each row's
+    positions through its last token (`hidden[g]` [m_g, H], `targets[g]` [m_g]), taken by one
+    head pass over all of them: the head's weight gradient is then one product over the batch's
+    tokens instead of one [V, H] product (and a sum) per bucket, and positions after a row's last
+    token are not computed (they are 0, as the columns past a bucket's width are; the completion
+    mask is 0 there)."""
+    picked, entropy = predicted_logprobs(torch.cat(hidden)[None], head, torch.cat(targets)[None], chunk_mb)
+    places = [(row, batch.prompt_length + column) for rows in groups for row in rows
+              for column in range(widths[row])]
+    rows = torch.tensor([row for row, _ in places], dtype=torch.long).to(picked.device, non_blocking=True)
+    columns = torch.tensor([column for _, column in places], dtype=torch.long).to(picked.device, non_blocking=True)
+    shape = batch.input_ids.shape
+    outputs = []
+    for values in (picked[0], entropy[0]):
+        outputs.append(values.new_zeros(shape).index_put((rows, columns), values))  # [n, L]
+    return outputs[0], outputs[1]
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,

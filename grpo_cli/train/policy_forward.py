@@ -180,7 +180,8 @@ def shared_prefix_forward(
     length (`length_buckets`), each cut after its widest row's last real token, all on the one
     prompt forward's cache: the padding after a short completion is then not computed. Each
     row's outputs are those of the single completion forward (a row attends only to its prompt
-    and its own earlier tokens); `widths` [n] are the rows' completion widths if the caller
+    and its own earlier tokens), their log-probs taken by one head pass over every row's
+    positions through its last token (`_one_head_pass`); `widths` [n] are the rows' completion widths if the caller
     has them on the host (else they are read back, a device sync on CUDA).
     """
     if not can_share(model, batch, want_hidden=False):
@@ -205,7 +206,7 @@ def shared_prefix_forward(
     if buckets > 1 and widths is None:
         widths = batch.completion_widths().tolist()  # one read
     groups = [list(range(batch.num_rollouts))] if buckets <= 1 else length_buckets(widths, buckets)
-    packed = head is not None and len(groups) > 1 and sum(widths) > 0
+    one_head_pass = head is not None and len(groups) > 1 and sum(widths) > 0
     logprobs, entropy, hidden, targets = [], [], [], []
     for rows in groups:
         width = completion_length if len(groups) == 1 else max(1, max(widths[row] for row in rows))
@@ -222,7 +223,7 @@ def shared_prefix_forward(
         )  # [n_g, width, H or V]
         scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
         group_targets = take_rows(batch.input_ids[:, columns], rows)  # [n_g, width]
-        if packed:  # each row's positions through its last token, for one head pass below
+        if one_head_pass:  # each row's positions through its last token, for one head pass below
             kept = [index * width + column for index, row in enumerate(rows) for column in range(widths[row])]
             hidden.append(take_rows(scores.reshape(-1, scores.shape[-1]), kept))  # [m_g, H]
             targets.append(take_rows(group_targets.reshape(-1), kept))  # [m_g]
@@ -231,14 +232,14 @@ def shared_prefix_forward(
         pad = (prompt_length, completion_length - width)
         logprobs.append(torch.nn.functional.pad(part[0], pad))  # [n_g, L]
         entropy.append(torch.nn.functional.pad(part[1], pad))
-    if packed:
-        return _packed_head_outputs(batch, groups, widths, head, hidden, targets, chunk_mb)
+    if one_head_pass:
+        return _one_head_pass(batch, groups, widths, head, hidden, targets, chunk_mb)
     if len(groups) == 1:
         return logprobs[0], entropy[0]
     return in_row_order(logprobs, groups), in_row_order(entropy, groups)
 
 
-def _packed_head_outputs(batch: RolloutBatch, groups: list[list[int]], widths: Sequence[int], head,
+def _one_head_pass(batch: RolloutBatch, groups: list[list[int]], widths: Sequence[int], head,
                          hidden: list[torch.Tensor], targets: list[torch.Tensor], chunk_mb: float):
     """(logprobs [n, L], entropy [n, L]) from the buckets' final hidden states at each row's
     positions through its last token (`hidden[g]` [m_g, H], `targets[g]` [m_g]), taken by one

@@ -207,7 +207,7 @@ def shared_prefix_forward(
         widths = batch.completion_widths().tolist()  # one read
     groups = [list(range(batch.num_rollouts))] if buckets <= 1 else length_buckets(widths, buckets)
     one_head_pass = head is not None and len(groups) > 1 and sum(widths) > 0
-    logprobs, entropy, hidden, targets = [], [], [], []
+    logprobs, entropy, hidden, targets, places = [], [], [], [], []
     for rows in groups:
         width = completion_length if len(groups) == 1 else max(1, max(widths[row] for row in rows))
         prompt_rows = [inverse[row] for row in rows]
@@ -224,39 +224,35 @@ def shared_prefix_forward(
         scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
         group_targets = take_rows(batch.input_ids[:, columns], rows)  # [n_g, width]
         if one_head_pass:  # each row's positions through its last token, for one head pass below
-            kept = [index * width + column for index, row in enumerate(rows) for column in range(widths[row])]
-            hidden.append(take_rows(scores.reshape(-1, scores.shape[-1]), kept))  # [m_g, H]
-            targets.append(take_rows(group_targets.reshape(-1), kept))  # [m_g]
+            kept = [(index, row, column) for index, row in enumerate(rows) for column in range(widths[row])]
+            flat = [index * width + column for index, _, column in kept]
+            hidden.append(take_rows(scores.reshape(-1, scores.shape[-1]), flat))  # [m_g, H]
+            targets.append(take_rows(group_targets.reshape(-1), flat))  # [m_g]
+            places.extend((row, prompt_length + column) for _, row, column in kept)
             continue
         part = predicted_logprobs(scores, head, group_targets, chunk_mb)
         pad = (prompt_length, completion_length - width)
         logprobs.append(torch.nn.functional.pad(part[0], pad))  # [n_g, L]
         entropy.append(torch.nn.functional.pad(part[1], pad))
     if one_head_pass:
-        return _one_head_pass(batch, groups, widths, head, hidden, targets, chunk_mb)
+        return _one_head_pass(batch.input_ids.shape, places, head, hidden, targets, chunk_mb)
     if len(groups) == 1:
         return logprobs[0], entropy[0]
     return in_row_order(logprobs, groups), in_row_order(entropy, groups)
 
 
-def _one_head_pass(batch: RolloutBatch, groups: list[list[int]], widths: Sequence[int], head,
-                         hidden: list[torch.Tensor], targets: list[torch.Tensor], chunk_mb: float):
-    """(logprobs [n, L], entropy [n, L]) from the buckets' final hidden states at each row's
-    positions through its last token (`hidden[g]` [m_g, H], `targets[g]` [m_g]), taken by one
-    head pass over all of them: the head's weight gradient is then one product over the batch's
-    tokens instead of one [V, H] product (and a sum) per bucket, and positions after a row's last
-    token are not computed (they are 0, as the columns past a bucket's width are; the completion
-    mask is 0 there)."""
+def _one_head_pass(shape: torch.Size, places: list[tuple[int, int]], head, hidden: list[torch.Tensor],
+                   targets: list[torch.Tensor], chunk_mb: float):
+    """(logprobs [n, L], entropy [n, L]) of `shape` from the buckets' final hidden states at each
+    row's positions through its last token (`hidden[g]` [m_g, H], `targets[g]` [m_g]; `places`:
+    their (row, column) in order), taken by one head pass over all of them: the head's weight
+    gradient is then one product over the batch's tokens instead of one [V, H] product (and a
+    sum) per bucket, and positions after a row's last token are not computed (they are 0, as the
+    columns past a bucket's width are; the completion mask is 0 there)."""
     picked, entropy = predicted_logprobs(torch.cat(hidden)[None], head, torch.cat(targets)[None], chunk_mb)
-    places = [(row, batch.prompt_length + column) for rows in groups for row in rows
-              for column in range(widths[row])]
-    rows = torch.tensor([row for row, _ in places], dtype=torch.long).to(picked.device, non_blocking=True)
-    columns = torch.tensor([column for _, column in places], dtype=torch.long).to(picked.device, non_blocking=True)
-    shape = batch.input_ids.shape
-    outputs = []
-    for values in (picked[0], entropy[0]):
-        outputs.append(values.new_zeros(shape).index_put((rows, columns), values))  # [n, L]
-    return outputs[0], outputs[1]
+    index = torch.tensor(places, dtype=torch.long).to(picked.device, non_blocking=True).T  # [2, M]
+    return tuple(values.new_zeros(shape).index_put((index[0], index[1]), values)  # [n, L]
+                 for values in (picked[0], entropy[0]))
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,

@@ -73,3 +73,19 @@ def assert_same_update(reference, candidate, rtol=1e-5):
 
 def relative_gap(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return float((candidate - reference).norm() / reference.norm().clamp(min=1e-30))
+
+
+class GradForwards:
+    """Counts the model's forwards that run with autograd (a torch forward hook, while open)."""
+
+    def __init__(self, model):
+        self.model, self.count = model, 0
+
+    def __enter__(self) -> GradForwards:
+        def hook(module, args, output):
+            self.count += torch.is_grad_enabled()
+        self.handle = self.model.get_decoder().register_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()

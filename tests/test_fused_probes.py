@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from step_parity import setup_for
+from step_parity import GradForwards, setup_for
 
 from grpo_cli.probes.fused import score_blocks_from_advantage, score_groups_to_recompute
 from grpo_cli.probes.gram import group_blocks, per_rollout_grams
@@ -20,7 +20,9 @@ REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
 READ_GROUPS = [0, 2]  # groups with a non-zero advantage: the only score blocks any matrix reads
 
 
-def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=True):
+def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=True, forwards=None):
+    """One probe step on a float64 tiny model; `forwards` (a list) gets its count of forwards
+    with autograd."""
     mode = {True: "always", False: "never"}.get(fused, fused)
     setup = setup_for(tmp_path, "probes.every=1", MATRICES, f"probes.fused_gram={mode}", *overrides)
     setup.model.double()  # in place: the optimizer and the probes hold the same parameters
@@ -28,7 +30,10 @@ def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=
     setup.task.reward = lambda text, problem: next(cycle)  # scored in row order
     before = copy.deepcopy(setup.model)
     capture = setup.probes.step_capture(0, setup.model)
-    output = setup.trainer.step(0, capture=capture, update=update)
+    with GradForwards(setup.model) as counter:
+        output = setup.trainer.step(0, capture=capture, update=update)
+    if forwards is not None:
+        forwards.append(counter.count)
     return setup, capture, output, before
 
 
@@ -118,6 +123,27 @@ def test_live_rows_fuse_their_factors_and_equal_the_separate_pass(tmp_path, micr
                  for name in rows}
         assert sigma["separate"].numel() > 0, matrix
         assert_gram_close(sigma["fused"], sigma["separate"], matrix)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.shared_prompt_forward=false"],
+    ["train.shared_prompt_forward=true", "train.backward_live_rows=true"],
+], ids=["plain", "live_rows"])
+def test_width_buckets_fuse_their_factors_and_equal_the_separate_pass(tmp_path, overrides):
+    """train.completion_buckets on a fused probe step: the hooked rows run in forwards over rows
+    of similar width, each hooked in turn, under one backward; K_adv and the score blocks that
+    any matrix reads equal the separate pass's (1e-6)."""
+    common = ["model.warm_start.steps=50", "rollout.max_new_tokens=24", "train.completion_buckets=3",
+              *overrides]
+    forwards = []
+    _, fused_capture, fused, _ = probe_step(tmp_path, "auto", *common, forwards=forwards)
+    _, separate_capture, separate, _ = probe_step(tmp_path, False, *common)
+    assert fused_capture.source == "training_pass" and separate_capture.source == "separate_pass"
+    assert torch.equal(fused.batch.input_ids, separate.batch.input_ids)
+    assert forwards[0] > 1  # one micro-batch, split by width (and its idle rows, without autograd)
+    assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
+    assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
+                      separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")
 
 
 def test_live_rows_fused_probe_step_keeps_the_training_gradient(tmp_path):

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 from step_parity import (
+    GradForwards,
     assert_same_update,
     parity_reward,
     relative_gap,
@@ -134,13 +135,40 @@ def test_bucketed_completion_forward_matches_one_forward(tmp_path):
 
 
 @pytest.mark.parametrize("micro_batch_size", [64, 5])
-def test_bucketed_completion_forward_keeps_the_update(tmp_path, micro_batch_size):
-    """train.completion_buckets in the training step: the same loss and gradients (1e-5)."""
-    overrides = ["model.warm_start.steps=50", SHARED, f"train.micro_batch_size={micro_batch_size}"]
+@pytest.mark.parametrize("forward", [SHARED, "train.shared_prompt_forward=false"], ids=["shared", "plain"])
+def test_bucketed_completion_forward_keeps_the_update(tmp_path, micro_batch_size, forward):
+    """train.completion_buckets in the training step: the same loss and gradients (1e-5). The
+    plain forward runs each micro-batch's rows in forwards over rows of similar width."""
+    overrides = ["model.warm_start.steps=50", forward, f"train.micro_batch_size={micro_batch_size}",
+                 "rollout.max_new_tokens=24"]  # widths of 1-24 after a 45-column prompt: worth splitting
     reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
     candidate_setup = setup_for(tmp_path, *overrides, "train.completion_buckets=3")
     assert candidate_setup.trainer.buckets == 3
-    assert_same_update(reference, step_loss_and_grads(candidate_setup))
+    with GradForwards(candidate_setup.model) as forwards:
+        candidate = step_loss_and_grads(candidate_setup)
+    assert_same_update(reference, candidate)
+    micro_batches = -(-candidate[2].batch.num_rollouts // micro_batch_size)
+    if forward != SHARED:  # more forwards than micro-batches: the rows were split by width
+        assert forwards.count > micro_batches
+
+
+def test_plain_forward_stops_at_the_widest_rows_last_column(tmp_path):
+    """`widths`: the columns after every row's last token are left out, and their outputs are 0;
+    the rest equals the full forward (1e-6)."""
+    setup = setup_for(tmp_path, "model.warm_start.steps=50")
+    batch = setup.trainer.rollout(0, draw=0)
+    short = select_rows(batch, [row for row, width in enumerate(batch.completion_widths().tolist())
+                                if width < batch.input_ids.shape[1] - batch.prompt_length])
+    widths = short.completion_widths().tolist()
+    assert short.num_rollouts > 0 and short.prompt_length + max(widths) < short.input_ids.shape[1]
+    with torch.no_grad():
+        full = plain_forward(setup.model, short)
+        trimmed = plain_forward(setup.model, short, widths=widths)
+    real = short.attention_mask.bool()
+    for name, a, b in (("logprobs", full[0], trimmed[0]), ("entropy", full[1], trimmed[1])):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(b[real], a[real], atol=1e-6, rtol=0)
+        assert (b[:, short.prompt_length + max(widths):] == 0).all(), name
 
 
 def test_bf16_autocast_step_deviation_is_rounding_only(tmp_path):

@@ -91,7 +91,7 @@ class TrainConfig:
     steps: int = 50  # optimizer steps of GRPO
     micro_batch_size: int = 64  # sequences per forward/backward micro-batch
     shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
-    completion_buckets: int = 1  # shared prompt forward: completion columns in up to this many forwards over rows of similar length, padding after short completions not computed (same loss and gradients up to float summation order; 1 = one forward)
+    completion_buckets: int = 1  # up to this many forwards over rows of similar completion length, padding after short completions not computed: completion columns on the shared prompt forward's cache, or whole rows where the forward is plain (fused probe steps, the value head, shared_prompt_forward=false); same loss and gradients up to float summation order (1 = one forward)
     backward_live_rows: bool = False  # rows whose loss has no gradient (zero advantage on every token; no KL term, no value head) run their forward without autograd: the same gradient up to float summation order, no backward for them
     logits_chunk_mb: float = 1024.0  # float32 logits held at once by the log-prob pass (MiB); longer batches run lm_head + log-softmax in chunks of positions (0 = one pass)
 

@@ -60,8 +60,8 @@ from grpo_cli.probes.sketch import project_gradient
 
 
 class TrainingPassFactors:
-    """The hooks' factors of one probe step's training forward and backward, micro-batch by
-    micro-batch (contiguous rows, in order), turned into K_adv [N, N] by `gram`."""
+    """The hooks' factors of one probe step's training forward and backward, forward by forward
+    (a micro-batch's rows, or a width bucket of them), turned into K_adv [N, N] by `gram`."""
 
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], builder: ShareBuilder):
         self.model, self.params, self.builder = model, params, builder
@@ -70,17 +70,24 @@ class TrainingPassFactors:
         # hooks only the rows with a gradient: the others' rows and columns of K_adv are 0)
         self.shares: dict[str, dict[int, ChunkShare]] = defaultdict(dict)  # name -> chunk -> share
         self.complete = True  # every parameter's hooks held in every micro-batch
+        self._recording: LayerCapture | None = None  # the capture whose forward runs now
 
     @contextmanager
     def micro_batch(self, rows: list[int]):
-        """Around one micro-batch's forward and backward of the batch rows `rows`, in order."""
+        """Around the forward and backward of the batch rows `rows`, in order. Several may be
+        open at once (a micro-batch's forwards over rows of similar width, then one backward):
+        opening one ends the previous one's forward, whose gradients it still records."""
         num_rows = len(rows)
         self.rows.extend(rows)
         start = self.spans[-1].stop if self.spans else 0
         chunk = len(self.spans)
         self.spans.append(slice(start, start + num_rows))
+        if self._recording is not None:
+            self._recording.stop()
         with LayerCapture(self.model, self.params, num_rows, keep_grads=True) as capture:
+            self._recording = capture
             yield
+        self._recording = None
         covered = capture.covered
         self.complete &= len(covered) == len(self.params)
         for name in covered:  # the factors in the model's precision (exact) or sketched rows

@@ -31,7 +31,7 @@ from grpo_cli.algorithm.logprobs import (
     logprobs_from_hidden,
     sum_pi_squared_terms,
 )
-from grpo_cli.rollout.batch import RolloutBatch
+from grpo_cli.rollout.batch import RolloutBatch, replace_tensors
 
 
 def distinct_prompts(batch: RolloutBatch, prompt_keys: Sequence[Hashable] | None = None
@@ -256,13 +256,23 @@ def _one_head_pass(shape: torch.Size, places: list[tuple[int, int]], head, hidde
 
 
 def plain_forward(model, batch: RolloutBatch, want_hidden: bool = False,
-                  chunk_mb: float = 0.0):
+                  chunk_mb: float = 0.0, widths: Sequence[int] | None = None):
     """One forward over every column: log-probs and entropies [N, L] (and final hidden states).
 
     Log-probs are computed from the last prompt column on, as in the shared path: prompt columns
     of the outputs are 0 (the completion mask is 0 there), and the [N, L, V] float32 log-softmax
-    terms shrink by the prompt's share of the columns.
+    terms shrink by the prompt's share of the columns. `widths` [N] (each row's completion columns
+    through its last token): the forward stops at the widest row's last column; the columns after
+    it are padding in every row (a causal model's earlier columns never see them), their outputs 0.
     """
+    full = batch.input_ids.shape[1]
+    if widths is not None and len(widths) > 0 and batch.prompt_length + max(widths) < full:
+        keep = batch.prompt_length + max(max(widths), 1)
+        outputs = plain_forward(model, replace_tensors(batch, lambda tensor: tensor[:, :keep]),
+                                want_hidden, chunk_mb)
+        pad = full - keep
+        return tuple(None if out is None else torch.nn.functional.pad(out, [0, 0] * (out.dim() - 2) + [0, pad])
+                     for out in outputs)
     width, prompt_length = batch.input_ids.shape[1], batch.prompt_length
     first = prompt_length if 0 < prompt_length < width else 1  # first column with a log-prob
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -310,4 +320,4 @@ def forward_policy(model, batch: RolloutBatch, want_hidden: bool = False, shared
         shared = shared_prefix_forward(model, batch, chunk_mb, prompt_keys, buckets, widths)
         if shared is not None:
             return (*shared, None)
-    return plain_forward(model, batch, want_hidden, chunk_mb)
+    return plain_forward(model, batch, want_hidden, chunk_mb, widths)

@@ -53,6 +53,7 @@ from grpo_cli.train.policy_forward import (
     checkpointing,
     forward_policy,
     in_row_order,
+    length_buckets,
     token_probabilities,
 )
 from grpo_cli.train.problem_success import ProblemSuccess
@@ -523,7 +524,11 @@ class GRPOTrainer:
     def _policy_forward(self, part: RolloutBatch, update: Update, rows: slice, hook):
         """`forward_policy` over a micro-batch; with `update.live`, its idle rows (no loss
         gradient) under no_grad first, then its live rows with autograd, outputs in row order.
-        `hook(batch_rows)` is called just before the forward whose backward gives gradients."""
+        `hook(batch_rows)` is called just before each forward whose backward gives gradients.
+        Where the live rows take the plain forward (no shared prompts: a fused probe step, or
+        `train.shared_prompt_forward=false`) and `train.completion_buckets` > 1, they run in up to
+        that many forwards over rows of similar width, each stopping at its widest row's last
+        column, under one backward (a probe hooks each bucket's rows in turn)."""
         def forward(subset: RolloutBatch, keep: list[int] | None, shared: bool = update.shared_prompt_forward):
             def pick(values: list | None) -> list | None:  # the subset's entries of a per-row list
                 if values is None:
@@ -541,20 +546,31 @@ class GRPOTrainer:
 
         live = None if update.live is None else update.live[rows]
         every = list(range(rows.start, rows.stop))  # the micro-batch's batch rows
-        if live is None or all(live):
-            hook(every)
-            return forward(part, None)
-        if not any(live):  # no gradient, nothing hooked; the prompts may be shared
+        if live is not None and not any(live):  # no gradient, nothing hooked; the prompts may be shared
             with torch.no_grad():
                 return forward(part, None, self.shared_prompt_forward)
-        active = [row for row, flag in enumerate(live) if flag]
-        idle = [row for row, flag in enumerate(live) if not flag]
-        with torch.no_grad():  # before the hooks: they see only the rows with a gradient
-            idle_logprobs, idle_entropy, _ = forward(select_rows(part, idle), idle, self.shared_prompt_forward)
-        hook([every[row] for row in active])
-        logprobs, entropy, _ = forward(select_rows(part, active), active)
-        return (in_row_order([logprobs, idle_logprobs], [active, idle]),
-                in_row_order([entropy, idle_entropy], [active, idle]), None)
+        active = [row for row, flag in enumerate(live) if flag] if live is not None else list(range(len(every)))
+        idle = [row for row in range(len(every)) if live is not None and not live[row]]
+        buckets = [active]
+        if self.buckets > 1 and not update.shared_prompt_forward and update.widths is not None:
+            widths = update.widths[rows]  # the plain forward's cost: prompt and completion columns
+            buckets = [[active[i] for i in bucket] for bucket in length_buckets(
+                [part.prompt_length + widths[row] for row in active], self.buckets)]
+        if not idle and len(buckets) == 1:
+            hook(every)
+            return forward(part, None)
+        groups, outputs = [], []
+        if idle:
+            with torch.no_grad():  # before the hooks: they see only the rows with a gradient
+                outputs.append(forward(select_rows(part, idle), idle, self.shared_prompt_forward))
+            groups.append(idle)
+        for bucket in buckets:
+            hook([every[row] for row in bucket])
+            outputs.append(forward(select_rows(part, bucket), bucket))
+            groups.append(bucket)
+        hidden = None if any(out[2] is None for out in outputs) else in_row_order([out[2] for out in outputs], groups)
+        return (in_row_order([out[0] for out in outputs], groups),
+                in_row_order([out[1] for out in outputs], groups), hidden)
 
     def _read_pass(self, step: int, logged: list[torch.Tensor],
                    norm: torch.Tensor) -> tuple[list[list[float]], float]:

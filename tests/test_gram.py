@@ -252,15 +252,19 @@ def test_route_costs_pick_per_parameter():
 
     n, t = 4, 3
     wide = [(torch.zeros(n, t, 1000), torch.zeros(n, t, 1000))]
-    assert route_costs(wide, 1000, 1000) == {"ghost": 16 * 9 * 2000 / 2,
+    assert route_costs([wide], 1000, 1000) == {"ghost": 16 * 9 * 2000 / 2,
                                              "materialize": 12 * 1e6 + 16 * 1e6 / 2}
     long = [(torch.zeros(n, 500, 8), torch.zeros(n, 500, 8))]
-    costs = route_costs(long, 8, 8)
+    costs = route_costs([long], 8, 8)
     assert costs["materialize"] < costs["ghost"]
     embedding = [(torch.tensor([[1, 2, 2]] * n), torch.zeros(n, t, 16))]
-    costs = route_costs(embedding, 50000, 16)
+    costs = route_costs([embedding], 50000, 16)
     assert min(costs, key=costs.get) == "vocab_rows"
     assert costs["vocab_rows"] == n * t * 16 + 0 + n * n * 2 * 16
+    # blocks of rollouts over 3 and 7 tokens: materialize runs each over its own, ghost stacked (7)
+    blocks = [[(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8))], [(torch.zeros(2, 7, 8), torch.zeros(2, 7, 8))]]
+    costs = route_costs(blocks, 8, 8)
+    assert costs == {"ghost": 16 * 49 * 16 / 2, "materialize": (2 * 3 + 2 * 7) * 64 + 16 * 64 / 2}
 
 
 def test_zero_coefficient_rows_and_padding_columns_are_skipped_exactly(model64, batch):
@@ -563,8 +567,12 @@ def test_stacked_chunk_factors_pad_tokens():
         )
 
     g = torch.cat([gradients(c) for c in chunks]).reshape(5, -1)
-    gram = materialized_gram(stacked, rows, cols)
+    gram = materialized_gram([stacked], rows, cols)
     assert torch.allclose(gram, g @ g.T, rtol=1e-12, atol=0)
+    # the same from the chunks over their own tokens, unpadded, and in row chunks of the weight
+    for chunk_elems in (10_000, 5 * cols):
+        unpadded = materialized_gram(chunks, rows, cols, chunk_elems)
+        assert torch.allclose(unpadded, g @ g.T, rtol=1e-12, atol=0)
     assert stack_chunk_terms([chunks[0], chunks[1][:1]]) is None  # a use missing in one chunk
 
 

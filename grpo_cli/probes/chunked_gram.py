@@ -104,16 +104,21 @@ def _pad_tokens(x: torch.Tensor, tokens: int) -> torch.Tensor:  # [c, T, ...] ->
     return F.pad(x, [0, 0] * (x.dim() - 2) + [0, tokens - x.shape[1]])
 
 
+def _uses_match(parts: list[FactorPairs]) -> bool:
+    """Every block has the same uses of the parameter, with factors of the same kinds (a use
+    missing in one block means a hook missed it)."""
+    return len({len(terms) for terms in parts}) == 1 and all(
+        len({a.dtype for a, _ in uses}) == 1 for uses in zip(*parts, strict=True))
+
+
 def stack_chunk_terms(per_chunk: list[FactorPairs]) -> FactorPairs | None:
     """Each factor pair's rows stacked over the chunks; None if the chunks' factors differ."""
     if len(per_chunk) == 1:
         return per_chunk[0]
-    if len({len(pairs) for pairs in per_chunk}) != 1:
+    if not _uses_match(per_chunk):
         return None
     stacked = []
     for pairs in zip(*per_chunk, strict=True):  # one use of the parameter, every chunk
-        if len({a.dtype for a, _ in pairs}) != 1:
-            return None
         tokens = max(b.shape[1] for _, b in pairs)
         stacked.append(
             (
@@ -124,38 +129,50 @@ def stack_chunk_terms(per_chunk: list[FactorPairs]) -> FactorPairs | None:
     return stacked
 
 
-def route_costs(terms: FactorPairs, rows: int, cols: int) -> dict[str, float]:
-    """Multiply-adds of each exact route for one parameter [rows, cols] (N rollouts, T tokens
-    over its uses): ghost ~ N^2 T^2 (a + b) / 2, materialize ~ N T a b + N^2 a b / 2, and, when
-    some factor is token ids (an embedding), vocab_rows ~ N T b + N T_D V' b + N^2 V' b plus the
-    dense factors' own cheaper route (`per_sample.vocab_rows_gram`)."""
-    n = terms[0][1].shape[0]
-    t = sum(b.shape[1] for _, b in terms)
-    ids = [a for a, _ in terms if a.dtype == torch.long]
-    a_eff = 1 if len(ids) == len(terms) else rows
+def route_costs(parts: list[FactorPairs], rows: int, cols: int) -> dict[str, float]:
+    """Multiply-adds of each exact route for one parameter [rows, cols] from its factors over
+    blocks of rollouts (`parts`; N rollouts in all, T tokens over its uses): ghost ~ N^2 T^2 (a +
+    b) / 2, materialize ~ N T a b + N^2 a b / 2, and, when some factor is token ids (an
+    embedding), vocab_rows ~ N T b + N T_D V' b + N^2 V' b plus the dense factors' own cheaper
+    route (`per_sample.vocab_rows_gram`). Materialize runs block by block over each block's own
+    T; the others over the blocks stacked, each padded to the longest."""
+    n = sum(terms[0][1].shape[0] for terms in parts)
+    uses = list(zip(*parts, strict=True))  # each use of the parameter, in every block
+
+    def stacked_tokens(which) -> int:  # T of the stacked blocks over the uses `which`
+        return sum(max(b.shape[1] for _, b in uses[k]) for k in which)
+
+    t = stacked_tokens(range(len(uses)))
+    ids = [k for k, pairs in enumerate(uses) if pairs[0][0].dtype == torch.long]
+    dense = [k for k in range(len(uses)) if k not in ids]
+    a_eff = 1 if len(ids) == len(uses) else rows
+    row_tokens = sum(terms[0][1].shape[0] * sum(b.shape[1] for _, b in terms) for terms in parts)
     costs = {"ghost": n * n * t * t * (a_eff + cols) / 2,
-             "materialize": n * t * rows * cols + n * n * rows * cols / 2}
+             "materialize": row_tokens * rows * cols + n * n * rows * cols / 2}
     if ids:
-        dense = [(a, b) for a, b in terms if a.dtype != torch.long]
-        kept = int(torch.unique(torch.cat([a.reshape(-1) for a in ids])).numel())
-        t_dense = sum(b.shape[1] for _, b in dense)
-        own = min(route_costs(dense, rows, cols).values()) if dense else 0.0
-        costs["vocab_rows"] = own + n * t * cols + n * t_dense * kept * cols + n * n * kept * cols
+        kept = int(torch.unique(torch.cat([a.reshape(-1) for k in ids for a, _ in uses[k]])).numel())
+        own = min(route_costs([[terms[k] for k in dense] for terms in parts], rows, cols).values()) if dense else 0.0
+        costs["vocab_rows"] = own + n * t * cols + n * stacked_tokens(dense) * kept * cols + n * n * kept * cols
     return costs
 
 
-def exact_gram(terms: FactorPairs, rows: int, cols: int, route: str, chunk_elems: int):
-    """(K [N, N], route); `auto` takes the cheapest of `route_costs` per parameter."""
+def exact_gram(parts: list[FactorPairs], rows: int, cols: int, route: str, chunk_elems: int):
+    """(K [N, N], route) from a parameter's factors over consecutive blocks of rollouts
+    (`parts`, each over its own tokens); (None, "") when the blocks' uses differ. `auto` takes
+    the cheapest of `route_costs` per parameter."""
+    if not _uses_match(parts):
+        return None, ""
     if route == "auto":
-        costs = route_costs(terms, rows, cols)
+        costs = route_costs(parts, rows, cols)
         route = min(costs, key=costs.get)
+    if route not in ("vocab_rows", "ghost"):
+        return materialized_gram(parts, rows, cols, chunk_elems), "materialize"
+    terms = stack_chunk_terms(parts)  # the blocks stacked, padded to the longest
     if route == "vocab_rows":
         dense = [(a, b) for a, b in terms if a.dtype != torch.long]
-        own = exact_gram(dense, rows, cols, "auto", chunk_elems)[0] if dense else None
+        own = exact_gram([dense], rows, cols, "auto", chunk_elems)[0] if dense else None
         return vocab_rows_gram(terms, rows, cols, own)[0], "vocab_rows"
-    if route == "ghost":
-        return ghost_gram_terms(terms, chunk_elems), "ghost"
-    return materialized_gram(terms, rows, cols, chunk_elems), "materialize"
+    return ghost_gram_terms(terms, chunk_elems), "ghost"
 
 
 @dataclass
@@ -214,10 +231,10 @@ class ShareBuilder:
         if kind in ("direct", "sketch"):
             z = _stack_rows([share.rows for share in shares])  # [N, k]
             return z @ z.T, kind
-        terms = stack_chunk_terms([share.terms for share in shares])
-        if terms is None:
+        gram, method = exact_gram([share.terms for share in shares], *shares[0].shape, self.route,
+                                  self.chunk_elems)
+        if gram is None:
             return None, ""
-        gram, method = exact_gram(terms, *shares[0].shape, self.route, self.chunk_elems)
         for span, share in zip(spans, shares, strict=True):
             if share.grad_sq is None:  # check=False
                 continue

@@ -330,21 +330,31 @@ def _row_factor(a: torch.Tensor, r0: int, r1: int, dtype=torch.float64) -> torch
     return a[..., r0:r1]
 
 
-def materialized_gram(terms, rows: int, cols: int, chunk_elems: int = CHUNK_ELEMS) -> torch.Tensor:
+def materialized_gram(parts, rows: int, cols: int, chunk_elems: int = CHUNK_ELEMS) -> torch.Tensor:
     """Gram of the per-rollout gradients sum_t A_t B_t^T, formed a chunk of rows at a time.
 
-    Each chunk's gradient rows and their Gram product stay in the factors' precision (as
-    autograd's per-sample gradients would; a float64 copy of every chunk cost more than the
-    product on SmolLM2, docs/speed.md); the chunks' products are summed in float64."""
-    n = terms[0][1].shape[0]
+    `parts`: the factor pairs of consecutive blocks of rollouts, each block over its own tokens
+    (blocks of short rollouts are not padded to the longest). Each chunk's gradient rows and
+    their Gram product stay in the factors' precision (as autograd's per-sample gradients would;
+    a float64 copy of every chunk cost more than the product on SmolLM2, docs/speed.md); the
+    chunks' products are summed in float64."""
+    n = sum(terms[0][1].shape[0] for terms in parts)
     step = max(1, chunk_elems // max(n * cols, 1))
-    gram = torch.zeros(n, n, dtype=torch.float64, device=terms[0][1].device)
+    first = parts[0][0][1]
+    gram = torch.zeros(n, n, dtype=torch.float64, device=first.device)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        g = None  # [N, r1 - r0, cols]
-        for a, b in terms:  # per-rollout gradient rows in the factors' precision (as autograd's)
-            part = torch.einsum("nta,ntb->nab", _row_factor(a, r0, r1, b.dtype), b)
-            g = part if g is None else g.add_(part)
+        g = torch.empty(n, r1 - r0, cols, dtype=first.dtype, device=first.device)  # gradient rows
+        start = 0
+        for terms in parts:  # per-rollout gradient rows in the factors' precision (as autograd's)
+            block = g[start:start + terms[0][1].shape[0]]  # [c, r1 - r0, cols], contiguous
+            start += block.shape[0]
+            for use, (a, b) in enumerate(terms):
+                a_rows = _row_factor(a, r0, r1, b.dtype).transpose(1, 2)  # [c, r1 - r0, T]
+                if use == 0:
+                    torch.bmm(a_rows, b, out=block)
+                else:
+                    block.baddbmm_(a_rows, b)
         flat = g.reshape(n, -1)  # [N, (r1 - r0) * cols]
         gram += (flat @ flat.T).to(torch.float64)
     return gram

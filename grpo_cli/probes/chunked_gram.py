@@ -9,7 +9,8 @@ next chunk runs; `row_chunk = 0` is one chunk of all N rows. Rollouts do not int
   i only, so the chunks' rows are stacked and K = Z Z^T. Only Z [N, k] is kept per parameter.
   The projections are drawn once per parameter (`sketch.py`) and shared by every chunk.
 - exact routes (`ghost`, `materialize`, `auto`): each chunk's factors (A, B) stay on the Gram's
-  device in the model's precision and K is built from the stacked factors after the last chunk.
+  device in the model's precision and K is built from them after the last chunk (materialize:
+  chunk by chunk over each chunk's own tokens; ghost and vocab_rows: the chunks stacked, padded).
   That keeps N T (a + b) x 4 bytes per parameter for a float32 model (2 for bf16; N T x 8 for an
   embedding's ids): at 4B scale, tens of GiB
   for a few layers, so the paper preset uses `sketch` with chunks.

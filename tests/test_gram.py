@@ -685,3 +685,24 @@ def test_duplicate_rollouts_sketch_equals_unmerged(model64, batch):
                               merge_duplicates=False)
     for key in coeffs:
         assert max_rel(merged[key].gram, every[key].gram) < 1e-10
+
+
+def test_row_chunks_run_widest_first_each_cut_after_its_last_used_column(model64, batch, independent64):
+    """Completions of 2, 6, 4, 3, 1, 5 tokens after 5 prompt columns end at columns 7, 11, 9, 8,
+    6, 10: chunks of 2 take rows (1, 5), (2, 3), (0, 4) over 11, 9 and 7 columns, and K comes
+    back in the rows' order (against the independent reference)."""
+    from grpo_cli.probes.chunked_gram import width_order
+
+    ids, mask, _, coeff = batch
+    order, widths = width_order(mask, [coeff], 2)
+    assert order.tolist() == [1, 5, 2, 3, 0, 4] and widths == [11, 9, 7]
+    assert width_order(mask, [coeff], 0) == (None, [11])
+    seen = []
+    handle = model64.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        gram = per_rollout_grams(model64, ids, mask, {"k": coeff}, method="auto", row_chunk=2)["k"].gram
+    finally:
+        handle.remove()
+    assert seen == [(2, 11), (2, 9), (2, 7)]
+    assert max_rel(gram, independent64) < 1e-6

@@ -76,6 +76,25 @@ def row_spans(n: int, row_chunk: int) -> list[slice]:
     return [slice(start, min(start + step, n)) for start in range(0, n, max(step, 1))]
 
 
+def width_order(attention_mask: torch.Tensor, coeffs: list[torch.Tensor], row_chunk: int
+                ) -> tuple[torch.Tensor | None, list[int]]:
+    """(row order [N] or None, each chunk's columns): with row chunks (0 < row_chunk < N) the
+    rows run widest first, so that each chunk stops at its own widest row's last used column
+    (the columns after it are padding in every row of the chunk: no row attends to them, and no
+    coefficient sits there). Without, one chunk of every column."""
+    n, width = attention_mask.shape
+    if row_chunk <= 0 or row_chunk >= n:
+        return None, [width] * len(row_spans(n, row_chunk))
+    used = attention_mask.bool()
+    for c in coeffs:
+        used = used | (c != 0).to(used.device)
+    columns = torch.arange(1, width + 1, device=used.device)
+    ends = (used * columns).amax(dim=1)  # [N] each row's last used column + 1
+    order = torch.argsort(ends, descending=True, stable=True)
+    ends = ends[order].tolist()
+    return order, [ends[span.start] for span in row_spans(n, row_chunk)]
+
+
 def check_rtol(model: nn.Module) -> float:
     dtype = next(model.parameters()).dtype
     return 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
@@ -310,16 +329,23 @@ def hooked_grams(
     chunk_elems: int = CHUNK_ELEMS,
     row_chunk: int = 0,
 ) -> list[ParamGrams]:
-    """Per coefficient set, every parameter's Gram: hooked routes, per_sample where needed."""
+    """Per coefficient set, every parameter's Gram: hooked routes, per_sample where needed.
+    Row chunks take the rows widest first, each chunk cut after its last used column
+    (`width_order`); the Grams come back in the rows' order."""
     spans = row_spans(input_ids.shape[0], row_chunk)
+    order, widths = width_order(attention_mask, coeffs, row_chunk)
+    if order is not None:
+        input_ids, attention_mask = input_ids[order], attention_mask[order]
+        coeffs = [c[order.to(c.device)] for c in coeffs]
+    chunks = [(input_ids[span, :w], attention_mask[span, :w], [c[span, :w] for c in coeffs])
+              for span, w in zip(spans, widths, strict=True)]  # views
     device = input_ids.device  # the Gram's
     builder = ShareBuilder(route, check_rtol(model), device, sketch_dim, seed, chunk_elems)
     shares = [defaultdict(dict) for _ in coeffs]  # set -> name -> chunk -> ChunkShare
     samples = [defaultdict(dict) for _ in coeffs]  # set -> name -> chunk -> [c, numel]
-    for k, span in enumerate(spans):
+    for k, (chunk_ids, chunk_mask, chunk_coeffs) in enumerate(chunks):
         chunk_shares, chunk_samples = _hooked_chunk(
-            model, input_ids[span], attention_mask[span], [c[span] for c in coeffs], params,
-            builder, check,
+            model, chunk_ids, chunk_mask, chunk_coeffs, params, builder, check,
         )
         for s in range(len(coeffs)):
             for name, share in chunk_shares[s].items():
@@ -328,13 +354,15 @@ def hooked_grams(
                 samples[s][name][k] = rows
     settled = [_settle(shares[s], params, spans, builder) for s in range(len(coeffs))]
     fallbacks = [fallback for _, fallback in settled]
-    _rerun_for_fallbacks(
-        model, input_ids, attention_mask, coeffs, params, spans, fallbacks, samples
-    )
+    _rerun_for_fallbacks(model, chunks, params, fallbacks, samples)
     for (result, fallback), rows_by_name in zip(settled, samples, strict=True):
         for name in fallback:
             g = _stack_rows([rows_by_name[name][k] for k in range(len(spans))])  # [N, numel]
             result.grams[name], result.methods[name] = g @ g.T, "per_sample"
+    if order is not None:  # back to the rows' order
+        back = torch.argsort(order).to(device)
+        for result, _ in settled:
+            result.grams = {name: g[back][:, back] for name, g in result.grams.items()}
     return [result for result, _ in settled]
 
 
@@ -364,19 +392,17 @@ def _settle(shares, params, spans, builder) -> tuple[ParamGrams, list[str]]:
     return result, fallback
 
 
-def _rerun_for_fallbacks(
-    model, input_ids, attention_mask, coeffs, params, spans, fallbacks, samples
-) -> None:
-    """Per-rollout gradients of fallback parameters for the chunks whose graph is gone."""
-    for k, span in enumerate(spans):
+def _rerun_for_fallbacks(model, chunks, params, fallbacks, samples) -> None:
+    """Per-rollout gradients of fallback parameters for the chunks whose graph is gone;
+    `chunks`: each chunk's (input_ids, attention_mask, coeffs)."""
+    for k, (chunk_ids, chunk_mask, chunk_coeffs) in enumerate(chunks):
         wanted = [
             {name: params[name] for name in fallback if k not in samples[s][name]}
             for s, fallback in enumerate(fallbacks)
         ]
         if not any(wanted):
             continue
-        chunk = [c[span] for c in coeffs]
-        got = _per_sample_chunk(model, input_ids[span], attention_mask[span], chunk, wanted)
+        got = _per_sample_chunk(model, chunk_ids, chunk_mask, chunk_coeffs, wanted)
         for s, per_name in enumerate(got):
             for name, rows in per_name.items():
                 samples[s][name][k] = rows

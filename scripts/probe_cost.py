@@ -1,0 +1,73 @@
+"""What the probe steps of finished runs cost, from their timings.csv (issue 23's measure).
+
+    python scripts/probe_cost.py results/cpu_smollm2_learn [more run directories or roots ...]
+
+A probe step is a step that wrote ranks.csv rows. Its cost is the time it spent outside the
+rollout and the held-out evaluation beyond the run's median probe-free, evaluation-free step
+after step 0 (the same parts), over that median probe-free step's whole time. Counting only
+the `probes` phase understates fused probe steps (`train.backward_live_rows`, or
+`probes.fused_gram=always`): their rows' own prompt forwards and the probe hooks run inside
+the training forward and backward. Both are printed, with the share of probe steps within 60%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+
+def run_directories(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        found += sorted({timings.parent for timings in path.rglob("timings.csv")})
+    return found
+
+
+def probe_costs(run_dir: Path) -> tuple[list[float], list[float]]:
+    """(whole-step cost, probes-phase cost) of each probe step, as fractions of the run's median
+    probe-free step."""
+    timings = pd.read_csv(run_dir / "timings.csv")
+    ranks = run_dir / "ranks.csv"
+    probed = set(pd.read_csv(ranks, usecols=["step"])["step"]) if ranks.exists() else set()
+    outside = timings["time_step"] - timings["time_rollout"] - timings["time_eval"]
+    is_probe = timings["step"].isin(probed)
+    plain = ~is_probe & (timings["time_eval"] <= 0) & (timings["step"] > timings["step"].min())
+    if not plain.any() or not is_probe.any():
+        return [], []
+    base_step = float(timings.loc[plain, "time_step"].median())
+    base_outside = float(outside[plain].median())
+    whole = ((outside[is_probe] - base_outside) / base_step).tolist()
+    phase = (timings.loc[is_probe, "time_probes"] / base_step).tolist()
+    return whole, phase
+
+
+def describe(costs: list[float]) -> str:
+    ordered = sorted(costs)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    within = sum(cost <= 0.6 for cost in costs) / len(costs)
+    return (f"median {100 * statistics.median(costs):.0f}%, mean {100 * statistics.fmean(costs):.0f}%, "
+            f"{100 * within:.0f}% within 60%, p90 {100 * p90:.0f}%, worst {100 * max(costs):.0f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories or roots holding them")
+    args = parser.parse_args()
+    whole, phase = [], []
+    for run_dir in run_directories(args.paths):
+        run_whole, run_phase = probe_costs(run_dir)
+        if run_whole:
+            print(f"{run_dir}: {len(run_whole)} probe steps, whole step {describe(run_whole)}")
+        whole += run_whole
+        phase += run_phase
+    if not whole:
+        raise SystemExit("no run with both probe and probe-free steps under " + ", ".join(map(str, args.paths)))
+    print(f"all {len(whole)} probe steps: whole step {describe(whole)}")
+    print(f"  probes phase alone: {describe(phase)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -52,11 +52,9 @@ def grpo(args: list[str]):
 
 
 @needs_gsm8k
-def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotron, monkeypatch):
-    # A random model never solves GSM8K; give rewards variance so every matrix is non-zero.
-    monkeypatch.setattr(
-        "grpo_cli.tasks.problem.Task.reward", lambda self, text, problem: float(len(text) % 2)
-    )
+def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotron):
+    # A random model never solves GSM8K; task.reward=random gives the rewards variance, so every
+    # matrix is non-zero (held-out accuracy still uses the GSM8K checker)
     out = tmp_path / "run"  # named here: the override list would exceed 255 characters
     result = grpo([
         "experiment=paper_gsm8k", f"hydra.run.dir={out}", f"cache_dir={tmp_path / 'cache'}",
@@ -66,6 +64,7 @@ def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotr
         "rollout.max_new_tokens=16", "train.steps=2", "optim.lr=1e-3",
         "probes.every=1", "eval.every=2", "checkpoint_every=2",
         "model.stop_tokens=[]",  # the character tokenizer has no <extra_id_1>
+        "task.reward=random",
     ])
     assert result.exit_code == 0, result.output
     for name in CONTRACT:

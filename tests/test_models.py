@@ -201,17 +201,14 @@ def test_gram_probe_on_lora_adapters_matches_per_sample_reference(tiny_model):
     torch.testing.assert_close(hooked.gram, reference.gram, rtol=1e-9, atol=1e-12)
 
 
-def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_model, monkeypatch):
+def test_lora_run_trains_adapters_only_and_probes_their_matrices(tmp_path, tiny_model):
     directory, weights = tiny_model
-    # A reward with variance for a random model: odd-length completions score 1.
-    monkeypatch.setattr(
-        "grpo_cli.tasks.problem.Task.reward", lambda self, text, problem: float(len(text) % 2)
-    )
-    result = CliRunner().invoke(
+    result = CliRunner().invoke(  # task.reward=random: rewards with variance for a random model
         app,
         ["run", "experiment=smoke", "experiment.name=lora", f"results_dir={tmp_path}", "device=cpu",
          f"cache_dir={tmp_path / 'cache'}", "progress=false", "model=hf", f"model.path={directory}",
-         "model.lora.enabled=true", "train.steps=2", "probes.every=1", "optim.lr=1e-2"],
+         "model.lora.enabled=true", "train.steps=2", "probes.every=1", "optim.lr=1e-2",
+         "task.reward=random"],
     )
     assert result.exit_code == 0, result.output
     out = next((tmp_path / "lora").iterdir())

@@ -135,11 +135,13 @@ def test_bucketed_completion_forward_matches_one_forward(tmp_path):
 
 
 @pytest.mark.parametrize("micro_batch_size", [64, 5])
-@pytest.mark.parametrize("forward", [SHARED, "train.shared_prompt_forward=false"], ids=["shared", "plain"])
+@pytest.mark.parametrize("forward", [SHARED, "train.shared_prompt_forward=false", "algorithm=ppo"],
+                         ids=["shared", "plain", "value_head"])
 def test_bucketed_completion_forward_keeps_the_update(tmp_path, micro_batch_size, forward):
     """train.completion_buckets in the training step: the same loss and gradients (1e-5). The
-    plain forward runs each micro-batch's rows in forwards over rows of similar width."""
-    overrides = ["model.warm_start.steps=50", forward, f"train.micro_batch_size={micro_batch_size}",
+    plain forward (no shared prompts, or the value head's) runs each micro-batch's rows in
+    forwards over rows of similar width."""
+    overrides = ["model.warm_start.steps=50", SHARED, forward, f"train.micro_batch_size={micro_batch_size}",
                  "rollout.max_new_tokens=24"]  # widths of 1-24 after a 45-column prompt: worth splitting
     reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
     candidate_setup = setup_for(tmp_path, *overrides, "train.completion_buckets=3")

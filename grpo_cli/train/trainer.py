@@ -525,7 +525,7 @@ class GRPOTrainer:
         """`forward_policy` over a micro-batch; with `update.live`, its idle rows (no loss
         gradient) under no_grad first, then its live rows with autograd, outputs in row order.
         `hook(batch_rows)` is called just before each forward whose backward gives gradients.
-        Where the live rows take the plain forward (no shared prompts: a fused probe step, or
+        Where the live rows take the plain forward (a fused probe step, the value head, or
         `train.shared_prompt_forward=false`) and `train.completion_buckets` > 1, they run in up to
         that many forwards over rows of similar width, each stopping at its widest row's last
         column, under one backward (a probe hooks each bucket's rows in turn)."""
@@ -552,7 +552,8 @@ class GRPOTrainer:
         active = [row for row, flag in enumerate(live) if flag] if live is not None else list(range(len(every)))
         idle = [row for row in range(len(every)) if live is not None and not live[row]]
         buckets = [active]
-        if self.buckets > 1 and not update.shared_prompt_forward and update.widths is not None:
+        plain = not update.shared_prompt_forward or self.value_head is not None
+        if self.buckets > 1 and plain and update.widths is not None:
             widths = update.widths[rows]  # the plain forward's cost: prompt and completion columns
             buckets = [[active[i] for i in bucket] for bucket in length_buckets(
                 [part.prompt_length + widths[row] for row in active], self.buckets)]

@@ -228,3 +228,21 @@ def test_a_killed_run_leaves_no_stuck_lock(tmp_path, cache_dir):
     assert result.exit_code == 0, result.output
     assert status(out)["status"] == "completed"
     assert not (out / ".lock.holder").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_names_the_file_and_the_free_space(tmp_path, cache_dir):
+    """A checkpoint the disk cannot take (here a directory stands where its temporary file goes,
+    as a full disk would fail the write) fails the run naming the file, the space it needs, the
+    space free and what to change, not torch's zip-writer assertion; the rows so far stay."""
+    out = run_dir(tmp_path, "R4-grpo-s0-train.steps=2")
+    blocker = out / "checkpoints" / "latest.tmp"
+    blocker.mkdir(parents=True)
+    result = grpo_run(tmp_path, cache_dir, "train.steps=2", "checkpoint_every=1")
+    assert result.exit_code != 0
+    record = status(out)
+    assert record["status"] == "failed"
+    error = record["error"]
+    assert error.startswith("FileWriteError: could not write the checkpoint " + str(out / "checkpoints" / "latest.pt"))
+    assert "GiB free" in error and "results_dir=" in error
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0]
+    assert blocker.is_dir()  # not the run's file: left alone

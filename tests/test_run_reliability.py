@@ -170,6 +170,8 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_d
     overrides = ("train.steps=3", "checkpoint_every=1")
     name = "R4-grpo-s0-train.steps=3"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
+    kept = run_dir(tmp_path / "full", name) / "checkpoints"
+    assert (kept / "latest.pt").exists() and not (kept / "previous.pt").exists()  # completed: the last only
     with failing_at_step(monkeypatch, 2):
         assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
     out = run_dir(tmp_path / "cut", name)

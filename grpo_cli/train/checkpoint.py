@@ -3,9 +3,9 @@ value head, alarm counters, per-problem success counts, the probes' running sums
 step. With `keep_checkpoints=true` each one's weights (policy, value head, next step) are also
 kept as `step_<N>.pt`, N the step it continues from, for `grpo probe RUN --all-checkpoints`.
 
-The last two are kept (`latest.pt`, `previous.pt`): a checkpoint that cannot be read (a disk
-filled up, a copy cut short) is named in the log, set aside as `latest.pt.corrupt`, and the run
-resumes from the previous one.
+The last two are kept (`latest.pt`, `previous.pt`) while the run goes: a checkpoint that cannot
+be read (a disk filled up, a copy cut short) is named in the log, set aside as
+`latest.pt.corrupt`, and the run resumes from the previous one. A completed run keeps the last.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -
     if path.exists():
         path.replace(path.with_name(PREVIOUS))
     temporary.replace(path)
+
+
+def drop_previous(path: Path) -> None:
+    """A completed run keeps only its last checkpoint (`path`): `previous.pt`, the fallback while
+    the run could still be cut off mid-write, goes (a SmolLM2 checkpoint is ~1.6 GB)."""
+    path.with_name(PREVIOUS).unlink(missing_ok=True)
 
 
 def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:

@@ -23,6 +23,7 @@ from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
+from grpo_cli.train.checkpoint import drop_previous
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -101,6 +102,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     trackers = start_trackers(cfg, run_dir, log)  # off unless logger=...; never stops the run
     try:
         _train(cfg, results, record, log, stops, trackers)
+        drop_previous(results.checkpoint_path)
         record["status"] = "completed"
         log(f"results: {run_dir}")
     except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM: resumable, not a failure

@@ -18,22 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def run_directories(paths: list[Path]) -> list[Path]:
-    found = []
-    for path in paths:
-        found += sorted({timings.parent for timings in path.rglob("timings.csv")})
-    return found
+from grpo_cli.gpu_report.collect import probe_steps, run_directories
 
 
 def probe_costs(run_dir: Path) -> tuple[list[float], list[float]]:
     """(whole-step cost, probes-phase cost) of each probe step, as fractions of the run's median
     probe-free step."""
     timings = pd.read_csv(run_dir / "timings.csv")
-    ranks = run_dir / "ranks.csv"
-    probed = set(pd.read_csv(ranks, usecols=["step"])["step"]) if ranks.exists() else set()
     outside = timings["time_step"] - timings["time_rollout"] - timings["time_eval"]
-    is_probe = timings["step"].isin(probed)
+    is_probe = timings["step"].isin(probe_steps(run_dir))
     plain = ~is_probe & (timings["time_eval"] <= 0) & (timings["step"] > timings["step"].min())
     if not plain.any() or not is_probe.any():
         return [], []
@@ -57,7 +50,7 @@ def main() -> None:
     parser.add_argument("paths", nargs="+", type=Path, help="run directories or roots holding them")
     args = parser.parse_args()
     whole, phase = [], []
-    for run_dir in run_directories(args.paths):
+    for run_dir in [run for path in args.paths for run in run_directories(path)]:
         run_whole, run_phase = probe_costs(run_dir)
         if run_whole:
             print(f"{run_dir}: {len(run_whole)} probe steps, whole step {describe(run_whole)}")

@@ -76,6 +76,15 @@ def row_spans(n: int, row_chunk: int) -> list[slice]:
     return [slice(start, min(start + step, n)) for start in range(0, n, max(step, 1))]
 
 
+def used_positions(attention_mask: torch.Tensor, coeffs: list[torch.Tensor]) -> torch.Tensor:
+    """[N, L] bool: the positions a row attends to or holds a coefficient at; the rest are
+    padding, which no kept token sees and which carries no coefficient."""
+    used = attention_mask.bool()
+    for c in coeffs:
+        used = used | (c != 0).to(used.device)
+    return used
+
+
 def width_order(attention_mask: torch.Tensor, coeffs: list[torch.Tensor], row_chunk: int
                 ) -> tuple[torch.Tensor | None, list[int]]:
     """(row order [N] or None, each chunk's columns): with row chunks (0 < row_chunk < N) the
@@ -85,9 +94,7 @@ def width_order(attention_mask: torch.Tensor, coeffs: list[torch.Tensor], row_ch
     n, width = attention_mask.shape
     if row_chunk <= 0 or row_chunk >= n:
         return None, [width] * len(row_spans(n, row_chunk))
-    used = attention_mask.bool()
-    for c in coeffs:
-        used = used | (c != 0).to(used.device)
+    used = used_positions(attention_mask, coeffs)
     columns = torch.arange(1, width + 1, device=used.device)
     ends = (used * columns).amax(dim=1)  # [N] each row's last used column + 1
     order = torch.argsort(ends, descending=True, stable=True)

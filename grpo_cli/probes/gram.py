@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from grpo_cli.probes.chunked_gram import ParamGrams, hooked_grams, per_sample_grams
+from grpo_cli.probes.chunked_gram import ParamGrams, hooked_grams, per_sample_grams, used_positions
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 
 METHODS = ("auto", "ghost", "per_sample", "sketch")
@@ -323,9 +323,7 @@ def _live_part(input_ids, attention_mask, coeffs, live):
     if rows is not None:
         input_ids, attention_mask = input_ids[rows], attention_mask[rows]
         coeffs = [c[rows.to(c.device)] for c in coeffs]
-    used = attention_mask.bool().any(0)  # [L]
-    for c in coeffs:
-        used |= (c != 0).any(0).to(used.device)
+    used = used_positions(attention_mask, coeffs).any(0)  # [L]
     if not bool(used.all()):
         first, last = int(used.nonzero()[0]), int(used.nonzero()[-1]) + 1  # all-padding edges
         input_ids, attention_mask = input_ids[:, first:last], attention_mask[:, first:last]

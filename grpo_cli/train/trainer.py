@@ -549,8 +549,9 @@ class GRPOTrainer:
         if live is not None and not any(live):  # no gradient, nothing hooked; the prompts may be shared
             with torch.no_grad():
                 return forward(part, None, self.shared_prompt_forward)
-        active = [row for row, flag in enumerate(live) if flag] if live is not None else list(range(len(every)))
-        idle = [row for row in range(len(every)) if live is not None and not live[row]]
+        flags = live if live is not None else [True] * len(every)
+        active = [row for row, flag in enumerate(flags) if flag]
+        idle = [row for row, flag in enumerate(flags) if not flag]
         buckets = [active]
         plain = not update.shared_prompt_forward or self.value_head is not None
         if self.buckets > 1 and plain and update.widths is not None:

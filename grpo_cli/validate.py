@@ -46,6 +46,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
     from grpo_cli.tasks import TASKS
     from grpo_cli.tasks.rehearsal import REWARDS
     from grpo_cli.train.autocast import AUTOCAST_KINDS
+    from grpo_cli.train.fault import FAULT_KINDS
 
     return {
         "algorithm.name": tuple(sorted(ESTIMATORS)),
@@ -62,6 +63,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "model.autocast": tuple(AUTOCAST_KINDS),
         "model.weights": tuple(WEIGHTS),
         "model.master_weights": tuple(MASTER_WEIGHTS),
+        "fault.kind": tuple(FAULT_KINDS),
     }
 
 
@@ -233,6 +235,10 @@ def config_problems(cfg: DictConfig) -> list[str]:
                           and pair.split("/")[1] in RANK_MEASURES) for pair in v),
          "'all' or matrix/measure pairs, matrix in " + ", ".join(names["probes.matrices"])
          + "; measure in " + ", ".join(RANK_MEASURES))
+    # a failure on purpose (grpo_cli/train/fault.py)
+    choice("fault.kind", names["fault.kind"])
+    if value("fault.step") is not None:
+        at_least("fault.step", 0)
     return problems
 
 

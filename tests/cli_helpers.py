@@ -5,8 +5,6 @@ resume) even where CUDA is visible; tests/test_gpu.py runs the GPU tier."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -23,22 +21,8 @@ def run_dir(results, name="R4-grpo-s0"):
     return results / "smoke" / name
 
 
-@contextmanager
-def failing_at_step(monkeypatch, step: int, error: BaseException | None = None):
-    """Inside the block, GRPOTrainer.step raises `error` (default: a simulated crash) at `step`,
-    as a killed or crashing run would; steps before it run as usual."""
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-    error = error if error is not None else RuntimeError("simulated crash")
-
-    def step_or_fail(self, current, capture=None, **options):
-        if current == step:
-            raise error
-        return original(self, current, capture, **options)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", step_or_fail)
-    try:
-        yield
-    finally:
-        monkeypatch.setattr(trainer.GRPOTrainer, "step", original)
+def fault_at(step: int, kind: str = "crash") -> tuple[str, str]:
+    """Overrides that make a run fail at `step` on purpose (grpo_cli/train/fault.py): `crash`
+    (an error before the step), `interrupt` (Ctrl-C before the step) or `nan_loss`; steps before
+    it run as usual, and the re-run without them resumes in the same directory."""
+    return f"fault.step={step}", f"fault.kind={kind}"

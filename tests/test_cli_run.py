@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from cli_helpers import failing_at_step, grpo_run, run_dir
+from cli_helpers import fault_at, grpo_run, run_dir
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -80,19 +80,18 @@ def test_same_seed_gives_identical_metrics(tmp_path, cache_dir):
 @pytest.mark.parametrize(
     "overrides", [[], ["model.dtype=bfloat16", "model.master_weights=probed"]], ids=["fp32", "bf16"]
 )
-def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monkeypatch, overrides):
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, overrides):
     """bf16 with probed masters: fp32 masters for the probed weights, stochastic rounding for
     the rest; both (masters, rounding generators) and grad_sum must survive the checkpoint."""
     name = "-".join(["R4-grpo-s0", ",".join(overrides)]) if overrides else "R4-grpo-s0"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
 
-    with failing_at_step(monkeypatch, 3):
-        crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides)
-        assert crashed.exit_code != 0
-        out = run_dir(tmp_path / "resumed", name)
-        record = json.loads((out / "run.json").read_text())
-        assert record["status"] == "failed" and "simulated crash" in record["error"]
-        assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
+    crashed = grpo_run(tmp_path / "resumed", cache_dir, *overrides, *fault_at(3))
+    assert crashed.exit_code != 0
+    out = run_dir(tmp_path / "resumed", name)
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed" and "InjectedFault: fault.kind=crash at step 3" in record["error"]
+    assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0, 1, 2]  # still readable
 
     assert grpo_run(tmp_path / "resumed", cache_dir, *overrides).exit_code == 0
     record = json.loads((out / "run.json").read_text())
@@ -102,21 +101,12 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cache_dir, monke
         assert (out / name).read_text() == (full / name).read_text(), name
 
 
-def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir, monkeypatch):
-    from grpo_cli.train import trainer
-
-    real_loss = trainer.actor_loss
-
-    def nan_loss(*args, **kwargs):  # the real loss terms, times NaN
-        loss, pg_loss, kl_tokens, stats = real_loss(*args, **kwargs)
-        return loss * float("nan"), pg_loss, kl_tokens, stats
-
-    monkeypatch.setattr(trainer, "actor_loss", nan_loss)
-    result = grpo_run(tmp_path, cache_dir)
+def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, *fault_at(0, "nan_loss"))
     assert result.exit_code != 0
     record = json.loads((run_dir(tmp_path) / "run.json").read_text())
     assert record["status"] == "failed"
-    assert "NonFiniteLossError" in record["error"] and "step 0" in record["error"]
+    assert "NonFiniteLossError" in record["error"] and "step 0: loss is nan" in record["error"]
 
 
 def test_weights_blown_up_by_the_update_are_named_not_a_sampling_traceback(tmp_path, cache_dir):
@@ -133,24 +123,14 @@ def test_weights_blown_up_by_the_update_are_named_not_a_sampling_traceback(tmp_p
     assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0]
 
 
-def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir, monkeypatch):
-    from grpo_cli.train import trainer
-
-    original = trainer.GRPOTrainer.step
-
-    def fail_for_group_size_2(self, step, capture=None, **options):
-        if self.cfg.rollout.group_size == 2:
-            raise RuntimeError("boom")
-        return original(self, step, capture, **options)
-
-    monkeypatch.setattr(trainer.GRPOTrainer, "step", fail_for_group_size_2)
-    result = grpo_run(tmp_path, cache_dir, "rollout.group_size=2,4", multirun=True)
+def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir):
+    """optim.lr=1e30 passes validation, then its first update blows the weights up and step 1
+    cannot sample: that member fails, the other completes, and the sweep exits 1."""
+    result = grpo_run(tmp_path, cache_dir, "optim.lr=1e-3,1e30", multirun=True)
     assert result.exit_code == 1
-    status = {
-        name: json.loads((run_dir(tmp_path, name) / "run.json").read_text())["status"]
-        for name in ("R2-grpo-s0", "R4-grpo-s0")
-    }
-    assert status == {"R2-grpo-s0": "failed", "R4-grpo-s0": "completed"}
+    names = {"R4-grpo-s0-optim.lr=0.001": "completed", "R4-grpo-s0-optim.lr=1e+30": "failed"}  # Hydra's spelling
+    status = {name: json.loads((run_dir(tmp_path, name) / "run.json").read_text())["status"] for name in names}
+    assert status == names
 
 
 def test_typo_in_config_key_names_the_key(tmp_path, cache_dir):

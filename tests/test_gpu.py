@@ -15,7 +15,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from cli_helpers import failing_at_step, grpo_run, run_dir
+from cli_helpers import fault_at, grpo_run, run_dir
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,7 +50,7 @@ def test_cuda_run_every_estimator_and_backend_with_probes(tmp_path, cache_dir, e
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cuda_same_seed_and_resume_are_repeatable(tmp_path, cache_dir, dtype, monkeypatch):
+def test_cuda_same_seed_and_resume_are_repeatable(tmp_path, cache_dir, dtype):
     """With deterministic=true: the same seed gives the same metrics, and a run killed at step 3
     and resumed gives what the uninterrupted run gave."""
     overrides = [f"model.dtype={dtype}", "deterministic=true", "rollout.backend=hf_static"]
@@ -60,8 +60,7 @@ def test_cuda_same_seed_and_resume_are_repeatable(tmp_path, cache_dir, dtype, mo
     full = run_dir(tmp_path / "full", name)
     assert (full / "metrics.csv").read_text() == (run_dir(tmp_path / "again", name) / "metrics.csv").read_text()
 
-    with failing_at_step(monkeypatch, 3):
-        assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code != 0
+    assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, *fault_at(3), device="cuda").exit_code != 0
     assert grpo_run(tmp_path / "resumed", cache_dir, *overrides, device="cuda").exit_code == 0
     resumed = run_dir(tmp_path / "resumed", name)
     assert completed(resumed)["resumed_from"] == 2

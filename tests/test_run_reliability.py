@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from cli_helpers import failing_at_step, grpo_run, run_dir
+from cli_helpers import fault_at, grpo_run, run_dir
 
 from grpo_cli.train.run import RunInterrupted, StopRequests
 
@@ -116,9 +116,8 @@ def test_a_second_signal_stops_at_once():
         stops.stop_now_if_requested()
 
 
-def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch):
-    with failing_at_step(monkeypatch, 3, KeyboardInterrupt()):
-        result = grpo_run(tmp_path, cache_dir)
+def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, *fault_at(3, "interrupt"))
     assert result.exit_code == 130
     record = status(run_dir(tmp_path))
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGINT"
@@ -128,9 +127,8 @@ def test_ctrl_c_records_interrupted_not_failed(tmp_path, cache_dir, monkeypatch)
     assert "it/s]" not in result.output  # progress=false: no tqdm bar from transformers either
 
 
-def test_interrupt_before_any_checkpoint_says_a_rerun_starts_over(tmp_path, cache_dir, monkeypatch):
-    with failing_at_step(monkeypatch, 1, KeyboardInterrupt()):
-        result = grpo_run(tmp_path, cache_dir, "checkpoint_every=100")
+def test_interrupt_before_any_checkpoint_says_a_rerun_starts_over(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "checkpoint_every=100", *fault_at(1, "interrupt"))
     assert result.exit_code == 130
     assert status(run_dir(tmp_path))["checkpoint_step"] is None
     assert ("interrupted by SIGINT after step 0; no checkpoint yet: re-running the same command "
@@ -147,7 +145,7 @@ def test_param_regex_matching_nothing_is_refused_before_training(tmp_path, cache
     assert not (out / "metrics.csv").exists()  # refused before the first step
 
 
-def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, cache_dir, monkeypatch):
+def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, cache_dir):
     short = "train.steps=2"
     assert grpo_run(tmp_path, cache_dir, short).exit_code == 0
     out = run_dir(tmp_path, "R4-grpo-s0-train.steps=2")
@@ -158,22 +156,21 @@ def test_restart_from_step_0_leaves_no_duplicate_rows_and_lf_endings(tmp_path, c
         assert b"\r" not in (out / name).read_bytes(), name
         assert (out / name).read_bytes() == first[name], name
 
-    with failing_at_step(monkeypatch, 1):  # killed before the first checkpoint
-        assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code != 0
+    # killed before the first checkpoint
+    assert grpo_run(tmp_path / "crashed", cache_dir, short, *fault_at(1)).exit_code != 0
     assert grpo_run(tmp_path / "crashed", cache_dir, short).exit_code == 0
     crashed = run_dir(tmp_path / "crashed", "R4-grpo-s0-train.steps=2")
     for name in TABLES:
         assert (crashed / name).read_bytes() == first[name], name
 
 
-def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_dir, monkeypatch):
+def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_dir):
     overrides = ("train.steps=3", "checkpoint_every=1")
     name = "R4-grpo-s0-train.steps=3"
     assert grpo_run(tmp_path / "full", cache_dir, *overrides).exit_code == 0
     kept = run_dir(tmp_path / "full", name) / "checkpoints"
     assert (kept / "latest.pt").exists() and not (kept / "previous.pt").exists()  # completed: the last only
-    with failing_at_step(monkeypatch, 2):
-        assert grpo_run(tmp_path / "cut", cache_dir, *overrides).exit_code != 0
+    assert grpo_run(tmp_path / "cut", cache_dir, *overrides, *fault_at(2)).exit_code != 0
     out = run_dir(tmp_path / "cut", name)
     latest, previous = out / "checkpoints" / "latest.pt", out / "checkpoints" / "previous.pt"
     assert previous.exists()
@@ -190,9 +187,8 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, cache_d
         assert (out / table).read_bytes() == (full / table).read_bytes(), table
 
 
-def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache_dir, monkeypatch):
-    with failing_at_step(monkeypatch, 3):
-        assert grpo_run(tmp_path, cache_dir).exit_code != 0
+def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache_dir):
+    assert grpo_run(tmp_path, cache_dir, *fault_at(3)).exit_code != 0
     latest = run_dir(tmp_path) / "checkpoints" / "latest.pt"
     latest.write_bytes(b"truncated")
 

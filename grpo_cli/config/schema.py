@@ -192,6 +192,14 @@ class LoggerConfig:
 
 
 @dataclass
+class FaultConfig:
+    """A failure on purpose, to rehearse what a run leaves behind (grpo_cli/train/fault.py)."""
+
+    step: int | None = None  # fail at this step (None = never)
+    kind: str = "crash"  # crash (an error before the step) | interrupt (Ctrl-C before the step) | nan_loss (the step's last micro-batch's loss becomes NaN)
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"  # results/<name>/...; also the title of figures
 
@@ -209,6 +217,7 @@ class Config:
     alarms: AlarmConfig = field(default_factory=AlarmConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)  # rehearsals and tests only; off by default
     seed: int = 0  # training seed (sampling, init of char models, data order)
     device: str = "auto"  # auto | cpu | cuda
     deterministic: bool = False  # deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG): repeatable CUDA runs, slower

@@ -49,6 +49,7 @@ from grpo_cli.train.credit import (
     step_tensors,
     token_advantages,
 )
+from grpo_cli.train.fault import Fault
 from grpo_cli.train.policy_forward import (
     checkpointing,
     forward_policy,
@@ -103,6 +104,7 @@ class Update:
     live: list[bool] | None  # [N] rows whose loss has a gradient (train.backward_live_rows), else None
     policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
     grad_norm: float = 0.0  # the first pass's gradient norm, before clipping
+    nan_loss: bool = False  # fault.kind=nan_loss: the last micro-batch's loss becomes NaN (fault.py)
     totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
     layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # probe steps: batch gradients
     rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and per-rollout Grams
@@ -189,6 +191,7 @@ class GRPOTrainer:
             raise ValueError(f"task.reward={cfg.task.reward!r} is not one of {', '.join(REWARDS)}")
         if self.autocast_kind != "none":
             keep_lm_head_fp32(model)  # log-probs from fp32 logits
+        self.fault = Fault.from_config(cfg)  # fault.*: a failure on purpose (rehearsals, tests)
 
     def autocast(self):
         """Context for sampling: bf16 autocast when model.autocast=bf16."""
@@ -217,6 +220,7 @@ class GRPOTrainer:
         `update=False` stops there (`grpo probe`: the step's probes at fixed weights, whose weights,
         optimizer and sampler stay as they were).
         """
+        self.fault.before_step(step)  # fault.kind=crash or interrupt at fault.step (off by default)
         # 1. rollout: each prompt's group of completions, scored (dynamic sampling refills groups)
         with self.autocast():
             batch, scored, dropped = self.collect(step)
@@ -387,6 +391,7 @@ class GRPOTrainer:
         (`_read_pass`), which stops the run on a non-finite loss or norm before any update."""
         algorithm, timer = self.cfg.algorithm, self.timer
         update = self._plan_update(batch, targets, capture)  # host read: the token counts
+        update.nan_loss = self.fault.nan_loss(step)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.model.train()
         for iteration in range(algorithm.num_iterations):
@@ -513,6 +518,8 @@ class GRPOTrainer:
             if self.value_head is not None:
                 v_loss = value_loss(self.value_head(hidden), targets.returns[rows], part_mask)
                 loss = loss + algorithm.value_coef * v_loss * share
+            if update.nan_loss and rows == update.micro[-1]:  # a failure on purpose (fault.py)
+                loss = loss * math.nan
         with timer.phase("backward"):
             if loss.requires_grad:  # else every row of the micro-batch is idle (backward_live_rows)
                 loss.backward()

@@ -1,0 +1,52 @@
+"""`fault.step=N fault.kind=...`: a failure on purpose at step N, to rehearse what a run leaves
+behind when it crashes, is interrupted or meets a NaN loss: its status in run.json, its rows
+written so far, its checkpoints, and the resume of the same command without the fault. The tests
+of those guarantees use it (tests/test_run_reliability.py), and a researcher can run the same
+check on a cluster before a long job. Off unless `fault.step` is set.
+
+`fault.*` is left out of the run directory's name (conf/config.yaml), so that the re-run without
+the fault resumes in the directory that the faulty run left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FAULT_KINDS = {
+    "crash": "an error before the step's rollout, as an unexpected exception would raise",
+    "interrupt": "Ctrl-C before the step's rollout, as a second SIGINT would (stop at once)",
+    "nan_loss": "a NaN loss in the step's last micro-batch, as an overflow late in the step would",
+}
+
+
+class InjectedFault(RuntimeError):
+    """The failure that `fault.kind=crash` asks for."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    step: int | None = None  # None: never
+    kind: str = "crash"  # one of FAULT_KINDS
+
+    @classmethod
+    def from_config(cls, cfg) -> Fault:
+        fault = cfg.get("fault")
+        if fault is None:
+            return cls()
+        if fault.kind not in FAULT_KINDS:
+            raise ValueError(f"fault.kind={fault.kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        return cls(fault.step, fault.kind)
+
+    def _due(self, step: int, kind: str) -> bool:
+        return self.step is not None and step == self.step and self.kind == kind
+
+    def before_step(self, step: int) -> None:
+        """Raise the crash or interrupt asked for at `step` (nothing of that step has run)."""
+        if self._due(step, "crash"):
+            raise InjectedFault(f"fault.kind=crash at step {step} (fault.step: a failure on purpose)")
+        if self._due(step, "interrupt"):  # what Ctrl-C raises; run.py records it as SIGINT
+            raise KeyboardInterrupt(f"fault.kind=interrupt at step {step}")
+
+    def nan_loss(self, step: int) -> bool:
+        """Whether the last micro-batch's loss at `step` is to become NaN."""
+        return self._due(step, "nan_loss")

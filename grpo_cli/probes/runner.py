@@ -202,6 +202,12 @@ class ProbeSuite:
         self.grad_sum = {name: t.to(self.layer_params[name].device, torch.float32)
                          for name, t in state.get("grad_sum", {}).items()}
 
+    @property
+    def hooks_verified(self) -> bool:
+        """Whether the Gram hooks' consistency check has passed once with no parameter falling
+        back to per_sample; the separate pass skips the check (and its weight gradients) from then on."""
+        return self._hooks_verified
+
     def due(self, step: int, total_steps: int) -> bool:
         every = self.cfg.every
         return every > 0 and (step % every == 0 or step == total_steps - 1)

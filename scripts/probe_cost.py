@@ -2,12 +2,10 @@
 
     python scripts/probe_cost.py results/cpu_smollm2_learn [more run directories or roots ...]
 
-A probe step is a step that wrote ranks.csv rows. Its cost is the time it spent outside the
-rollout and the held-out evaluation beyond the run's median probe-free, evaluation-free step
-after step 0 (the same parts), over that median probe-free step's whole time. Counting only
-the `probes` phase understates fused probe steps (`train.backward_live_rows`, or
-`probes.fused_gram=always`): their rows' own prompt forwards and the probe hooks run inside
-the training forward and backward. Both are printed, with the share of probe steps within 60%.
+A probe step is a step that wrote ranks.csv rows; its cost is defined by
+`grpo_cli.gpu_report.collect.probe_step_costs` (the time outside the rollout and the held-out
+evaluation beyond the run's median probe-free step, over that step). Counting only the `probes`
+phase understates fused probe steps. Both are printed, with the share of probe steps within 60%.
 """
 
 from __future__ import annotations
@@ -16,25 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-import pandas as pd
-
-from grpo_cli.gpu_report.collect import probe_steps, run_directories
-
-
-def probe_costs(run_dir: Path) -> tuple[list[float], list[float]]:
-    """(whole-step cost, probes-phase cost) of each probe step, as fractions of the run's median
-    probe-free step."""
-    timings = pd.read_csv(run_dir / "timings.csv")
-    outside = timings["time_step"] - timings["time_rollout"] - timings["time_eval"]
-    is_probe = timings["step"].isin(probe_steps(run_dir))
-    plain = ~is_probe & (timings["time_eval"] <= 0) & (timings["step"] > timings["step"].min())
-    if not plain.any() or not is_probe.any():
-        return [], []
-    base_step = float(timings.loc[plain, "time_step"].median())
-    base_outside = float(outside[plain].median())
-    whole = ((outside[is_probe] - base_outside) / base_step).tolist()
-    phase = (timings.loc[is_probe, "time_probes"] / base_step).tolist()
-    return whole, phase
+from grpo_cli.gpu_report.collect import probe_step_costs, run_directories
 
 
 def describe(costs: list[float]) -> str:
@@ -51,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     whole, phase = [], []
     for run_dir in [run for path in args.paths for run in run_directories(path)]:
-        run_whole, run_phase = probe_costs(run_dir)
+        run_whole, run_phase = probe_step_costs(run_dir)
         if run_whole:
             print(f"{run_dir}: {len(run_whole)} probe steps, whole step {describe(run_whole)}")
         whole += run_whole

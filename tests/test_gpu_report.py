@@ -247,10 +247,16 @@ def test_run_reader_tells_probe_steps_by_ranks_csv(tmp_path):
     run_dir.mkdir(parents=True)
     pd.DataFrame({"step": range(6), "time_step": [9.0, 0.2, 0.4, 0.3, 0.5, 1.0],
                   "time_probes": [5.0, 1e-4, 1e-4, 1e-4, 1e-4, 0.6],
+                  "time_rollout": [1.0, 0.1, 0.1, 0.1, 0.1, 0.1], "time_eval": [0.0] * 6,
                   "peak_memory_mb": [100.0, 120.0, 110.0, 110.0, 110.0, 130.0]}
                  ).to_csv(run_dir / "timings.csv", index=False)
     pd.DataFrame({"step": [0, 0, 5], "matrix": ["a", "b", "a"]}).to_csv(run_dir / "ranks.csv", index=False)
     pd.DataFrame({"step": [0, 6], "accuracy": [0.25, 0.5]}).to_csv(run_dir / "eval.csv", index=False)
     figures = {f.key: f.value for f in collect.run_figures("rank", tmp_path, 30)}
-    assert figures == {"rank.R4.step_s": 0.35, "rank.R4.probes_s": 2.8, "rank.R4.peak_mb": 130.0,
-                       "rank.R4.steps": 6.0, "rank.R4.accuracy": 0.5}
+    # probe steps' cost outside the rollout, beyond the plain steps' median 0.25 of 0.35 s:
+    # step 0 (9.0 - 1.0 - 0.25) / 0.35, step 5 (1.0 - 0.1 - 0.25) / 0.35; median 12.0
+    assert figures == pytest.approx({"rank.R4.step_s": 0.35, "rank.R4.probes_s": 2.8,
+                                     "rank.R4.probe_cost": 1200.0, "rank.R4.peak_mb": 130.0,
+                                     "rank.R4.steps": 6.0, "rank.R4.accuracy": 0.5})
+    whole, phase = collect.probe_step_costs(run_dir)
+    assert whole == pytest.approx([7.75 / 0.35, 0.65 / 0.35]) and phase == pytest.approx([5.0 / 0.35, 0.6 / 0.35])

@@ -52,9 +52,34 @@ def probe_steps(run_dir: Path) -> set[int]:
     return set(pd.read_csv(ranks, usecols=["step"])["step"]) if ranks.exists() else set()
 
 
+def probe_step_costs(run_dir: Path) -> tuple[list[float], list[float]]:
+    """(whole-step cost, probes-phase cost) of each probe step of a run, as fractions of its median
+    probe-free step; empty lists without both kinds of step (or without the phase columns).
+
+    A probe step's whole-step cost is its time outside the rollout and the held-out evaluation
+    beyond the run's median probe-free, evaluation-free step after step 0 (the same parts), over
+    that step's whole time (issue 23's measure). The probes phase alone understates fused probe
+    steps (`train.backward_live_rows`, `probes.fused_gram=always`): their rows' own prompt
+    forwards and the probe hooks run inside the training forward and backward."""
+    timings = pd.read_csv(run_dir / "timings.csv")
+    if not {"time_step", "time_rollout", "time_eval", "time_probes"} <= set(timings):
+        return [], []
+    outside = timings["time_step"] - timings["time_rollout"] - timings["time_eval"]
+    is_probe = timings["step"].isin(probe_steps(run_dir))
+    plain = ~is_probe & (timings["time_eval"] <= 0) & (timings["step"] > timings["step"].min())
+    if not plain.any() or not is_probe.any():
+        return [], []
+    base_step = float(timings.loc[plain, "time_step"].median())
+    base_outside = float(outside[plain].median())
+    whole = ((outside[is_probe] - base_outside) / base_step).tolist()
+    phase = (timings.loc[is_probe, "time_probes"] / base_step).tolist()
+    return whole, phase
+
+
 def run_figures(step: str, root: Path, expected_steps: int | None = None) -> list[Figure]:
-    """Per run: median plain step time after step 0, median probes time on probe steps, peak
-    memory, steps done, last held-out accuracy."""
+    """Per run: median plain step time after step 0, median probes time on probe steps, the
+    median probe step's whole-step cost (`probe_step_costs`), peak memory, steps done, last
+    held-out accuracy."""
     figures = []
     for run_dir in run_directories(root):
         label = run_label(run_dir)
@@ -69,6 +94,12 @@ def run_figures(step: str, root: Path, expected_steps: int | None = None) -> lis
             probed = timings[is_probe]
             figures.append(Figure(f"{prefix}.probes_s", f"{label}: median probes time, probe steps",
                                   float(probed["time_probes"].median()), "s", f"{len(probed)} probe steps"))
+        whole, _ = probe_step_costs(run_dir)
+        if whole:
+            figures.append(Figure(f"{prefix}.probe_cost", f"{label}: median probe step's cost beyond "
+                                  "the probe-free step, outside rollout and eval",
+                                  100 * float(pd.Series(whole).median()), "%",
+                                  f"worst {100 * max(whole):.0f}% of {len(whole)}"))
         if "peak_memory_mb" in timings:
             figures.append(Figure(f"{prefix}.peak_mb", f"{label}: peak memory (peak_memory_mb)",
                                   float(timings["peak_memory_mb"].max()), "MB"))

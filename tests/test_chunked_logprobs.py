@@ -53,6 +53,29 @@ def test_positions_per_chunk():
     assert positions_per_chunk(64, 256_000, 1) == 1  # never below one position
 
 
+@pytest.mark.parametrize("block_rows", [1, 5, 46])
+def test_blocks_of_positions_give_the_one_block_values_and_gradients(block_rows):
+    """log_softmax_terms in blocks of positions (CPU's default, for the allocator) equals one
+    block exactly, and both equal the closed form; also on a strided slice of the logits."""
+    torch.manual_seed(3)
+    logits = (3 * torch.randn(2, 24, 50)).requires_grad_(True)  # [N, T + 1, V]
+    targets = torch.randint(0, 50, (2, 23))
+    weights = torch.linspace(-1, 1, targets.numel()).view(2, 23)
+    results = {}
+    for rows in (None, block_rows, 10**6):  # the default on a CPU, the blocks, one block
+        logits.grad = None
+        picked, entropy = log_softmax_terms(logits[:, :-1], targets, block_rows=rows)
+        (picked * weights).sum().backward()
+        results[rows] = (picked.detach(), entropy, logits.grad.clone())
+    for got, want in zip(results[block_rows], results[10**6], strict=True):
+        assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(results[None], results[10**6], strict=True))
+    log_p = torch.log_softmax(logits.detach()[:, :-1].double(), dim=-1)
+    closed = {"rtol": 1e-5, "atol": 1e-6}  # float32 against float64
+    torch.testing.assert_close(results[block_rows][0].double(), log_p.gather(-1, targets[..., None])[..., 0], **closed)
+    torch.testing.assert_close(results[block_rows][1].double(), -(log_p.exp() * log_p).sum(-1), **closed)
+
+
 @pytest.mark.parametrize("positions", [1, 4, 7, 22])
 def test_chunked_values_and_gradients_match_one_pass(positions):
     head, hidden, targets = head_and_inputs()

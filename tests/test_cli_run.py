@@ -107,6 +107,7 @@ def test_nan_loss_fails_with_clear_message(tmp_path, cache_dir):
     record = json.loads((run_dir(tmp_path) / "run.json").read_text())
     assert record["status"] == "failed"
     assert "NonFiniteLossError" in record["error"] and "step 0: loss is nan" in record["error"]
+    assert record["error"].endswith("[fault.step=0 fault.kind=nan_loss was set: a failure on purpose]")
 
 
 def test_weights_blown_up_by_the_update_are_named_not_a_sampling_traceback(tmp_path, cache_dir):

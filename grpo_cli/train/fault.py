@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAULT_KINDS = {
-    "crash": "an error before the step's rollout, as an unexpected exception would raise",
-    "interrupt": "Ctrl-C before the step's rollout, as a second SIGINT would (stop at once)",
-    "nan_loss": "a NaN loss in the step's last micro-batch, as an overflow late in the step would",
-}
+FAULT_KINDS = ("crash", "interrupt", "nan_loss")  # what each does: FaultConfig (config/schema.py)
 
 
 class InjectedFault(RuntimeError):
@@ -50,3 +46,10 @@ class Fault:
     def nan_loss(self, step: int) -> bool:
         """Whether the last micro-batch's loss at `step` is to become NaN."""
         return self._due(step, "nan_loss")
+
+    def note(self) -> str:
+        """What run.json's `error` adds when the fault is set, so that no reader of the results
+        takes an injected failure for a real one; "" when off."""
+        if self.step is None:
+            return ""
+        return f" [fault.step={self.step} fault.kind={self.kind} was set: a failure on purpose]"

@@ -24,6 +24,7 @@ from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
 from grpo_cli.train.checkpoint import drop_previous
+from grpo_cli.train.fault import Fault
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -116,7 +117,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         raise
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised
         record["status"] = "failed"
-        record["error"] = f"{type(error).__name__}: {error}"
+        record["error"] = f"{type(error).__name__}: {error}{Fault(cfg.fault.step, cfg.fault.kind).note()}"
         raise
     finally:
         gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects

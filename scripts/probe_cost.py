@@ -14,7 +14,9 @@ import argparse
 import statistics
 from pathlib import Path
 
-from grpo_cli.gpu_report.collect import probe_step_costs, run_directories
+import pandas as pd
+
+from grpo_cli.gpu_report.collect import probe_step_costs, probe_steps, run_directories
 
 
 def describe(costs: list[float]) -> str:
@@ -31,7 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     whole, phase = [], []
     for run_dir in [run for path in args.paths for run in run_directories(path)]:
-        run_whole, run_phase = probe_step_costs(run_dir)
+        timings = pd.read_csv(run_dir / "timings.csv")
+        run_whole, run_phase = probe_step_costs(timings, timings["step"].isin(probe_steps(run_dir)))
         if run_whole:
             print(f"{run_dir}: {len(run_whole)} probe steps, whole step {describe(run_whole)}")
         whole += run_whole

@@ -258,5 +258,6 @@ def test_run_reader_tells_probe_steps_by_ranks_csv(tmp_path):
     assert figures == pytest.approx({"rank.R4.step_s": 0.35, "rank.R4.probes_s": 2.8,
                                      "rank.R4.probe_cost": 1200.0, "rank.R4.peak_mb": 130.0,
                                      "rank.R4.steps": 6.0, "rank.R4.accuracy": 0.5})
-    whole, phase = collect.probe_step_costs(run_dir)
+    timings = pd.read_csv(run_dir / "timings.csv")
+    whole, phase = collect.probe_step_costs(timings, timings["step"].isin(collect.probe_steps(run_dir)))
     assert whole == pytest.approx([7.75 / 0.35, 0.65 / 0.35]) and phase == pytest.approx([5.0 / 0.35, 0.6 / 0.35])

@@ -52,8 +52,9 @@ def probe_steps(run_dir: Path) -> set[int]:
     return set(pd.read_csv(ranks, usecols=["step"])["step"]) if ranks.exists() else set()
 
 
-def probe_step_costs(run_dir: Path) -> tuple[list[float], list[float]]:
-    """(whole-step cost, probes-phase cost) of each probe step of a run, as fractions of its median
+def probe_step_costs(timings: pd.DataFrame, is_probe: pd.Series) -> tuple[list[float], list[float]]:
+    """(whole-step cost, probes-phase cost) of each probe step of a run (`timings`: its
+    timings.csv; `is_probe`: which rows are probe steps, `probe_steps`), as fractions of its median
     probe-free step; empty lists without both kinds of step (or without the phase columns).
 
     A probe step's whole-step cost is its time outside the rollout and the held-out evaluation
@@ -61,11 +62,9 @@ def probe_step_costs(run_dir: Path) -> tuple[list[float], list[float]]:
     that step's whole time (issue 23's measure). The probes phase alone understates fused probe
     steps (`train.backward_live_rows`, `probes.fused_gram=always`): their rows' own prompt
     forwards and the probe hooks run inside the training forward and backward."""
-    timings = pd.read_csv(run_dir / "timings.csv")
     if not {"time_step", "time_rollout", "time_eval", "time_probes"} <= set(timings):
         return [], []
     outside = timings["time_step"] - timings["time_rollout"] - timings["time_eval"]
-    is_probe = timings["step"].isin(probe_steps(run_dir))
     plain = ~is_probe & (timings["time_eval"] <= 0) & (timings["step"] > timings["step"].min())
     if not plain.any() or not is_probe.any():
         return [], []
@@ -94,7 +93,7 @@ def run_figures(step: str, root: Path, expected_steps: int | None = None) -> lis
             probed = timings[is_probe]
             figures.append(Figure(f"{prefix}.probes_s", f"{label}: median probes time, probe steps",
                                   float(probed["time_probes"].median()), "s", f"{len(probed)} probe steps"))
-        whole, _ = probe_step_costs(run_dir)
+        whole, _ = probe_step_costs(timings, is_probe)
         if whole:
             figures.append(Figure(f"{prefix}.probe_cost", f"{label}: median probe step's cost beyond "
                                   "the probe-free step, outside rollout and eval",

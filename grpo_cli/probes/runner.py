@@ -61,7 +61,7 @@ from grpo_cli.probes.sparsity import (
     hoyer_sparsity,
 )
 from grpo_cli.probes.step import ProbedStep
-from grpo_cli.runtime.files import save_atomic
+from grpo_cli.runtime.files import DISK_HINT, save_atomic
 from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
@@ -175,7 +175,7 @@ class ProbeSuite:
         if path.exists():
             return torch.load(path, map_location="cpu")
         initial = {name: p.detach().to("cpu", copy=True) for name, p in self.layer_params.items()}
-        save_atomic(initial, path, "probes' initial layers", "free space or write the results elsewhere (results_dir=...)")
+        save_atomic(initial, path, "probes' initial layers", DISK_HINT)
         return initial
 
     def rounded_update_layers(self) -> list[str]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+DISK_HINT = "free space or write the results elsewhere (results_dir=...)"  # what to change when a disk is full
+
 
 class FileWriteError(OSError):
     """A file could not be written: its path, the free space on its disk and the cause."""

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli.runtime.files import save_atomic, write_temporary
+from grpo_cli.runtime.files import DISK_HINT, save_atomic, write_temporary
 
 PREVIOUS = "previous.pt"
 SNAPSHOT = "step_{:06d}.pt"  # keep_checkpoints: the weights a run continues from at step N
 # a run keeps two checkpoints (latest and previous), each policy + optimizer state + the rest
-DISK_HINT = "free space or write the results elsewhere (results_dir=...); a run keeps two checkpoints"
+CHECKPOINT_HINT = DISK_HINT + "; a run keeps two checkpoints"
 
 
 class CheckpointError(RuntimeError):
@@ -37,7 +37,7 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -
         "alarms": monitor.state_dict(),
         "problem_success": trainer.problem_success.state_dict(),
     }
-    temporary = write_temporary(state, path, "checkpoint", DISK_HINT)
+    temporary = write_temporary(state, path, "checkpoint", CHECKPOINT_HINT)
     if path.exists():
         path.replace(path.with_name(PREVIOUS))
     temporary.replace(path)
@@ -57,7 +57,7 @@ def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:
         "model": trainer.model.state_dict(),
         "value_head": trainer.value_head.state_dict() if trainer.value_head is not None else None,
     }
-    save_atomic(state, path, "weights snapshot", DISK_HINT)
+    save_atomic(state, path, "weights snapshot", CHECKPOINT_HINT)
     return path
 
 

@@ -117,7 +117,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         raise
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised
         record["status"] = "failed"
-        record["error"] = f"{type(error).__name__}: {error}{Fault(cfg.fault.step, cfg.fault.kind).note()}"
+        record["error"] = f"{type(error).__name__}: {error}{Fault.from_config(cfg).note()}"
         raise
     finally:
         gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects

@@ -13,7 +13,12 @@ from grpo_cli.algorithm.logprobs import token_logprobs
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_backend import HFGenerateBackend
-from grpo_cli.rollout.llama_decode import FP32Head, LlamaDecodeStep, RolloutLinear
+from grpo_cli.rollout.llama_decode import (
+    FP32Head,
+    LlamaDecodeStep,
+    RolloutLinear,
+    onednn_bf16_packable,
+)
 from grpo_cli.rollout.sampling import filter_top_p
 from grpo_cli.rollout.static_decode import PreallocatedLayer, StaticDecodeBackend
 from grpo_cli.train.autocast import keep_lm_head_fp32
@@ -215,6 +220,7 @@ def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocas
     qkv = step.linears[0][0]
     if autocast:  # cast copies, and the head outside autocast in fp32
         assert qkv.weight.dtype == torch.bfloat16 and qkv.packed is None and not step.packed
+        assert (qkv.onednn is not None) == onednn_bf16_packable(qkv.weight)
         assert isinstance(step.head, FP32Head)
     else:
         assert step.packed == torch.backends.mkl.is_available()
@@ -222,17 +228,44 @@ def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocas
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
 def test_mkl_packed_linear_equals_f_linear_for_its_rows_and_others():
-    """RolloutLinear packed for 6 rows: F.linear's product bit for bit for 6 rows, with a bias,
-    and for another row count (torch's mkl_linear falls back to plain sgemm)."""
+    """RolloutLinear packed for 6 rows: F.linear's product bit for bit for 6 rows, with a bias;
+    for fewer rows, F.linear's on the input padded with zero rows to 6 (the packed product), which
+    is F.linear on the rows alone up to round-off; for more rows, plain sgemm (torch's mkl_linear
+    falls back)."""
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
     linear = RolloutLinear(weight, bias, rows=6)
     assert linear.packed is not None
-    for rows in (6, 3):
+    for rows in (6, 9):
         x = torch.randn(rows, 1, 24, generator=generator)
         assert torch.equal(linear(x), F.linear(x, weight, bias))
+    for rows in (5, 1):
+        x = torch.randn(rows, 1, 24, generator=generator)
+        padded = torch.cat([x, x.new_zeros(6 - rows, 1, 24)])
+        assert linear(x).shape == (rows, 1, 40)
+        assert torch.equal(linear(x), F.linear(padded, weight, bias)[:rows])
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
     unprepared = RolloutLinear(weight, None)  # rows = 0: the live weight
     assert unprepared.packed is None and unprepared.weight is weight
+
+
+@pytest.mark.skipif(not onednn_bf16_packable(torch.zeros(1, dtype=torch.bfloat16)),
+                    reason="no oneDNN bf16 kernels on this CPU")
+def test_onednn_reordered_bf16_linear_equals_f_linear():
+    """A bf16 weight (or an fp32 one prepared under bf16 autocast) reordered once for oneDNN: the
+    product of F.linear (under that autocast) bit for bit, for the rows it was prepared for and
+    any other count, with and without a bias."""
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
+    bf16 = RolloutLinear(weight.bfloat16(), bias.bfloat16(), rows=6)
+    cast = RolloutLinear(weight, None, rows=6, autocast_dtype=torch.bfloat16)
+    assert bf16.onednn is not None and cast.onednn is not None and cast.packed is None
+    for rows in (6, 2, 9):
+        x = torch.randn(rows, 1, 24, generator=generator)
+        assert torch.equal(bf16(x.bfloat16()), F.linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = F.linear(x, weight)
+            assert torch.equal(cast(x), expected) and cast(x).dtype == torch.bfloat16
 
 
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):

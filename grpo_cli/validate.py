@@ -132,6 +132,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
     choice("model.source", MODEL_SOURCES)
     choice("model.dtype", MODEL_DTYPES)
     choice("model.autocast", names["model.autocast"])
+    if value("model.autocast_head"):
+        need("model.autocast", lambda v: v == "bf16", "bf16 with model.autocast_head=true")
     choice("model.weights", names["model.weights"])
     choice("model.master_weights", names["model.master_weights"])
     for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):

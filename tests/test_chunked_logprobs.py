@@ -74,6 +74,11 @@ def test_blocks_of_positions_give_the_one_block_values_and_gradients(block_rows)
     closed = {"rtol": 1e-5, "atol": 1e-6}  # float32 against float64
     torch.testing.assert_close(results[block_rows][0].double(), log_p.gather(-1, targets[..., None])[..., 0], **closed)
     torch.testing.assert_close(results[block_rows][1].double(), -(log_p.exp() * log_p).sum(-1), **closed)
+    # d sum(w * log p(target)) / d logits = w * (onehot(target) - p); the last column gets none
+    onehot = torch.nn.functional.one_hot(targets, 50).double()
+    grad = weights.double()[..., None] * (onehot - log_p.exp())
+    torch.testing.assert_close(results[block_rows][2][:, :-1].double(), grad, **closed)
+    assert not results[block_rows][2][:, -1].any() and not results[block_rows][1].requires_grad
 
 
 @pytest.mark.parametrize("positions", [1, 4, 7, 22])

@@ -32,6 +32,7 @@ REFUSED = [
     ("rollout.draw=inverse_cdf", "rollout.backend='hf': must be hf_static with rollout.draw=inverse_cdf"),
     ("fault.kind=segfault", "fault.kind='segfault': must be one of crash, interrupt, nan_loss"),
     ("fault.step=-1", "fault.step=-1: must be >= 0"),
+    ("model.autocast_head=true", "model.autocast='none': must be bf16 with model.autocast_head=true"),
 ]
 
 

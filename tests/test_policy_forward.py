@@ -191,6 +191,25 @@ def test_bf16_autocast_step_deviation_is_rounding_only(tmp_path):
     assert head._fp32_under_autocast  # log-probs come from fp32 logits
 
 
+def test_autocast_head_runs_the_head_in_bf16_and_stays_near_fp32(tmp_path):
+    """model.autocast_head=true: the head runs under autocast like the body (bf16 logits, TRL's
+    bf16 precision; log-softmax still float32). Not a parity claim: the step's deviation from fp32
+    is bounded loosely, and the sampler's and the policy's log-probs differ by bf16 rounding."""
+    reference = step_loss_and_grads(setup_for(tmp_path))
+    setup = setup_for(tmp_path, "model.autocast=bf16", "model.autocast_head=true")
+    head = setup.model.get_output_embeddings()
+    assert not getattr(head, "_fp32_under_autocast", False)
+    with setup.trainer.forward_autocast():
+        assert head(torch.zeros(1, head.in_features)).dtype == torch.bfloat16
+    loss_b, grads_b, out_b = step_loss_and_grads(setup)
+    loss_a, grads_a, _ = reference
+    flat_a = torch.cat([grads_a[name].flatten() for name in grads_a])
+    flat_b = torch.cat([grads_b[name].flatten() for name in grads_a])
+    assert 0 < relative_gap(flat_a, flat_b) < 0.1
+    assert torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0) > 0.99
+    assert 0 < out_b.metrics["logprob_diff_max"] < 0.5  # bf16 logits: rounding, not a bug
+
+
 def test_unknown_autocast_kind_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="model.autocast='fp8'"):
         setup_for(tmp_path, "model.autocast=fp8")

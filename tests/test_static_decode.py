@@ -200,13 +200,14 @@ def test_rows_are_dropped_when_a_repack_pays(tokenizer):
     assert not backend._drop_finished(16, 32, 11, packed=True)  # half done, too late to pay
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocast):
+@pytest.mark.parametrize("autocast,fp32_head", [(False, False), (True, True), (True, False)])
+def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocast, fp32_head):
     """The decode step's weights prepared once a rollout (fp32: MKL-packed for its B*R rows;
-    under bf16 autocast: cast once, the head kept fp32) give the batch of the step that reads the
-    live weights on every call: the same tokens and bit-identical log-probs."""
+    under bf16 autocast: cast once and reordered for oneDNN, the head kept fp32 or, with
+    model.autocast_head, in bf16 too) give the batch of the step that reads the live weights on
+    every call: the same tokens and bit-identical log-probs."""
     model = peaked_llama(tokenizer, eos_boost=2.0)
-    if autocast:
+    if fp32_head:
         keep_lm_head_fp32(model)
     settings = SamplingSettings(group_size=4, max_new_tokens=12, temperature=1.0, top_p=0.95)
     prompts = prompts_of(tokenizer, PROMPTS)
@@ -221,7 +222,10 @@ def test_weights_prepared_for_the_rollout_give_the_same_batch(tokenizer, autocas
     if autocast:  # cast copies, and the head outside autocast in fp32
         assert qkv.weight.dtype == torch.bfloat16 and qkv.packed is None and not step.packed
         assert (qkv.onednn is not None) == onednn_bf16_packable(qkv.weight)
-        assert isinstance(step.head, FP32Head)
+        if fp32_head:
+            assert isinstance(step.head, FP32Head)
+        else:
+            assert isinstance(step.head, RolloutLinear) and step.head.weight.dtype == torch.bfloat16
     else:
         assert step.packed == torch.backends.mkl.is_available()
 

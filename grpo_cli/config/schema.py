@@ -46,6 +46,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     stop_tokens: list[str] = field(default_factory=list)  # extra tokens that end a completion (besides EOS)
     autocast: str = "none"  # none | bf16: policy forwards under torch.autocast (fp32 weights and lm_head)
+    autocast_head: bool = False  # with autocast=bf16: lm_head under autocast too (bf16 logits, TRL's bf16; opt-in)
     master_weights: str = "fp32"  # bf16 weights: fp32 (fp32 master + AdamW state for all) | probed (for probes.layer_regex's weights) | none (stochastic rounding)
     gradient_checkpointing: bool = False  # trade compute for activation memory
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -189,8 +189,8 @@ class GRPOTrainer:
         policy_autocast(device, self.autocast_kind)  # validates the setting
         if cfg.task.reward not in REWARDS:
             raise ValueError(f"task.reward={cfg.task.reward!r} is not one of {', '.join(REWARDS)}")
-        if self.autocast_kind != "none":
-            keep_lm_head_fp32(model)  # log-probs from fp32 logits
+        if self.autocast_kind != "none" and not cfg.model.autocast_head:
+            keep_lm_head_fp32(model)  # log-probs from fp32 logits (autocast_head: from bf16 ones)
         self.fault = Fault.from_config(cfg)  # fault.*: a failure on purpose (rehearsals, tests)
 
     def autocast(self):

@@ -119,22 +119,26 @@ class PreallocatedLayer(DynamicLayer):
             self.values = self.value_buffer[:, :, :filled]
 
 
-# What the decode steps' attention reads (decode_attention.two_part_attention attends in float32):
-# the cache keeps its keys and values in that form once, instead of a copy per layer and token.
-# The prefill's keys are a transposed view (and bf16 under autocast), which each step's matmul
-# copied: ~0.5 s of a SmolLM2 rollout's 6 s. Casting bf16 to float32 is exact, so the same values.
-ATTENDED = torch.float32
+def attended_dtype(states: torch.Tensor) -> torch.dtype:
+    """The dtype the cache keeps keys and values in. decode_attention.two_part_attention attends
+    in float32, and the prefill's keys are a transposed view (bf16 under autocast), which every
+    layer and token copied and cast: ~0.5 s of a SmolLM2 CPU rollout's 6 s. So on a CPU the cache
+    stores them contiguous float32 once (bf16 -> float32 is exact: the same values). On CUDA it
+    keeps the model's dtype (contiguous): there float32 would double the cache's memory, GBs at
+    paper scale (Nemotron-4B: 128 KiB a token in bf16), for casts that are cheap on a GPU."""
+    return torch.float32 if states.device.type == "cpu" else states.dtype
 
 
 def _as_attended(states: torch.Tensor) -> torch.Tensor:
-    return states.to(ATTENDED).contiguous()
+    return states.to(attended_dtype(states)).contiguous()
 
 
 class SharedPrefixLayer(DynamicLayer):
     """Prompt keys/values once per prompt [B, H_kv, P, D]; completion ones per row [N, H_kv, T, D].
 
-    The first `update` (the prefill, B rows) stores the prompt part and returns it; later ones
-    (N = B*R rows, one token) write the completion buffers in place and return the filled part.
+    The first `update` (the prefill, B rows) stores the prompt part (contiguous, in
+    `attended_dtype`) and returns the prefill's own keys and values; later ones (N = B*R rows,
+    one token) write the completion buffers (same dtype) in place and return the filled part.
     `shared_prefix_attention` reads the prompt part from here.
     """
 
@@ -159,9 +163,10 @@ class SharedPrefixLayer(DynamicLayer):
             return key_states, value_states
         if self.key_buffer is None:
             rows, heads, _, head_dim = key_states.shape
-            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=ATTENDED)
+            dtype = attended_dtype(key_states)
+            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=dtype)
             self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1],
-                                                       dtype=ATTENDED)
+                                                       dtype=dtype)
         new = key_states.shape[-2]
         self.key_buffer[:, :, self.length : self.length + new] = key_states
         self.value_buffer[:, :, self.length : self.length + new] = value_states

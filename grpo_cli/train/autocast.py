@@ -3,7 +3,7 @@
 The rollout, old-log-prob and training forwards run inside `policy_autocast`; the output
 projection is kept out of it (`keep_lm_head_fp32`) so that log-probs, entropies and the PPO ratio
 come from float32 logits. `model.autocast_head=true` runs the head under autocast too, as TRL's
-and most trainers' bf16 modes do: bf16 logits (log-softmax still in float32 from them), a cheaper
+bf16 mode (its default) does: bf16 logits (log-softmax still in float32 from them), a cheaper
 head (SmolLM2's 49,152 x 576 head was ~1.7 s of a ~11 s bf16 CPU step in fp32; a Nemotron-size
 vocabulary makes it matter more on a GPU), and sampler/trainer log-prob gaps of bf16 logits
 (docs/speed.md). Probes never run under it: their Grams stay float64. Helps on CUDA and

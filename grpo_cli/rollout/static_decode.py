@@ -213,8 +213,8 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0
     """
     _attention_calls[0] += 1
     layer = _active_caches[-1].layers[module.layer_idx] if _active_caches else None
-    if (not isinstance(layer, SharedPrefixLayer) or query.shape[2] != 1
-            or layer.prompt_keys is None or layer.key_buffer is None):
+    # no completion buffer yet: the prefill (the prompt part is stored before any buffer)
+    if not isinstance(layer, SharedPrefixLayer) or query.shape[2] != 1 or layer.key_buffer is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling

@@ -32,7 +32,7 @@ log = logging.getLogger("grpo")
 
 
 REFUSALS = (ConfigError, RunLockedError)  # answered with one line and no traceback
-REFUSED_LOG = ".refused.jsonl"  # sweep members refused, for the sweep's summary
+MEMBERS_LOG = ".members.jsonl"  # how each sweep member ended, for the sweep's summary
 
 
 def refusal_line(error: Exception) -> str:
@@ -94,19 +94,12 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        started = getattr(self, "started", "")
-        rows = []
-        for path in sorted(sweep_dir.glob("*/run.json")):
-            record = json.loads(path.read_text())
-            if (record.get("ended_at") or "") >= started:
-                rows.append((path.parent.name, record.get("status"), record.get("error")))
-        refusals = sweep_dir / REFUSED_LOG  # written by members, maybe in other processes
-        if refusals.exists():
-            for line in refusals.read_text().splitlines():
-                entry = json.loads(line)
-                if entry["at"] >= started:
-                    rows.append((entry["run"], "refused", entry["error"]))
-            refusals.unlink()
+        try:
+            rows = sweep_rows(sweep_dir, getattr(self, "started", ""))
+        except Exception as error:  # noqa: BLE001 - Hydra would turn it into a warning and exit 0
+            log.error("sweep summary of %s failed: %s: %s", sweep_dir, type(error).__name__, error)
+            SweepSummary.failed = [f"(summary of {sweep_dir})"]
+            return
         SweepSummary.failed = [n for n, status, _ in rows if status not in ("completed", "refused")]
         SweepSummary.refused = [name for name, status, _ in rows if status == "refused"]
         unfinished = [name for name, status, _ in rows if status != "completed"]
@@ -115,6 +108,49 @@ class SweepSummary(Callback):
         if unfinished:
             log.error("%d of %d runs did not complete: %s", len(unfinished), len(rows), ", ".join(unfinished))
         log.info("results: %s", sweep_dir)
+
+
+def record_member(sweep_dir: Path, run: str, status: str, error: str | None = None) -> None:
+    """One line in the sweep's member log: how a member ended, for the sweep's summary (members
+    may run in other processes, and run.json may be missing, as for a refused member)."""
+    entry = {"run": run, "status": status, "error": error, "at": utc_now()}
+    with open(sweep_dir / MEMBERS_LOG, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def sweep_rows(sweep_dir: Path, started: str) -> list[tuple[str, str, str | None]]:
+    """(run, status, error) of each member of the sweep that began at `started`: each run.json
+    written since `started`, then the members that logged how they ended (MEMBERS_LOG) but left
+    no such run.json (refused, or skipped as already completed). A run.json that cannot be read
+    is a row saying so and counts as not completed; older files of the directory are not read."""
+    rows: dict[str, tuple[str, str, str | None]] = {}
+    for path in sorted(sweep_dir.glob("*/run.json")):
+        name = path.parent.name
+        try:
+            if utc_from_mtime(path) < started:
+                continue
+            record = json.loads(path.read_text())
+            rows[name] = (name, str(record.get("status")), record.get("error"))
+        except (OSError, ValueError, AttributeError) as error:  # AttributeError: not an object
+            rows[name] = (name, "unreadable", f"{path}: {type(error).__name__}: {error}")
+    members = sweep_dir / MEMBERS_LOG
+    if members.exists():
+        for line in members.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+                if entry["at"] >= started and entry["run"] not in rows:
+                    rows[entry["run"]] = (entry["run"], entry["status"], entry.get("error"))
+            except (ValueError, KeyError, TypeError):  # a line torn by a killed member
+                continue
+        members.unlink()
+    return list(rows.values())
+
+
+def utc_from_mtime(path: Path) -> str:
+    """A file's modification time in utc_now()'s format (they compare as strings)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(path.stat().st_mtime, tz=UTC).isoformat(timespec="seconds")
 
 
 class OneGpuPerJob(Callback):
@@ -178,32 +214,36 @@ def _refuse_now(error: Exception) -> None:
 
 
 def train_job(cfg: DictConfig) -> str:
-    """Hydra task function: one configuration -> one run directory."""
+    """Hydra task function: one configuration -> one run directory. A sweep member logs how it
+    ended (record_member) for the sweep's summary, and never stops the other members."""
     from grpo_cli.train.run import run_experiment
     from grpo_cli.validate import validate_config
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         validate_config(cfg)
-        return run_experiment(cfg, run_dir, log=log.info)
+        status = run_experiment(cfg, run_dir, log=log.info)
     except REFUSALS as error:
         if debug():
             raise
         log.error("%s", refusal_line(error))
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # the sweep goes on; its summary lists this run
-            entry = {"run": run_dir.name, "error": str(error).replace("\n", "; "), "at": utc_now()}
-            with open(Path(hydra_cfg.sweep.dir) / REFUSED_LOG, "a") as handle:
-                handle.write(json.dumps(entry) + "\n")
+        if multirun:  # the sweep goes on; its summary lists this run
+            record_member(Path(hydra_cfg.sweep.dir), run_dir.name, "refused", str(error).replace("\n", "; "))
             return "refused"
         raise SystemExit(2) from None
     except Exception as error:
         log.error("run %s failed: %s: %s", run_dir, type(error).__name__, error)
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            return "failed"  # recorded in run.json; the other members of the sweep still run
+        if multirun:  # recorded in run.json; the other members of the sweep still run
+            record_member(Path(hydra_cfg.sweep.dir), run_dir.name, "failed", f"{type(error).__name__}: {error}")
+            return "failed"
         if isinstance(error, InputError) and not debug():
             raise SystemExit(1) from None  # the line above names the file:line or path
         raise
+    if multirun:
+        record_member(Path(hydra_cfg.sweep.dir), run_dir.name, status)
+    return status
 
 
 def main() -> None:

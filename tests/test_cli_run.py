@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -132,6 +133,37 @@ def test_failed_sweep_member_does_not_stop_the_others(tmp_path, cache_dir):
     names = {"R4-grpo-s0-optim.lr=0.001": "completed", "R4-grpo-s0-optim.lr=1e+30": "failed"}  # Hydra's spelling
     status = {name: json.loads((run_dir(tmp_path, name) / "run.json").read_text())["status"] for name in names}
     assert status == names
+
+
+def test_a_sweep_whose_members_all_failed_exits_1_beside_an_unreadable_run_json(tmp_path, cache_dir):
+    """An unreadable run.json elsewhere in the sweep directory once crashed the end-of-sweep
+    summary, which Hydra turned into a warning: no status table, exit 0. Now the table lists
+    every member and the sweep exits 1."""
+    stray = tmp_path / "smoke" / "someone-elses-run"
+    stray.mkdir(parents=True)
+    (stray / "run.json").write_text("{not json")
+    os.utime(stray / "run.json", (1e9, 1e9))  # written long before this sweep
+    result = grpo_run(tmp_path, cache_dir, "seed=3,4", "optim.lr=1e30", multirun=True)
+    assert result.exit_code == 1, result.output
+    for name in ("R4-grpo-s3-optim.lr=1e+30", "R4-grpo-s4-optim.lr=1e+30"):
+        assert any(f"] {name}" in line and " failed  (NonFiniteLossError" in line
+                   for line in result.output.splitlines()), result.output
+    assert "2 of 2 runs did not complete" in result.output
+
+
+def test_sweep_rows_name_an_unreadable_run_json_written_during_the_sweep(tmp_path):
+    from grpo_cli.hydra_app import record_member, sweep_rows
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "run.json").write_text("[1, 2]")  # valid JSON, not an object
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "run.json").write_text('{"status": "completed"}')
+    record_member(tmp_path, "c", "refused", "rollout.group_size=0: must be >= 1")
+    rows = {name: (status, error) for name, status, error in sweep_rows(tmp_path, started="")}
+    assert rows["a"][0] == "unreadable" and str(tmp_path / "a" / "run.json") in rows["a"][1]
+    assert rows["b"] == ("completed", None)
+    assert rows["c"] == ("refused", "rollout.group_size=0: must be >= 1")
+    assert sweep_rows(tmp_path, started="9999") == []  # nothing written since
 
 
 def test_typo_in_config_key_names_the_key(tmp_path, cache_dir):

@@ -180,7 +180,7 @@ def probe(
     Extra arguments are config overrides: key=value on a run, any Hydra override on a model
     directory (e.g. experiment=cpu_smollm2 task=gsm8k).
     """
-    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.config.errors import ConfigError, InputError
     from grpo_cli.models.loading import ModelLoadError
     from grpo_cli.train.probe_checkpoint import (
         ProbeTargetError,
@@ -198,6 +198,11 @@ def probe(
             raise
         typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
+    except InputError as error:  # unusable data, e.g. a checkpoint refused as unsafe
+        if debug():
+            raise
+        typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -307,7 +307,7 @@ class SpectraCallback(TrainerCallback):
         results.ensure_files()
         self.probes = ProbeSuite(self.probe_settings, policy, initial)
         if start and "grad_sum" in self.probes.matrices:
-            self.probes.load_state_dict(torch.load(saved_sums, map_location="cpu"))
+            self.probes.load_state_dict(torch.load(saved_sums, map_location="cpu", weights_only=True))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._reset_step()

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
-from grpo_cli.config.errors import ConfigError
+from grpo_cli.config.errors import ConfigError, InputError
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import (
     RANK_MEASURES,
@@ -173,9 +173,26 @@ class ProbeSuite:
         if "update" not in self.matrices:
             return {}
         if path.exists():
-            return torch.load(path, map_location="cpu")
+            return self._read_initial_layers(path)
         initial = {name: p.detach().to("cpu", copy=True) for name, p in self.layer_params.items()}
         save_atomic(initial, path, "probes' initial layers", DISK_HINT)
+        return initial
+
+    def _read_initial_layers(self, path: Path) -> dict[str, torch.Tensor]:
+        """W_0 saved by an earlier start of this run, as tensors only (weights_only: nothing in
+        it runs); InputError names the file if it is damaged or holds other layers."""
+        try:
+            initial = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises many types for a damaged or foreign file
+            cause = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+            raise InputError(f"{path}: unreadable ({cause}); delete it and re-run to save it "
+                             "again from the model's initial weights") from None
+        shapes = {name: tuple(p.shape) for name, p in self.layer_params.items()}
+        saved = ({name: tuple(t.shape) for name, t in initial.items() if isinstance(t, torch.Tensor)}
+                 if isinstance(initial, dict) else None)
+        if saved != shapes:
+            raise InputError(f"{path}: not this model's initial layers (probes.layer_regex selects "
+                             f"{len(shapes)} weights); delete it and re-run to save it again")
         return initial
 
     def rounded_update_layers(self) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_cli.config.errors import InputError
 from grpo_cli.measures import RANK_MEASURES
 
 METRIC_COLUMNS = (
@@ -239,8 +240,21 @@ class RunResults:
             pd.DataFrame(columns=list(SPECTRA_COLUMNS)).to_parquet(self.spectra.path, index=False)
 
     def read_status(self) -> dict | None:
+        """run.json's record, None if there is none; InputError names the file if it is not a
+        JSON object."""
         path = self.run_dir / "run.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (ValueError, OSError) as error:  # invalid JSON or UTF-8, or unreadable
+            raise InputError(f"{path}: not a run status ({str(error).splitlines()[0]}); delete it "
+                             "to resume from the run's checkpoints") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: not a run status (a JSON {type(record).__name__}, not an "
+                             "object); delete it to resume from the run's checkpoints")
+        return record
+
 
     def write_status(self, record: dict) -> None:
         temporary = self.run_dir / "run.json.tmp"

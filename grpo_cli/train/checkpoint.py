@@ -6,14 +6,22 @@ kept as `step_<N>.pt`, N the step it continues from, for `grpo probe RUN --all-c
 The last two are kept (`latest.pt`, `previous.pt`) while the run goes: a checkpoint that cannot
 be read (a disk filled up, a copy cut short) is named in the log, set aside as
 `latest.pt.corrupt`, and the run resumes from the previous one. A completed run keeps the last.
+
+Checkpoints hold tensors and plain data only (ints, floats, strings, lists, dicts; the
+optimizer's rounding generators as their `get_state()` tensors) and are read with
+`torch.load(weights_only=True)`: a file that needs any other pickled object (which could run
+code as it loads; issue 41) is refused, naming it, and never falls back to an earlier one.
 """
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
 
+from grpo_cli.config.errors import InputError
 from grpo_cli.runtime.files import DISK_HINT, save_atomic, write_temporary
 
 PREVIOUS = "previous.pt"
@@ -22,8 +30,34 @@ SNAPSHOT = "step_{:06d}.pt"  # keep_checkpoints: the weights a run continues fro
 CHECKPOINT_HINT = DISK_HINT + "; a run keeps two checkpoints"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InputError):
     """No readable checkpoint to resume from, though one exists."""
+
+
+class UnsafeCheckpointError(InputError):
+    """A checkpoint that holds pickled objects beyond tensors and plain data: refused unread."""
+
+
+def read_checkpoint(path: Path, device="cpu") -> dict:
+    """A checkpoint or weights snapshot, unpickling tensors and plain data only.
+
+    Raises UnsafeCheckpointError (one line naming `path`) for a file that needs more; a damaged
+    file raises what torch raises.
+    """
+    try:
+        with warnings.catch_warnings():  # a raw pickle's protocol: refused below anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's weights-only unpickler met another object
+        cause = str(error.__context__ or "").strip().splitlines()
+        raise UnsafeCheckpointError(
+            f"{path}: refused: it holds pickled objects beyond tensors and plain data, which could "
+            f"run code as it loads{f' ({cause[0]})' if cause else ''}; grpo-cli writes none, so this "
+            "file was not written by grpo-cli or was altered"
+        ) from None
+    if not isinstance(state, dict) or "next_step" not in state:
+        raise ValueError(f"not a grpo checkpoint (a {type(state).__name__} without next_step)")
+    return state
 
 
 def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -> None:
@@ -63,7 +97,7 @@ def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:
 
 def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
     """Load the policy (and value head) of a checkpoint or weights snapshot; return its step."""
-    state = torch.load(path, map_location=device, weights_only=False)
+    state = read_checkpoint(path, device)
     model.load_state_dict(state["model"])
     if value_head is not None and state.get("value_head") is not None:
         value_head.load_state_dict(state["value_head"])
@@ -72,7 +106,7 @@ def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
 
 def load_checkpoint(path: Path, trainer, monitor, probes=None) -> int:
     """Restore a run's state in place; return the step to continue from."""
-    state = torch.load(path, map_location=trainer.device, weights_only=False)
+    state = read_checkpoint(path, trainer.device)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.value_head is not None and state["value_head"] is not None:
@@ -91,7 +125,8 @@ def resume_checkpoint(path: Path, trainer, monitor, probes=None, log=print) -> i
 
     When the fallback is used, the unreadable `path` is renamed `<name>.corrupt` (so the next save
     does not rotate it into `previous.pt`); if no checkpoint can be read, CheckpointError names
-    every file tried and leaves them in place.
+    every file tried and leaves them in place. A file refused as unsafe stops the resume there
+    (UnsafeCheckpointError naming it): falling back past it would hide that it was planted.
     """
     tried = []
     for candidate in (path, path.with_name(PREVIOUS)):
@@ -99,6 +134,11 @@ def resume_checkpoint(path: Path, trainer, monitor, probes=None, log=print) -> i
             continue
         try:
             next_step = load_checkpoint(candidate, trainer, monitor, probes)
+        except UnsafeCheckpointError as error:
+            raise UnsafeCheckpointError(
+                f"{error}; move it away to resume from an earlier checkpoint, or start over with "
+                "resume=false"
+            ) from None
         except Exception as error:  # torch raises many types for a damaged file
             tried.append(f"{candidate}: {type(error).__name__}: {error}".splitlines()[0])
             log(f"checkpoint unreadable, trying an earlier one: {tried[-1]}")

@@ -57,10 +57,14 @@ def _run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 
 
 def _step_of(path: Path) -> int:
-    import torch
+    """The step a checkpoint continues from; read as tensors and plain data only, so a file that
+    needs more is refused unread (UnsafeCheckpointError, grpo_cli/train/checkpoint.py)."""
+    from grpo_cli.train.checkpoint import UnsafeCheckpointError, read_checkpoint
 
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["next_step"])
+        return int(read_checkpoint(path)["next_step"])
+    except UnsafeCheckpointError:
+        raise
     except Exception as error:  # torch raises many types for a damaged file
         raise ProbeTargetError(f"{path}: not a readable grpo checkpoint ({type(error).__name__})") from None
 

@@ -258,9 +258,43 @@ def test_real_model_presets_compose(preset):
         assert cfg.probes.param_regex == ".*"  # whole-model per-rollout probes
 
 
-def test_a_transformers_without_forward_cache_is_refused_in_one_line():
-    for version in ("5.24.0", "5.24.1.dev0", "5.39.2", "6.0.0"):
+def test_transformers_below_the_range_vllm_accepts_is_refused_in_one_line():
+    for version in ("5.16.1", "5.19.0", "5.24.0", "5.24.1.dev0", "5.39.2", "6.0.0"):
         check_transformers(version)  # the range itself (< 6) is pip's to enforce
-    for version in ("5.23.0", "4.57.6", "5.17.0"):
-        with pytest.raises(ModelLoadError, match=f"transformers {version} is too old: grpo-cli needs >= 5.24"):
+    for version in ("5.16.0", "5.15.1", "4.57.6"):
+        with pytest.raises(ModelLoadError, match=rf"transformers {version} is too old: grpo-cli needs >= 5\.16\.1"):
             check_transformers(version)
+
+
+def test_the_names_renamed_in_5_24_are_picked_by_version():
+    from packaging.version import Version
+
+    from grpo_cli.runtime.transformers_api import cache_argument, checkpointing_argument
+
+    kv = object()
+    for release, cache_key, checkpoint_key in [
+        ("5.16.1", "past_key_values", "gradient_checkpointing"),
+        ("5.23.0", "past_key_values", "gradient_checkpointing"),
+        ("5.24.0", "cache", "activation_checkpointing"),
+        ("5.39.0", "cache", "activation_checkpointing"),
+    ]:
+        assert cache_argument(kv, Version(release)) == {cache_key: kv}
+        assert checkpointing_argument(True, Version(release)) == {checkpoint_key: True}
+
+
+def test_the_installed_transformers_takes_the_kv_cache_under_the_picked_name():
+    """The forward sees the cache (a second call continues the first's positions, as one call
+    would) and warns of nothing: the deprecation guard fails the test on a FutureWarning."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from grpo_cli.runtime.transformers_api import cache_argument
+
+    model = tiny_llama()
+    tokens = torch.tensor([[5, 6, 7, 8, 9]])
+    whole = model(input_ids=tokens).logits  # [1, 5, V]
+    cache = DynamicCache(config=model.config)
+    model(input_ids=tokens[:, :3], use_cache=True, **cache_argument(cache))
+    assert cache.get_seq_length() == 3
+    rest = model(input_ids=tokens[:, 3:], use_cache=True, **cache_argument(cache)).logits
+    torch.testing.assert_close(rest, whole[:, 3:], rtol=1e-5, atol=1e-5)

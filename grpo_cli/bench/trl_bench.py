@@ -38,6 +38,7 @@ from grpo_cli.models.loading import transformers_progress_bars
 from grpo_cli.results.rows import PHASES
 from grpo_cli.runtime.memory import peak_memory_mb, reset_step_peak
 from grpo_cli.runtime.timing import PhaseTimer
+from grpo_cli.runtime.transformers_api import checkpointing_argument
 from grpo_cli.train.setup import freeze_long_lived_objects
 
 # TRL's step split into the phases its methods allow; the rest of its step is `other`.
@@ -52,7 +53,7 @@ def build_trl_trainer(setup, steps: int, options, output_dir: str, callbacks):
     kwargs = grpo_config_kwargs(cfg, steps=steps + 1, output_dir=output_dir, device_type=setup.device.type)
     kwargs.update(
         bf16=options.trl_bf16,
-        activation_checkpointing=options.trl_gradient_checkpointing,
+        **checkpointing_argument(options.trl_gradient_checkpointing),
         shuffle_dataset=False,  # grpo-cli's draw order (task_dataset below)
     )
     indices = [index for step in range(steps + 1) for index in setup.trainer.sample_problems(step, 0)]

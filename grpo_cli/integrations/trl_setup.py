@@ -7,6 +7,8 @@ from these. TRL and datasets are imported inside the functions, so grpo-cli runs
 
 from __future__ import annotations
 
+from grpo_cli.runtime.transformers_api import checkpointing_argument
+
 # grpo-cli settings that mirror TRL's loss_type="grpo", scale_rewards="group" advantages.
 TRL_MATCHING_OVERRIDES = [
     "algorithm.loss_agg=seq_mean_token_mean",  # TRL "grpo": per-sequence token mean, then mean
@@ -19,7 +21,7 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
     """GRPOConfig arguments for the work of `cfg` (a composed grpo-cli config): one optimizer
     step = prompts_per_step prompts x group_size completions, no accumulation, one pass, no KL,
     plain `generate` (no vLLM), no autocast, grpo-cli's sampling, optimizer settings and seed;
-    nothing logged or saved. Callers add or override keys (bf16, activation_checkpointing, shuffle_dataset)."""
+    nothing logged or saved. Callers add or override keys (bf16, checkpointing_argument(...), shuffle_dataset)."""
     algorithm, optim, rollout = cfg.algorithm, cfg.optim, cfg.rollout
     return dict(
         output_dir=output_dir,
@@ -48,7 +50,7 @@ def grpo_config_kwargs(cfg, *, steps: int, output_dir: str, device_type: str, lo
         bf16=False,  # TRL's default is bf16 autocast wherever the CPU/GPU supports it
         fp16=False,
         use_cpu=device_type == "cpu",
-        activation_checkpointing=False,  # transformers >= 5.24 name of gradient_checkpointing
+        **checkpointing_argument(False),  # its name depends on the transformers release
         seed=cfg.seed,
         report_to="none",
         logging_steps=10**6,

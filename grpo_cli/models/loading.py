@@ -22,25 +22,20 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from grpo_cli.config.errors import InputError
 from grpo_cli.models.cache import cached_model_dir
+from grpo_cli.runtime.transformers_api import TransformersVersionError, check_supported
 
 
 class ModelLoadError(InputError, RuntimeError):
     """A model path, id or package could not be resolved."""
 
 
-MIN_TRANSFORMERS = (5, 24)  # forward(cache=...), passed by rollout/static_decode.py and train/policy_forward.py
-
-
-def check_transformers(version: str) -> None:
-    """ModelLoadError unless transformers `version` takes `cache=` in forward: an older one would
-    not see the KV cache grpo-cli passes (pyproject.toml asks for >= 5.24; this catches an
-    environment assembled by hand, e.g. an offline GPU machine)."""
-    from packaging.version import Version
-
-    if Version(version).release[:2] < MIN_TRANSFORMERS:
-        wanted = ".".join(map(str, MIN_TRANSFORMERS))
-        raise ModelLoadError(f"transformers {version} is too old: grpo-cli needs >= {wanted} "
-                             f"(pip install 'transformers>={wanted},<6')")
+def check_transformers(release: str | None = None) -> None:
+    """ModelLoadError unless transformers `release` (default: the installed one) is in the range
+    grpo-cli supports (runtime/transformers_api.py owns it)."""
+    try:
+        check_supported(release)
+    except TransformersVersionError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 @dataclass

@@ -24,9 +24,7 @@ WEIGHTS = ("pretrained", "random")
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
     """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory.
     transformers' own progress bars show only with `progress=true`."""
-    import transformers
-
-    check_transformers(transformers.__version__)
+    check_transformers()
     with transformers_progress_bars(cfg.progress):
         return _load_policy(cfg, task, device, log)
 

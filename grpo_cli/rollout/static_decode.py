@@ -50,6 +50,7 @@ from grpo_cli.rollout.llama_decode import (
 )
 from grpo_cli.rollout.sampling import DRAWS
 from grpo_cli.rollout.stop_tokens import is_stop
+from grpo_cli.runtime.transformers_api import cache_argument
 
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
 # A repack of the decode weights for fewer rows (MKL, fp32 on a CPU) costs about as much as
@@ -377,7 +378,7 @@ class StaticDecodeBackend:
     def _decode_step(self, model, tokens, mask, positions, cache):  # [N, 1], [N, 1, 1, S], [N, 1]
         output = model(
             input_ids=tokens, attention_mask=mask, position_ids=positions,
-            cache=cache, use_cache=True,
+            use_cache=True, **cache_argument(cache),
         )
         return output.logits[:, -1].float()  # [N, V]
 
@@ -482,7 +483,7 @@ class StaticDecodeBackend:
             input_ids=unique_ids,
             attention_mask=prefill_mask(unique_mask, capacity if full_view else None),
             position_ids=positions,
-            cache=cache, use_cache=True, logits_to_keep=1,
+            use_cache=True, logits_to_keep=1, **cache_argument(cache),
         )
         if shared and _attention_calls[0] != len(cache.layers):
             raise RuntimeError(

@@ -32,6 +32,7 @@ from grpo_cli.algorithm.logprobs import (
     sum_pi_squared_terms,
 )
 from grpo_cli.rollout.batch import RolloutBatch, replace_tensors
+from grpo_cli.runtime.transformers_api import cache_argument
 
 
 def distinct_prompts(batch: RolloutBatch, prompt_keys: Sequence[Hashable] | None = None
@@ -199,7 +200,8 @@ def shared_prefix_forward(
         model, 1,
         inputs_embeds=take_rows(embeds[:, :prompt_length], first),
         attention_mask=take_rows(batch.attention_mask[:, :prompt_length], first),
-        position_ids=take_rows(positions[:, :prompt_length], first), cache=cache, use_cache=True,
+        position_ids=take_rows(positions[:, :prompt_length], first), use_cache=True,
+        **cache_argument(cache),
     )  # [U, 1, H or V]
     prompt_cache = [(layer.keys, layer.values) for layer in cache.layers]  # [U, H, P, D] each
     completion_length = batch.input_ids.shape[1] - prompt_length
@@ -219,7 +221,8 @@ def shared_prefix_forward(
             model, width,
             inputs_embeds=take_rows(embeds[:, columns], rows),
             attention_mask=take_rows(batch.attention_mask[:, : prompt_length + width], rows),
-            position_ids=take_rows(positions[:, columns], rows), cache=group_cache, use_cache=True,
+            position_ids=take_rows(positions[:, columns], rows), use_cache=True,
+            **cache_argument(group_cache),
         )  # [n_g, width, H or V]
         scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
         group_targets = take_rows(batch.input_ids[:, columns], rows)  # [n_g, width]

@@ -9,6 +9,7 @@ and none is missing.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -255,8 +256,40 @@ class RunResults:
                              "object); delete it to resume from the run's checkpoints")
         return record
 
-
     def write_status(self, record: dict) -> None:
-        temporary = self.run_dir / "run.json.tmp"
-        temporary.write_text(json.dumps(record, indent=2, default=str) + "\n")
-        temporary.replace(self.run_dir / "run.json")
+        """run.json, atomically (never half written). While the run goes (`status: running`) a
+        small reserve file keeps room for it: when the disk fills, the reserve is deleted and the
+        write retried, so the final status (`failed`, naming the full disk) is still recorded."""
+        path, reserve = self.run_dir / "run.json", self.run_dir / STATUS_RESERVE
+        text = json.dumps(record, indent=2, default=str) + "\n"
+        try:
+            _write_text_atomic(path, text)
+        except OSError as error:
+            if error.errno != errno.ENOSPC or not reserve.exists():
+                raise
+            reserve.unlink()  # the room kept for this write
+            _write_text_atomic(path, text)
+            if record.get("status") == "running":
+                raise  # full: the run stops, and its final status takes the room freed
+        if record.get("status") != "running":
+            reserve.unlink(missing_ok=True)
+        elif not reserve.exists():
+            try:
+                reserve.write_bytes(os.urandom(STATUS_RESERVE_BYTES))  # random: no compression or dedup
+            except OSError:  # a disk already full: no room to keep
+                reserve.unlink(missing_ok=True)
+
+
+STATUS_RESERVE = ".run.json.reserve"  # room for run.json's last write on a full disk
+STATUS_RESERVE_BYTES = 64 * 1024  # run.json is a few KiB
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """`text` to a temporary beside `path`, renamed into place; no temporary left on failure."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        temporary.write_text(text)
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

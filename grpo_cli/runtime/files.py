@@ -7,11 +7,42 @@ from pathlib import Path
 
 import torch
 
+from grpo_cli.config.errors import InputError
+
 DISK_HINT = "free space or write the results elsewhere (results_dir=...)"  # what to change when a disk is full
 
 
-class FileWriteError(OSError):
-    """A file could not be written: its path, the free space on its disk and the cause."""
+class FileWriteError(OSError, InputError):
+    """A file could not be written: its path, the free space on its disk and the cause. An
+    InputError: `grpo run` answers it with its one line (exit 1), no traceback."""
+
+
+def size_text(size: int) -> str:
+    """Bytes for a message: GiB from 1 GiB, else MiB (KiB below 1 MiB).
+
+    >>> size_text(3 * 2**30), size_text(5 * 2**20 + 2**19), size_text(1000), size_text(0)
+    ('3.00 GiB', '5.5 MiB', '1 KiB', '0 KiB')
+    """
+    if size >= 2**30:
+        return f"{size / 2**30:.2f} GiB"
+    if size >= 2**20:
+        return f"{size / 2**20:.1f} MiB"
+    return f"{-(-size // 2**10)} KiB"
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's first line (torch's zip writer adds lines of C++ context)."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+def disk_full_error(error: OSError, directory: Path, hint: str = DISK_HINT) -> FileWriteError:
+    """A write that failed with ENOSPC somewhere in `directory` (a results file), as one line
+    naming the file where the OSError knows it, and the free space."""
+    where = error.filename or directory
+    return FileWriteError(
+        f"could not write {where}: its disk is full ({size_text(free_bytes(Path(directory)))} "
+        f"free; {type(error).__name__}: {error.strerror or error}); {hint}"
+    )
 
 
 def free_bytes(path: Path) -> int:
@@ -39,15 +70,16 @@ def write_temporary(obj, path: Path, what: str, hint: str = "") -> Path:
     file, the bytes it needed, the bytes free on its disk, the cause and `hint` (what to change)."""
     path = Path(path)
     temporary = path.with_suffix(".tmp")
+    free = free_bytes(path.parent)  # before: torch's writer may hold the failed file's space a while
     try:
         torch.save(obj, temporary)
     except (OSError, RuntimeError) as error:
         if temporary.is_file():  # half written; anything else there is not ours
             temporary.unlink()
-        needed, free = state_bytes(obj), free_bytes(path.parent)
+        needed = state_bytes(obj)
         raise FileWriteError(
-            f"could not write the {what} {path}: it needs about {needed / 2**30:.2f} GiB and its disk "
-            f"has {free / 2**30:.2f} GiB free ({type(error).__name__}: {error}){'; ' + hint if hint else ''}"
+            f"could not write the {what} {path}: it needs about {size_text(needed)} and its disk "
+            f"had {size_text(free)} free ({type(error).__name__}: {_first_line(error)}){'; ' + hint if hint else ''}"
         ) from error
     return temporary
 

@@ -2,7 +2,8 @@
 
 `run.json` says `running` while the loop goes, `completed` at the end, `interrupted` (with the
 signal and the last step) on SIGTERM or SIGINT, and `failed` (with the error) on any exception,
-including a NaN loss; every row written before stays readable. The first SIGTERM or Ctrl-C lets
+including a NaN loss; every row written before stays readable, and a full disk still gets its
+`failed` recorded (grpo_cli/results/writer.py keeps room for that write) and named in one line. The first SIGTERM or Ctrl-C lets
 the step in progress finish and saves a checkpoint there (a re-run resumes at the next step); a
 second one stops at once, and a re-run resumes from the last checkpoint (`checkpoint_step`). The run holds its directory
 (grpo_cli/results/lock.py) from its first write to its last, so two runs never share one.
@@ -10,6 +11,7 @@ second one stops at once, and a re-run resumes from the last checkpoint (`checkp
 
 from __future__ import annotations
 
+import errno
 import gc
 import signal
 import threading
@@ -23,6 +25,7 @@ from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
+from grpo_cli.runtime.files import FileWriteError, disk_full_error
 from grpo_cli.train.checkpoint import drop_previous
 from grpo_cli.train.fault import Fault
 
@@ -90,14 +93,19 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         for stale in results.checkpoint_path.parent.glob("*.pt*"):
             if stale.name != "initial_layers.pt":
                 stale.unlink()
-    (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     record = run_record(
         trainer="grpo-cli", seed=cfg.seed, group_size=cfg.rollout.group_size,
         estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name, task=cfg.task.name,
         experiment=cfg.experiment.name, param_regex=cfg.probes.param_regex,
         weights=cfg.model.weights, reward=cfg.task.reward,
     )
-    results.write_status(record)
+    try:
+        (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        results.write_status(record)
+    except OSError as error:  # a disk full before the run begins
+        if _disk_full(error):
+            raise disk_full_error(error, run_dir) from None
+        raise
     from grpo_cli.train.tracking import finish_trackers, start_trackers
 
     trackers = start_trackers(cfg, run_dir, log)  # off unless logger=...; never stops the run
@@ -117,18 +125,40 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         raise
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised
         record["status"] = "failed"
+        if _disk_full(error):  # a bare ENOSPC (a row, a table): named with the free space
+            error = disk_full_error(error, run_dir)
+            record["error"] = f"{type(error).__name__}: {error}{Fault.from_config(cfg).note()}"
+            raise error from None
         record["error"] = f"{type(error).__name__}: {error}{Fault.from_config(cfg).note()}"
         raise
     finally:
         gc.unfreeze()  # the next run in this process (a multirun) may collect this one's objects
         record["ended_at"] = utc_now()
-        results.write_status(record)
+        _write_final_status(results, record, log)
         finish_trackers(trackers, cfg, run_dir, record["status"], log)
     if record["rehearsal"]:  # memory and time next to docs/gpu_memory_plan.md
         from grpo_cli.results.rehearsal import write_rehearsal_report
 
         log(write_rehearsal_report(run_dir, record, OmegaConf.to_container(cfg, resolve=True)))
     return record["status"]
+
+
+def _disk_full(error: BaseException) -> bool:
+    return (isinstance(error, OSError) and error.errno == errno.ENOSPC
+            and not isinstance(error, FileWriteError))
+
+
+def _write_final_status(results: RunResults, record: dict, log) -> None:
+    """run.json's last write. If even that fails (a disk full past the status file's reserve,
+    grpo_cli/results/writer.py), a run that failed says so in the log and its own error (the
+    cause) stays the one raised; a completed run's failure to record it is raised."""
+    try:
+        results.write_status(record)
+    except OSError as error:
+        if record["status"] == "completed":
+            raise disk_full_error(error, results.run_dir) if _disk_full(error) else error
+        log(f"could not record status {record['status']!r} in {results.run_dir / 'run.json'}: "
+            f"{type(error).__name__}: {error}")
 
 
 def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, trackers) -> None:

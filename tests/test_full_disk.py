@@ -1,8 +1,8 @@
 """A full disk (issue 41): the run ends `failed` in run.json, leaves no temporary file, and its
 last line names the file, the space it needs and the space free (MiB below 1 GiB), exit 1.
 
-The disk is a real one: a small tmpfs mounted for the test (skipped where mounting is not
-allowed, e.g. without root)."""
+The disk is a real one, a small tmpfs mounted for the test (skipped where mounting is not
+allowed, e.g. without root), or the ENOSPC of `fault.kind=disk_full` (grpo_cli/train/fault.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import grpo_run, run_dir
+from cli_helpers import fault_at, grpo_run, run_dir
 
 from grpo_cli.results.writer import STATUS_RESERVE, RunResults
 
@@ -90,4 +90,20 @@ def test_a_run_on_a_full_disk_ends_failed_with_the_free_space_as_its_last_line(s
     assert free.endswith(" KiB") and 100 < int(free.split()[0]) < 1280  # what the checkpoint found
     assert last.endswith("(results_dir=...); a run keeps two checkpoints")
     assert record["error"] in last
+    assert not list(out.rglob("*.tmp")) and not (out / STATUS_RESERVE).exists()
+
+
+def test_an_enospc_anywhere_ends_failed_naming_the_directory_and_its_free_space(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, *fault_at(1, "disk_full"))
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    out = run_dir(tmp_path)
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed" and record["last_step"] == 0
+    last = [line for line in result.output.splitlines() if line.strip()][-1]
+    assert f"failed: FileWriteError: could not write {out}: its disk is full (" in last
+    assert " free; OSError: No space left on device (fault.kind=disk_full at step 1)); " in last
+    assert last.endswith("free space or write the results elsewhere (results_dir=...)")
+    assert record["error"].startswith(last.split("failed: ", 1)[1])
+    assert record["error"].endswith("[fault.step=1 fault.kind=disk_full was set: a failure on purpose]")
     assert not list(out.rglob("*.tmp")) and not (out / STATUS_RESERVE).exists()

@@ -197,7 +197,7 @@ class FaultConfig:
     """A failure on purpose, to rehearse what a run leaves behind (grpo_cli/train/fault.py)."""
 
     step: int | None = None  # fail at this step (None = never)
-    kind: str = "crash"  # crash (an error before the step) | interrupt (Ctrl-C before the step) | nan_loss (the step's last micro-batch's loss becomes NaN)
+    kind: str = "crash"  # crash (an error before the step) | interrupt (Ctrl-C before the step) | nan_loss (the step's last micro-batch's loss becomes NaN) | disk_full (ENOSPC before the step)
 
 
 @dataclass

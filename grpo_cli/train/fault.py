@@ -1,5 +1,5 @@
 """`fault.step=N fault.kind=...`: a failure on purpose at step N, to rehearse what a run leaves
-behind when it crashes, is interrupted or meets a NaN loss: its status in run.json, its rows
+behind when it crashes, is interrupted, meets a NaN loss or a full disk: its status in run.json, its rows
 written so far, its checkpoints, and the resume of the same command without the fault. The tests
 of those guarantees use it (tests/test_run_reliability.py), and a researcher can run the same
 check on a cluster before a long job. Off unless `fault.step` is set.
@@ -10,9 +10,11 @@ the fault resumes in the directory that the faulty run left.
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
-FAULT_KINDS = ("crash", "interrupt", "nan_loss")  # what each does: FaultConfig (config/schema.py)
+FAULT_KINDS = ("crash", "interrupt", "nan_loss", "disk_full")  # what each does: FaultConfig (config/schema.py)
 
 
 class InjectedFault(RuntimeError):
@@ -34,11 +36,14 @@ class Fault:
         return self.step is not None and step == self.step and self.kind == kind
 
     def before_step(self, step: int) -> None:
-        """Raise the crash or interrupt asked for at `step` (nothing of that step has run)."""
+        """Raise the crash, interrupt or full disk asked for at `step` (nothing of that step has
+        run). A full disk is the OSError a write raises there (ENOSPC), with nothing filled."""
         if self._due(step, "crash"):
             raise InjectedFault(f"fault.kind=crash at step {step} (fault.step: a failure on purpose)")
         if self._due(step, "interrupt"):  # what Ctrl-C raises; run.py records it as SIGINT
             raise KeyboardInterrupt(f"fault.kind=interrupt at step {step}")
+        if self._due(step, "disk_full"):
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (fault.kind=disk_full at step {step})")
 
     def nan_loss(self, step: int) -> bool:
         """Whether the last micro-batch's loss at `step` is to become NaN."""

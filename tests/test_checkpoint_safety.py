@@ -83,6 +83,18 @@ def test_probe_of_a_planted_checkpoint_file_refuses_it_unread(tmp_path, crashed)
     assert not (tmp_path / "out").exists()  # refused before anything was built
 
 
+def test_grpo_debug_shows_the_refusal_with_its_traceback(tmp_path, crashed, monkeypatch):
+    from grpo_cli.train.checkpoint import UnsafeCheckpointError
+
+    marker = tmp_path / "ran"
+    planted = plant(copy_run(crashed, tmp_path) / "checkpoints" / "shared.pt", marker)
+    monkeypatch.setenv("GRPO_DEBUG", "1")
+    result = CliRunner().invoke(app, ["probe", str(planted), "--out", str(tmp_path / "out")],
+                                catch_exceptions=True)
+    assert isinstance(result.exception, UnsafeCheckpointError) and str(planted) in str(result.exception)
+    assert not marker.exists()
+
+
 def test_probe_of_every_checkpoint_refuses_a_planted_one_unread(tmp_path, crashed):
     out = copy_run(crashed, tmp_path)
     marker = tmp_path / "ran"

@@ -75,6 +75,19 @@ def test_without_room_the_status_write_fails_and_leaves_no_temporary(small_disk)
     assert not (results.run_dir / "run.json.tmp").exists()
 
 
+def test_tables_rewritten_on_a_full_disk_leave_no_temporary(small_disk):
+    results = RunResults(small_disk / "run")
+    results.ensure_files()
+    results.metrics.append([{"step": 0, "loss": 1.0}])
+    fill(small_disk)
+    with pytest.raises(OSError):
+        results.spectra.append([{"step": 0, "matrix": "m", "layer": "l", "group": "0", "k": 0,
+                                 "sigma": 1.0}] * 5000)
+    with pytest.raises(OSError):
+        results.metrics.truncate_from(0)  # rewritten through a temporary
+    assert not list(results.run_dir.glob("*.tmp"))
+
+
 def test_a_run_on_a_full_disk_ends_failed_with_the_free_space_as_its_last_line(small_disk, cache_dir):
     result = grpo_run(small_disk, cache_dir)  # smoke: first checkpoint after step 2
     assert result.exit_code == 1, result.output

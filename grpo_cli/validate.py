@@ -153,9 +153,17 @@ def config_problems(cfg: DictConfig) -> list[str]:
     need("task.train_size", lambda v: v == -1 or v >= 1, ">= 1 (or -1 for all)")
     at_least("task.eval_size", 0)
     at_least("task.warm_start_size", 0)
+    if (value("model.source") == "char_llama" and value("model.weights") == "pretrained"
+            and (value("model.warm_start.steps") or 0) > 0):  # models/warm_start.py trains on them
+        need("task.warm_start_size", lambda v: v >= 1,
+             ">= 1 with model.warm_start.steps > 0 (the warm start trains on those problems)")
     # rollout
     choice("rollout.backend", ROLLOUT_BACKENDS)
     at_least("rollout.prompts_per_step", 1)
+    per_step = value("rollout.prompts_per_step")
+    if isinstance(per_step, int) and per_step >= 1:  # each step draws that many distinct problems
+        need("task.train_size", lambda v: v == -1 or v >= per_step,
+             f">= rollout.prompts_per_step={per_step} (or -1 for all): each step draws that many distinct problems")
     at_least("rollout.max_new_tokens", 1)
     need("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     unit("rollout.vllm_gpu_memory_utilization", low_open=True)

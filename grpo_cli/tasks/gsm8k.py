@@ -44,7 +44,7 @@ def parse_record(record: Any, where: str) -> Problem:
     answer = solution.rsplit("####", 1)[1].strip()
     if not answer:
         raise DataFormatError(f"{where}: nothing after '####'")
-    return Problem(record["question"].strip(), answer, solution, parse_steps(solution))
+    return Problem(record["question"].strip(), answer, solution, parse_steps(solution), source=where)
 
 
 def _take(records: Iterable[tuple[Any, str]], limit: int) -> list[Problem]:
@@ -59,18 +59,41 @@ def _take(records: Iterable[tuple[Any, str]], limit: int) -> list[Problem]:
     return problems
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[Any, str]]:
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue  # blank lines (e.g. a trailing newline) are not records
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
+MAX_LINE_BYTES = 64 * 1024  # a GSM8K record is a few hundred bytes; a longer line is refused unread
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line, read at most MAX_LINE_BYTES at a time, so a huge line
+    (a wrong file, a line with no newline) is refused before it is held in memory."""
+    with path.open("rb") as lines:
+        line_number = 0
+        while raw := lines.readline(MAX_LINE_BYTES + 1):
+            line_number += 1
+            if len(raw) > MAX_LINE_BYTES:
                 raise DataFormatError(
-                    f"{path}:{line_number}: invalid JSON ({error.msg})"
-                ) from error
-            yield record, f"{path}:{line_number}"
+                    f"{path}:{line_number}: line longer than {MAX_LINE_BYTES // 1024} KiB "
+                    "(a GSM8K record is a few hundred bytes); is this the right file?"
+                )
+            try:
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(
+                    f"{path}:{line_number}: not UTF-8 (byte {raw[error.start]:#04x} at column "
+                    f"{error.start + 1}); save the file as UTF-8"
+                ) from None
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[Any, str]]:
+    for line_number, line in _jsonl_lines(path):
+        if not line.strip():
+            continue  # blank lines (e.g. a trailing newline) are not records
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(
+                f"{path}:{line_number}: invalid JSON ({error.msg})"
+            ) from error
+        yield record, f"{path}:{line_number}"
 
 
 def load_jsonl(path: str | Path, limit: int = -1) -> list[Problem]:

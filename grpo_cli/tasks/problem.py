@@ -23,6 +23,7 @@ class Problem:
     answer: str  # the final answer as text, e.g. "18" (the text after "####")
     solution: str  # GSM8K format: <<expr=value>> calculator steps, then a "#### N" line
     steps: tuple[Step, ...] = ()  # reference calculator steps, in order (parsed from `solution`)
+    source: str = field(default="", compare=False)  # where it was read ("train.jsonl:12"); "" if generated
 
 
 def format_prompt(

@@ -99,6 +99,7 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     from grpo_cli.models.policy import load_policy
     from grpo_cli.probes.runner import ProbeSuite
     from grpo_cli.tasks import build_task
+    from grpo_cli.train.preflight import check_before_building, check_loaded
     from grpo_cli.train.trainer import GRPOTrainer
 
     if cfg.threads > 0:
@@ -108,7 +109,10 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task)
+    checked = check_before_building(cfg, task, device)  # counts, prompt lengths, memory: no weights yet
     loaded = load_policy(cfg, task, device, log=log)
+    if not checked:  # a shape that only the loaded model tells
+        check_loaded(cfg, task, loaded, device)
     task.tokenizer = loaded.tokenizer
     model = loaded.model
     reference = None

@@ -77,6 +77,30 @@ def test_a_tracker_that_cannot_start_is_left_out_with_one_warning(tmp_path):
     assert not trackers and len(lines) == 1 and lines[0].startswith("WARNING tracker mlflow not started")
 
 
+def test_an_unreachable_mlflow_server_is_given_up_within_seconds(tmp_path, monkeypatch):
+    """MLflow's defaults retried a refused connection for ~4 minutes before the run could start."""
+    pytest.importorskip("mlflow")
+    import socket
+    import time
+
+    from grpo_cli.trackers.mlflow_backend import FAST_FAIL
+
+    for name in FAST_FAIL:  # as MLflow's defaults; restored (or removed) after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    with socket.socket() as closed:  # a port nothing listens on: connection refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    cfg = OmegaConf.create({"mlflow": True, "tracking_uri": f"http://127.0.0.1:{port}", "project": "p",
+                            "rank_series": []})
+    lines = []
+    began = time.monotonic()
+    trackers = open_trackers(cfg, RunIdentity(tmp_path / "exp" / "run", "exp"), log=lines.append)
+    assert time.monotonic() - began < 30  # loose: about 1 s here
+    assert not trackers and len(lines) == 1 and lines[0].startswith("WARNING tracker mlflow not started")
+    assert lines[0].endswith("the run goes on without it")
+
+
 def wandb_records(run_file: Path) -> list:
     """The records of a W&B offline run file: a 7-byte header, then LevelDB-log framed protobufs
     (32 KiB blocks; chunks typed full / first / middle / last)."""

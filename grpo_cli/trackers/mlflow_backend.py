@@ -2,7 +2,13 @@
 (created once, under a file lock, by whichever member starts first) and one child run per member,
 so a sweep reads as one nested group in the MLflow UI. The default store is a file store,
 <results_dir>/mlruns (MLflow 3 wants MLFLOW_ALLOW_FILE_STORE=true for it, set here; use
-logger.tracking_uri or MLFLOW_TRACKING_URI for a server or a database)."""
+logger.tracking_uri or MLFLOW_TRACKING_URI for a server or a database).
+
+A server that cannot be reached is given up within seconds: MLflow's own defaults retry each
+request 7 times with exponential backoff and a 120 s timeout (about 4 minutes before the run could
+start, and as long again to stop on SIGTERM), so unless set in the environment, requests here are
+retried once after 1 s and time out after 5 s (FAST_FAIL); the run then goes on without MLflow,
+with one warning."""
 
 from __future__ import annotations
 
@@ -15,6 +21,11 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 GROUP_TAG = "grpo.experiment_dir"  # the parent run of every member of one experiment directory
+FAST_FAIL = {  # MLflow's request settings (read per request), unless the environment sets them
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+}
 
 
 class MlflowBackend:
@@ -23,6 +34,8 @@ class MlflowBackend:
     def __init__(self, identity, tracking_uri: str, experiment_name: str):
         if tracking_uri.startswith("file:"):  # MLflow 3 keeps its file store behind this opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        for name, value in FAST_FAIL.items():
+            os.environ.setdefault(name, value)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         experiment = self.client.get_experiment_by_name(experiment_name)
         experiment_id = (experiment.experiment_id if experiment is not None

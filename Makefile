@@ -32,6 +32,9 @@ SMOLLM2_ARGS ?=
 SMOLLM2_JOBS ?= 2
 SMOLLM2_THREADS ?= 1
 comma := ,
+# pytest-xdist workers for `make test`; tests/conftest.py holds each to one torch thread, so the
+# workers fit the cores (2 here); TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
 # the fast suite's model, decode and cache tests, run again at the oldest supported transformers
 OLDEST_TRANSFORMERS_TESTS ?= tests/test_models.py tests/test_static_decode.py tests/test_llama_decode.py \
   tests/test_policy_forward.py tests/test_graph_decode.py tests/test_chunked_logprobs.py \
@@ -59,8 +62,8 @@ endif
 
 setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools and experiment trackers
 
-test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM)
-	$(PY) -m pytest -q
+test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM), TEST_WORKERS processes at one torch thread each
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
 	$(PY) -m pytest -q -m "slow"

@@ -1,5 +1,6 @@
 """Issue 29: verdicts a referee would accept, on constructed results with a known answer, and
-the bootstrap intervals against independent computations written here."""
+the intervals against independent computations written here (issue 42: seed-level intervals;
+their coverage is simulated in tests/test_calibration.py)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,42 @@ def test_flat_but_noisy_two_seeds_is_inconclusive(tmp_path):
     assert part.seeds is None or part.seeds > 2  # "about N seeds in all would settle it"
 
 
+def test_practically_flat_rank_reads_supported(tmp_path):
+    """Issue 42's known answer: 2.00 / 2.05 / 2.10 at R = 4 / 8 / 16 with 4 seeds is within the
+    tolerance (2b, an equivalence reading) and the band (2c): supported, even though the slope
+    is not exactly 0 (2a, descriptive, may read contradicted)."""
+    noisy = _noisy(0.03)
+
+    def rank(r, seed, step):
+        return noisy(r, seed, step) + 0.05 * math.log2(r / 4) if r > 2 else noisy(r, seed, step)
+
+    claim, result = _claim2(tmp_path, rank, seeds=range(4))
+    assert claim.verdict == "supported", claim.evidence
+    row = result.verdicts.iloc[0]
+    assert row["verdict_growth"] == "supported" and row["verdict_level"] == "supported"
+    assert 0 < row["slope_low"] and row["slope_high"] < 0.25  # excludes 0: 2a contradicted
+    assert row["verdict_slope_zero"] == "contradicted"
+    assert "descriptive, not in the verdict" in claim.evidence
+
+
+def test_flat_rank_above_the_band_reads_mixed_and_the_claim_keeps_it(tmp_path):
+    """A flat rank of 3: 2b supported, 2c contradicted, so the pair reads mixed, and the claim
+    keeps "mixed" (combine dropped it: the claim read "not judged")."""
+    claim, result = _claim2(tmp_path, lambda r, seed, step: _noisy(0.03)(r, seed, step) + 1.0,
+                            seeds=range(4))
+    assert result.verdicts.iloc[0]["verdict"] == "mixed"
+    assert claim.verdict == "mixed" and claim.parts_text.startswith("2a")
+
+
+def test_only_one_r_above_the_cap_cannot_be_judged(tmp_path):
+    """R = {2, 4}: R = 2 is capped, so no slope is judged (keeping R = 2 would read a slope
+    that only the cap makes)."""
+    claim, result = _claim2(tmp_path, _noisy(0.05), seeds=range(3), sizes=(2, 4))
+    assert claim.verdict == "not judged"
+    assert "cannot judge beyond the cap: R=2 capped" in claim.evidence
+    assert result.verdicts.iloc[0]["judged"] == "4"
+
+
 def test_analysis_is_deterministic(tmp_path):
     _, first = _claim2(tmp_path / "a", _noisy(0.3), seeds=(0, 1, 2))
     again = analyze([tmp_path / "a"], measure="erank_entropy", figures=False)
@@ -77,14 +114,14 @@ def test_confidence_sets_the_interval_width(tmp_path):
     narrow = analyze([tmp_path], measure="stable_rank", confidence=0.8, figures=False).verdicts
     assert (wide["slope_high"] - wide["slope_low"]).item() > (
         narrow["slope_high"] - narrow["slope_low"]).item()
-    assert "80% hierarchical bootstrap" in (tmp_path / "analysis" / "summary.md").read_text()
+    assert "80% seed-level Student-t intervals" in (tmp_path / "analysis" / "summary.md").read_text()
 
 
 # ---- the rules ----------------------------------------------------------------------------------
 def test_capped_sizes_and_three_way():
     assert capped_group_sizes([2, 4, 8, 16]) == [2]
     assert judged_group_sizes([2, 4, 8]) == [4, 8]
-    assert judged_group_sizes([2, 4]) == [2, 4]  # one uncapped R: judged on all, said so
+    assert judged_group_sizes([2, 4]) == [4]  # one uncapped R: no slope (issue 42)
     assert three_way(1.6, 2.4, 1.5, 2.5) == "supported"
     assert three_way(2.6, 3.0, 1.5, 2.5) == "contradicted"
     assert three_way(2.4, 2.6, 1.5, 2.5) == "inconclusive"
@@ -102,50 +139,54 @@ def test_t_quantile_matches_tables():
     assert bs.t_quantile(0.95, 2) == pytest.approx(2.9200, abs=1e-4)
     assert bs.t_quantile(0.975, 5) == pytest.approx(2.5706, abs=1e-4)
     assert bs.t_quantile(0.975, 40) == pytest.approx(2.0211, abs=1e-4)
-    assert math.isinf(bs.widening(1, 0.9))
+    assert bs.t_upper_tail(6.3138, 1) == pytest.approx(0.05, abs=1e-5)
+    assert bs.t_upper_tail(-2.9200, 2) == pytest.approx(0.95, abs=1e-5)
 
 
-def test_widened_interval_is_the_student_t_interval_for_normal_seed_means():
-    """One probe step per seed, no groups: the hierarchical bootstrap is a plain bootstrap of
-    the seed values, and its widened interval is mean +- t_{n-1} s / sqrt(n) (closed form)."""
+def test_mean_interval_is_the_student_t_interval_of_the_seed_values():
+    """mean +- t_{n-1} s / sqrt(n) (closed form); one value: no interval."""
     values = np.random.default_rng(3).normal(2.0, 0.4, 6)
-    runs = [[(float(v), np.empty(0))] for v in values]
-    iv = bs.mean_interval(runs, 0.9, 40_000, np.random.default_rng(0))
-    half = bs.t_quantile(0.95, 5) * values.std(ddof=1) / math.sqrt(6)
+    iv = bs.mean_interval(values, 0.9, np.random.default_rng(0))
+    half = 2.0150 * values.std(ddof=1) / math.sqrt(6)  # t_{0.95, 5} from tables
     assert iv.estimate == pytest.approx(values.mean())
-    assert iv.low == pytest.approx(values.mean() - half, abs=0.06 * half)
-    assert iv.high == pytest.approx(values.mean() + half, abs=0.06 * half)
+    assert (iv.low, iv.high) == pytest.approx((values.mean() - half, values.mean() + half),
+                                              abs=1e-4)
+    assert iv.replicates.std() == pytest.approx(iv.se * math.sqrt(5 / 3), rel=0.15)  # Var T_5
+    assert not bs.mean_interval([2.0], 0.9, np.random.default_rng(0)).finite
 
 
-def test_hierarchical_replicates_match_a_plain_nested_bootstrap():
-    """Seeds, then steps, then groups, resampled by explicit loops: same distribution."""
-    rng = np.random.default_rng(1)
-    runs = [[(float(rng.normal(2, 0.3)), rng.normal(2, 0.5, rng.integers(2, 6)))
-             for _ in range(4)] for _ in range(3)]
-    fast = bs.mean_replicates(runs, np.random.default_rng(2), 20_000)
-    slow_rng, slow = np.random.default_rng(3), []
-    for _ in range(4000):
-        seed_means = []
-        for s in slow_rng.integers(0, 3, 3):
-            steps = runs[s]
-            total = 0.0
-            for k in slow_rng.integers(0, len(steps), len(steps)):
-                value, groups = steps[k]
-                drawn = groups[slow_rng.integers(0, len(groups), len(groups))]
-                total += value + drawn.mean() - groups.mean()
-            seed_means.append(total / len(steps))
-        slow.append(np.mean(seed_means))
-    for q in (0.05, 0.5, 0.95):
-        assert np.quantile(fast, q) == pytest.approx(np.quantile(slow, q), abs=0.03)
-    assert fast.std() == pytest.approx(np.std(slow), rel=0.08)
+def test_welch_interval_closed_form():
+    """Difference of means 3 - 1 with variances 1 and 4 over 2 and 5 units: se^2 = 1/2 + 4/5,
+    Welch-Satterthwaite df = 1.69 / (0.25 + 0.16) = 4.12 -> 4 (floored)."""
+    a, b = np.array([2.5, 3.5]), 1 + np.array([-2, -1, 0, 1, 2]) * math.sqrt(4 / 2.5)
+    iv = bs.welch_interval([a, b], [1.0, -1.0], 0.9, np.random.default_rng(0))
+    se = math.sqrt(0.5 / 2 + 4 / 5)
+    assert iv.estimate == pytest.approx(2.0) and iv.se == pytest.approx(se) and iv.df == 4
+    assert iv.high - iv.estimate == pytest.approx(2.1318 * se, abs=1e-3)  # t_{0.95, 4}
+
+
+def test_paired_slope_is_the_t_interval_of_per_seed_slopes(tmp_path):
+    """Every seed ran every R: the slope's interval is that of the per-seed slopes."""
+    from grpo_cli.analysis.rank_verdict import PerR, slope_interval
+
+    rng = np.random.default_rng(0)
+    table = np.array([[2.0, 2.3, 2.5], [2.2, 2.4, 2.9], [1.9, 2.1, 2.6]])  # [seed, R]
+    per_r = {r: PerR(bs.mean_interval(table[:, j], 0.9, rng), table[:, j], (0, 1, 2))
+             for j, r in enumerate((4, 8, 16))}
+    iv = slope_interval(per_r, [4, 8, 16], Rules(), rng)
+    slopes = bs.slope(np.log2([4.0, 8.0, 16.0]), table)  # per seed
+    expected = bs.mean_interval(slopes, 0.9, rng)
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx(
+        (expected.estimate, expected.low, expected.high))
 
 
 def test_seeds_to_settle_follows_one_over_sqrt_n():
     # estimate 0.4, interval [0.1, 0.7] at n = 4, boundary 0.25: half-width 0.3 must drop below
-    # 0.15, i.e. widening(n)/sqrt(n) <= widening(4)/2 / 2
+    # 0.15, i.e. t_{n-1}/sqrt(n) <= t_3/2 / 2
     iv = bs.Interval(0.4, 0.1, 0.7, 4)
     n = bs.seeds_to_settle(iv, [0.25], 0.9)
-    ratio = lambda m: bs.widening(m, 0.9) / math.sqrt(m) / (bs.widening(4, 0.9) / 2)  # noqa: E731
+    scale = lambda m: bs.t_quantile(0.95, m - 1) / math.sqrt(m)  # noqa: E731
+    ratio = lambda m: scale(m) / scale(4)  # noqa: E731
     assert ratio(n) * 0.3 < 0.15 <= ratio(n - 1) * 0.3
     assert bs.seeds_to_settle(bs.Interval(0.25, 0.1, 0.4, 4), [0.25], 0.9) is None
 

@@ -1,16 +1,22 @@
-"""Hierarchical bootstrap intervals for the judged numbers (pure numpy, deterministic).
+"""Seed-level intervals for the judged numbers (pure numpy, deterministic).
 
-A judged number is a mean over seeds of each run's mean over probe steps of a value that is
-itself, for per-group matrices, a mean over the step's groups. The bootstrap mirrors that
-nesting: resample seeds, then probe steps within each drawn seed, then groups within each drawn
-step (where per-group values exist; the step's official value is shifted by the resampled
-groups' deviation from their mean, so the estimate is the summary's own number).
-
-With n = 2-4 seeds the percentile interval is too narrow (a mean of two values can only resample
-to the two values and their midpoint), so every replicate's deviation from the estimate is
-scaled by sqrt(n / (n - 1)) t_{n-1} / z at the interval's level: for normal data this turns the
-percentile interval into the Student-t interval. One seed gives no interval (the spread between
-seeds is unknown).
+The independent unit of a sweep is the seed (one training run): probe steps of one run are
+autocorrelated and its prompt groups share its weights, so within-run noise is not resampled.
+Each run keeps its window mean as it is, and a judged number gets a Student-t interval from the
+spread of those run values (issue 42: the former seeds -> steps -> groups bootstrap, widened by
+sqrt(n/(n-1)) t/z, counted within-run noise two or three times and covered 99.5-100% at a
+nominal 90%):
+- a per-R mean over n seeds: mean +- t_{n-1} s / sqrt(n);
+- a linear combination of independent per-R means (the slope over R, a difference of two
+  variants): Welch's se and Welch-Satterthwaite df (floored to an integer, conservative), or,
+  where every seed has a run at every R, the t-interval of the per-seed values (`paired`),
+  which respects the pairing by seed;
+- a `grpo probe` run (one set of weights): its prompt groups are the units instead.
+One unit gives no interval (the spread between units is unknown). An interval is clipped to the
+range the measure can take (`bounds`: a rank is >= 0, a per-group rank <= R), which can only
+raise its coverage. `replicates` are draws of estimate + se T_df (clipped the same way): the
+sampling distribution the interval is read from; the flip probability of every claim is the
+share of them whose reading differs from the estimate's.
 """
 
 from __future__ import annotations
@@ -25,9 +31,8 @@ import numpy as np
 
 from grpo_cli.analysis.rules import MAX_SEEDS_ADVICE
 
-Step = tuple[float, np.ndarray]  # a probe step: its value, and its per-group values (may be empty)
-RunSteps = Sequence[Step]  # one run (seed): its probe steps
-CHUNK = 1_000_000  # group draws per batch (memory bound)
+UNBOUNDED = (-math.inf, math.inf)
+DRAWS = 1000  # draws of the sampling distribution per judged number (flip probabilities)
 
 
 def _t_central_mass(t: float, df: int) -> float:
@@ -66,24 +71,27 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-@lru_cache(maxsize=4096)
-def widening(n: int, confidence: float) -> float:
-    """sqrt(n/(n-1)) t_{n-1}/z at two-sided `confidence`; inf for n < 2."""
-    if n < 2:
-        return math.inf
-    p = 0.5 + confidence / 2
-    return math.sqrt(n / (n - 1)) * t_quantile(p, n - 1) / NormalDist().inv_cdf(p)
+def t_upper_tail(t: float, df: int) -> float:
+    """P(T > t) for Student's t with integer df >= 1 (exact)."""
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    mass = _t_central_mass(abs(t), df)
+    return (1 - mass) / 2 if t >= 0 else (1 + mass) / 2
 
 
 @dataclass
 class Interval:
-    """An estimate with its widened bootstrap interval; `replicates` are the widened ones."""
+    """An estimate with its interval; `replicates` are draws of its sampling distribution."""
 
     estimate: float
     low: float
     high: float
-    n: int  # top-level sample size (seeds) that set the widening
+    n: int  # independent units (seeds, or a probe run's groups) behind the interval
     replicates: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0))
+    se: float = math.nan  # standard error of the estimate
+    df: int = 0  # degrees of freedom of its t distribution
 
     @property
     def finite(self) -> bool:
@@ -96,67 +104,58 @@ class Interval:
         return f"{form.format(self.estimate)} [{form.format(self.low)}, {form.format(self.high)}]"
 
 
-def interval(estimate: float, replicates: np.ndarray, n: int, confidence: float) -> Interval:
-    """Percentile interval of `replicates` after widening their deviations from `estimate`."""
-    k = widening(n, confidence)
-    if not math.isfinite(k) or replicates.size == 0 or not math.isfinite(estimate):
-        return Interval(estimate, -math.inf, math.inf, n, np.empty(0))
-    widened = estimate + k * (replicates - estimate)
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(widened, [alpha, 1 - alpha])
-    return Interval(estimate, float(low), float(high), n, widened)
+def no_interval(estimate: float, n: int) -> Interval:
+    return Interval(estimate, -math.inf, math.inf, n)
 
 
-def run_replicates(steps: RunSteps, rng: np.random.Generator, size: int) -> np.ndarray:
-    """`size` bootstrap replicates of one run's mean over its steps [size]: steps resampled,
-    then groups within each drawn step."""
-    values = np.array([v for v, _ in steps], dtype=float)  # [k]
-    k = len(values)
-    pick = rng.integers(0, k, (size, k))  # [size, k]
-    drawn = values[pick]
-    counts = np.array([len(g) for _, g in steps])  # [k]
-    width = int(counts.max()) if k else 0
-    if width > 1:
-        padded = np.zeros((k, width))  # [k, width]: the step's group values, zero-padded
-        for i, (_, groups) in enumerate(steps):
-            padded[i, : len(groups)] = groups
-        means = np.array([g.mean() if len(g) else 0.0 for _, g in steps])  # [k]
-        chunk = max(1, CHUNK // (k * width))
-        for start in range(0, size, chunk):
-            rows = slice(start, start + chunk)
-            n = counts[pick[rows]]  # [chunk, k]
-            idx = (rng.random((*n.shape, width)) * np.maximum(n, 1)[..., None]).astype(int)
-            mask = np.arange(width) < n[..., None]  # [chunk, k, width]
-            resampled = (padded[pick[rows][..., None], idx] * mask).sum(-1) / np.maximum(n, 1)
-            drawn[rows] += np.where(n > 0, resampled - means[pick[rows]], 0.0)
-    return drawn.mean(axis=1)
+def t_interval(estimate: float, se: float, df: int, n: int, confidence: float,
+               rng: np.random.Generator, draws: int = DRAWS,
+               bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """estimate +- t_df se at two-sided `confidence`, clipped to `bounds`, with `draws`
+    draws of estimate + se T_df (clipped too); no interval for df < 1 or a non-finite se."""
+    if df < 1 or not (math.isfinite(se) and math.isfinite(estimate)):
+        return no_interval(estimate, n)
+    half = t_quantile(0.5 + confidence / 2, df) * se
+    lo, hi = bounds
+    replicates = np.clip(estimate + se * rng.standard_t(df, draws), lo, hi)
+    return Interval(estimate, max(estimate - half, lo), min(estimate + half, hi), n,
+                    replicates, se, df)
 
 
-def nested_mean(runs: Sequence[RunSteps]) -> float:
-    """The estimate: mean over runs of each run's mean step value."""
-    return float(np.mean([np.mean([v for v, _ in steps]) for steps in runs]))
+def mean_interval(values, confidence: float, rng: np.random.Generator, draws: int = DRAWS,
+                  bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """The mean of independent `values` (one per seed) with its t-interval (n - 1 df)."""
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n == 0:
+        return no_interval(math.nan, 0)
+    if n < 2:
+        return no_interval(float(values.mean()), n)
+    se = float(values.std(ddof=1)) / math.sqrt(n)
+    return t_interval(float(values.mean()), se, n - 1, n, confidence, rng, draws, bounds)
 
 
-def mean_replicates(runs: Sequence[RunSteps], rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """Replicates [resamples] of `nested_mean`: seeds resampled, then steps, then groups."""
-    n = len(runs)
-    per_run = np.stack([run_replicates(steps, rng, resamples * n) for steps in runs])
-    per_run = per_run.reshape(n, resamples, n)  # [run, replicate, slot]
-    seeds = rng.integers(0, n, (resamples, n))  # [replicate, slot]
-    return per_run[seeds, np.arange(resamples)[:, None], np.arange(n)].mean(axis=1)
-
-
-def mean_interval(
-    runs: Sequence[RunSteps], confidence: float, resamples: int, rng: np.random.Generator
-) -> Interval:
-    """The nested mean of `runs` with its interval (no interval for one run)."""
-    runs = [steps for steps in runs if len(steps)]
-    if not runs:
-        return Interval(math.nan, -math.inf, math.inf, 0)
-    estimate = nested_mean(runs)
-    if len(runs) < 2:
-        return Interval(estimate, -math.inf, math.inf, len(runs))
-    return interval(estimate, mean_replicates(runs, rng, resamples), len(runs), confidence)
+def welch_interval(groups: Sequence[np.ndarray], weights: Sequence[float], confidence: float,
+                   rng: np.random.Generator, draws: int = DRAWS) -> Interval:
+    """sum_g w_g mean_g over independent `groups` (each a sample of independent units) with
+    Welch's se and the Welch-Satterthwaite df (floored); no interval when a group has < 2."""
+    groups = [np.asarray(g, float) for g in groups]
+    if any(len(g) == 0 for g in groups):
+        return no_interval(math.nan, 0)
+    estimate = float(sum(w * g.mean() for g, w in zip(groups, weights, strict=True)))
+    n = min(len(g) for g in groups)
+    if n < 2:
+        return no_interval(estimate, n)
+    parts = np.array([w * w * g.var(ddof=1) / len(g)
+                      for g, w in zip(groups, weights, strict=True)])
+    var = float(parts.sum())
+    if var == 0:
+        return Interval(estimate, estimate, estimate, n, np.full(draws, estimate), 0.0, n - 1)
+    dof = var**2 / sum(p * p / (len(g) - 1) for p, g in zip(parts, groups, strict=True)
+                       if p > 0)
+    return t_interval(estimate, math.sqrt(var), max(1, math.floor(dof + 1e-9)), n, confidence,
+                      rng, draws)
 
 
 def slope(log2_sizes: np.ndarray, means: np.ndarray) -> np.ndarray:
@@ -185,12 +184,12 @@ def flip_probability(estimate: float, replicates: np.ndarray,
 
 def seeds_to_settle(iv: Interval, boundaries: Sequence[float], confidence: float) -> int | None:
     """Roughly how many seeds in all would move every boundary in `boundaries` out of the
-    interval: each side's half-width scales as widening(n)/sqrt(n). None when the estimate sits
-    on a boundary, or beyond MAX_SEEDS_ADVICE."""
+    interval: each side's half-width scales as t_{n-1}/sqrt(n) (the spread between seeds held
+    fixed). None when the estimate sits on a boundary, or beyond MAX_SEEDS_ADVICE."""
     inside = [b for b in boundaries if iv.low <= b <= iv.high]
     if not inside or not iv.finite or iv.n < 2:
         return None
-    base = widening(iv.n, confidence) / math.sqrt(iv.n)
+    base = _half_scale(iv.n, confidence)
     need = iv.n
     for b in inside:
         half = iv.high - iv.estimate if b >= iv.estimate else iv.estimate - iv.low
@@ -198,9 +197,14 @@ def seeds_to_settle(iv: Interval, boundaries: Sequence[float], confidence: float
         if distance == 0:
             return None
         n = iv.n + 1
-        while half * (widening(n, confidence) / math.sqrt(n)) / base >= distance:
+        while half * _half_scale(n, confidence) / base >= distance:
             n += 1
             if n > MAX_SEEDS_ADVICE:
                 return None
         need = max(need, n)
     return need
+
+
+def _half_scale(n: int, confidence: float) -> float:
+    """t_{n-1} / sqrt(n): how a t-interval's half-width scales with n units."""
+    return t_quantile(0.5 + confidence / 2, n - 1) / math.sqrt(n)

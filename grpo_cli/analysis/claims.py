@@ -16,7 +16,6 @@ side, as in `make settle`).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +34,7 @@ from grpo_cli.analysis.rules import (
     SUPPORTED,
     Rules,
     combine,
+    holm,
 )
 from grpo_cli.analysis.summary import verdict_rows
 from grpo_cli.analysis.tables import metric_table, progress_edges, with_x
@@ -200,28 +200,51 @@ def rank_claim(
 
 
 # ---- claim 3: sparsity grows -------------------------------------------------------------------
-def _trend_row(series, rules: Rules, rng) -> tuple[dict, str, float, int | None]:
-    """The test on one variant x measure x R: (numbers, verdict, flip probability, seeds)."""
-    level = rules.trend_level
-    test = trend.mann_kendall(series, level)
-    if not np.isfinite(test["min_p"]) or test["min_p"] > level:
-        return test, NOT_JUDGED, math.nan, None
-    if test["p_up"] <= level:
-        verdict = SUPPORTED
-    elif test["p_down"] <= level:
-        verdict = CONTRADICTED
-    else:
-        verdict = INCONCLUSIVE
-    share = trend.growth_share(series, level, rng)
-    flip = share if verdict != SUPPORTED else 1 - share
+def _trend_verdict(test: dict, p_up: float, p_down: float, level: float) -> str:
+    """A part's verdict from its Holm-adjusted one-sided p-values."""
+    if test["seeds"] < 2:
+        return NOT_JUDGED
+    if p_up <= level:
+        return SUPPORTED
+    if p_down <= level:
+        return CONTRADICTED
+    return INCONCLUSIVE
+
+
+def _trend_sentence(row: dict, test: dict, verdict: str, rules: Rules) -> tuple[str, float,
+                                                                               int | None]:
+    """A part's sentence, flip probability and seeds that would settle it."""
+    label = f" ({row['variant']})" if row["label"] else ""
+    name = f"{row['measure']}, R={row['R']}{label}"
+    iv = test["slope"]
+    if verdict == NOT_JUDGED:
+        return (f"{name}: not judged; {test['seeds']} seed(s) with a slope: the trend test "
+                "compares per-seed slopes, so it needs at least 2 seeds."), math.nan, None
+    level, m = rules.trend_level, row["family"]
+    flip = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
+    holm = f" (Holm over {m} parts)" if m > 1 else ""
+    decided = {
+        SUPPORTED: f"growth significant (p = {row['p (growth, Holm)']:.3g}{holm} <= {level:g})",
+        CONTRADICTED: f"decline significant (p = {row['p (decline, Holm)']:.3g}{holm} <= "
+                      f"{level:g})",
+        INCONCLUSIVE: f"neither growth (p = {row['p (growth, Holm)']:.3g}) nor decline (p = "
+                      f"{row['p (decline, Holm)']:.3g}) significant at {level:g}{holm}",
+    }[verdict]
     seeds = None
-    if verdict == INCONCLUSIVE and test["z"] > 0:
-        z_needed = trend.NORMAL.inv_cdf(1 - level)
-        seeds = math.ceil(len(series) * (z_needed / test["z"]) ** 2)
-    return test, verdict, flip, seeds
+    if verdict == INCONCLUSIVE and iv.estimate > 0:
+        seeds = bs.seeds_to_settle(iv, [0.0], rules.confidence)
+    extra = settle_text(verdict, flip, seeds, test["seeds"])
+    if verdict == INCONCLUSIVE and not iv.estimate > 0:
+        extra = f"; flips in {flip:.0%} of draws" if np.isfinite(flip) else ""
+        extra += "; no sign of growth, so more seeds would not make it supported"
+    return (f"{name}: {verdict}; {decided}; mean per-seed slope {row['slope / 100 steps']} "
+            f"per 100 steps over {test['seeds']} seeds{extra}."), flip, seeds
 
 
 def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
+    """Claim 3: per variant x measure x R, the seed-level trend test (trend.seed_trend); the
+    sparsity parts' p-values Holm-adjusted together, the zero-advantage reading beside them
+    (its own family)."""
     variants = zero_sum_variants(runs)
     table = metric_table(runs, [*SPARSITY_METRICS, ZERO_ADVANTAGE_METRIC, "grad_norm"])
     table = table[table["variant"].isin(variants)]
@@ -230,59 +253,59 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     keep = ~table.set_index(["run_id", "step"]).index.isin(pd.MultiIndex.from_frame(zero))
     sparse = table[keep & table["metric"].isin(SPARSITY_METRICS)]
     table = pd.concat([sparse, table[table["metric"] == ZERO_ADVANTAGE_METRIC]])
-    rows, parts = [], []
+    rows, tests = [], []
     for (variant, metric, size), part in table.groupby(["variant", "metric", "group_size"]):
         series = [
             (r.sort_values("step")["step"].to_numpy(float),
              r.sort_values("step")["value"].to_numpy(float))
             for _, r in part.groupby("run_id")
         ]
-        test, verdict, flip, seeds = _trend_row(series, rules, rng_for(rules, variant, metric, size))
+        rng = rng_for(rules, variant, metric, size)
+        test = trend.seed_trend(series, rules.confidence, rng, rules.resamples)
+        described = trend.mann_kendall(series, rules.trend_level)
         first, last = part["step"].min(), part["step"].max()
-        label = _label(variant, _estimators(runs).get(variant))
-        reading = "zero-advantage groups" if metric == ZERO_ADVANTAGE_METRIC else "sparsity"
-        sen = f"{100 * test['sen']:+.3f} [{100 * test['sen_low']:+.3f}, {100 * test['sen_high']:+.3f}]"
+        iv = test["slope"]
+        per_100 = bs.Interval(100 * iv.estimate, 100 * iv.low, 100 * iv.high, iv.n)
+        sen = (f"{100 * described['sen']:+.3f} [{100 * described['sen_low']:+.3f}, "
+               f"{100 * described['sen_high']:+.3f}]")
         rows.append(
             {
-                "variant": label,
-                "reading": reading,
+                "variant": _label(variant, _estimators(runs).get(variant)),
+                "label": bool(variant),
+                "reading": ("zero-advantage groups" if metric == ZERO_ADVANTAGE_METRIC
+                            else "sparsity"),
                 "measure": metric,
                 "R": int(size),
-                "seeds": len(series),
-                "points": test["n_points"],
+                "seeds": test["seeds"],
+                "points": described["n_points"],
                 "first": part.loc[part["step"] == first, "value"].mean(),
                 "last": part.loc[part["step"] == last, "value"].mean(),
-                "S": test["S"],
+                "slope / 100 steps": per_100.text(3, sign=True),
                 "p (growth)": test["p_up"],
+                "p (decline)": test["p_down"],
+                "S": described["S"],
                 "Sen slope / 100 steps": sen,
-                "lag-1 autocorr.": test["lag1"],
-                "test": test["method"],
-                "verdict": verdict,
-                "flip": flip,
+                "lag-1 autocorr.": described["lag1"],
+                "test": "seed-level t on per-seed slopes",
             }
         )
-        if verdict == NOT_JUDGED:
-            sentence = (f"{metric}, R={size}{f' ({label})' if variant else ''}: not judged; "
-                        f"{test['n_points']} points in {len(series)} series: even a strictly "
-                        f"increasing series would give p = {test['min_p']:.3f} > "
-                        f"{rules.trend_level:g}.")
-        else:
-            decided = {
-                SUPPORTED: f"growth significant (p = {test['p_up']:.3g} <= {rules.trend_level:g})",
-                CONTRADICTED: f"decline significant (p = {test['p_down']:.3g})",
-                INCONCLUSIVE: f"neither growth (p = {test['p_up']:.3g}) nor decline significant "
-                              f"at {rules.trend_level:g}",
-            }[verdict]
-            extra = settle_text(verdict, flip, seeds, len(series))
-            if verdict == INCONCLUSIVE and seeds is None:
-                extra = f"; flips in {flip:.0%} of resamples" if np.isfinite(flip) else ""
-                extra += "; no sign of growth, so more seeds would not make it supported"
-            sentence = (f"{metric}, R={size}{f' ({label})' if variant else ''}: {verdict}; "
-                        f"{decided}; Sen's slope {sen} per 100 steps ({test['method']})"
-                        f"{extra}.")
-        parts.append(Part("3" if reading == "sparsity" else "3z", reading, verdict, sentence,
-                          flip, seeds))
-    frame = pd.DataFrame(rows)
+        tests.append(test)
+    for reading in ("sparsity", "zero-advantage groups"):  # Holm within each reading
+        family = [i for i, r in enumerate(rows) if r["reading"] == reading]
+        up = holm([rows[i]["p (growth)"] for i in family])
+        down = holm([rows[i]["p (decline)"] for i in family])
+        tested = sum(np.isfinite(rows[i]["p (growth)"]) for i in family)
+        for i, u, d in zip(family, up, down, strict=True):
+            rows[i] |= {"p (growth, Holm)": u, "p (decline, Holm)": d, "family": int(tested)}
+    parts = []
+    for row, test in zip(rows, tests, strict=True):
+        verdict = _trend_verdict(test, row["p (growth, Holm)"], row["p (decline, Holm)"],
+                                 rules.trend_level)
+        sentence, flip, seeds = _trend_sentence(row, test, verdict, rules)
+        row |= {"verdict": verdict, "flip": flip}
+        parts.append(Part("3" if row["reading"] == "sparsity" else "3z", row["reading"],
+                          verdict, sentence, flip, seeds))
+    frame = pd.DataFrame(rows).drop(columns=["label", "family"], errors="ignore")
     if frame.empty or not (frame["reading"] == "sparsity").any():
         return Claim(
             3,
@@ -295,8 +318,9 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     zero_adv = [p for p in parts if p.name == "3z"]
     evidence = " ".join(p.sentence for p in judged)
     if zero_adv:
-        evidence += (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step): "
-                     f"{combine(p.verdict for p in zero_adv)}.")
+        evidence += (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step; more "
+                     "zero-advantage groups means fewer informative rollouts, which alone can "
+                     f"make the gradient sparser): {combine(p.verdict for p in zero_adv)}.")
     return Claim(3, combine(p.verdict for p in judged), evidence, frame, parts=parts)
 
 
@@ -311,33 +335,19 @@ def _binned_runs(table: pd.DataFrame, variant: str, size: int, common: list) -> 
     ]
 
 
-def _binned_mean(runs: list[dict], common: list) -> float:
-    per_bin = [[v[c].mean() for v in runs if c in v] for c in common]
-    return float(np.mean([np.mean(b) for b in per_bin if b]))
+def _run_values(runs: list[dict], common: list) -> np.ndarray:
+    """Per run: the mean over the common bins it reaches of its mean in each bin [runs]."""
+    return np.array([np.mean([run[c].mean() for c in common if c in run]) for run in runs
+                     if any(c in run for c in common)])
 
 
 def binned_interval(runs: list[dict], common: list, rules: Rules, rng
                     ) -> tuple[bs.Interval, np.ndarray]:
-    """Mean over common bins of the mean over runs of each run's bin mean, with its interval
-    and raw (unwidened) replicates: seeds resampled, then steps within each (run, bin)."""
-    estimate = _binned_mean(runs, common) if runs and common else math.nan
-    n = len(runs)
-    if n < 2 or not math.isfinite(estimate):
-        return bs.Interval(estimate, -math.inf, math.inf, n), np.empty(0)
-    size = rules.resamples * n
-    reps = np.full((n, size, len(common)), np.nan)  # [run, replicate x slot, bin]
-    for i, run in enumerate(runs):
-        for j, c in enumerate(common):
-            if c in run:
-                values = run[c]
-                reps[i, :, j] = values[rng.integers(0, len(values), (size, len(values)))].mean(1)
-    reps = reps.reshape(n, rules.resamples, n, len(common))
-    seeds = rng.integers(0, n, (rules.resamples, n))
-    chosen = reps[seeds, np.arange(rules.resamples)[:, None], np.arange(n)]  # [B, slot, bin]
-    with warnings.catch_warnings():  # a replicate may miss a bin in every drawn run
-        warnings.simplefilter("ignore", RuntimeWarning)
-        raw = np.nanmean(np.nanmean(chosen, axis=1), axis=1)
-    return bs.interval(estimate, raw, n, rules.confidence), raw
+    """Mean over runs of each run's mean over the common bins, with its seed-level t-interval
+    (a rank is >= 0), and the per-run values (the independent units)."""
+    values = _run_values(runs, common) if common else np.empty(0)
+    iv = bs.mean_interval(values, rules.confidence, rng, rules.resamples, (0.0, math.inf))
+    return iv, values
 
 
 def falsifier_claim(
@@ -385,13 +395,14 @@ def falsifier_claim(
                     parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
                     continue
                 rng = rng_for(rules, base, other, size)
-                a, raw_a = binned_interval(_binned_runs(table, base, size, common), common,
-                                           rules, rng)
-                b, raw_b = binned_interval(_binned_runs(table, other, size, common), common,
-                                           rules, rng)
-                n = min(a.n, b.n)  # the difference is widened once, by the smaller n
-                raw = raw_b - raw_a if raw_a.size and raw_b.size else np.empty(0)
-                diff = bs.interval(b.estimate - a.estimate, raw, n, rules.confidence)
+                a, units_a = binned_interval(_binned_runs(table, base, size, common), common,
+                                             rules, rng)
+                b, units_b = binned_interval(_binned_runs(table, other, size, common), common,
+                                             rules, rng)
+                n = min(a.n, b.n)
+                # two variants' runs are independent: Welch's interval of the difference
+                diff = bs.welch_interval([units_b, units_a], [1.0, -1.0], rules.confidence,
+                                         rng, rules.resamples)
                 verdict = rules.well_above((diff.low, diff.high), (b.low, b.high))
                 flip = math.nan
                 if diff.replicates.size and b.replicates.size:

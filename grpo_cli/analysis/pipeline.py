@@ -59,7 +59,7 @@ from grpo_cli.analysis.tables import (
 )
 
 FIGURES = {
-    "claim2": "Claim 2: the headline rank against R with its bootstrap intervals (bars), the "
+    "claim2": "Claim 2: the headline rank against R with its seed-level intervals (bars), the "
     "band around 2 (grey), the cap rank <= R (dotted; hatched: R <= 2, forced) and the slope "
     "fitted over the judged R values.",
     "claim3": "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction "
@@ -71,7 +71,7 @@ FIGURES = {
     "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
     "triangles = training-health alarms (events.csv).",
     "rank_vs_R": "Effective rank (mean over the last part of training) against R, with its "
-    "bootstrap interval (bar); dashed line at 2, grey band = the rule's band; hatched = R <= 2, "
+    "seed-level interval (bar); dashed line at 2, grey band = the rule's band; hatched = R <= 2, "
     "where a group's rank is capped at R; hollow markers = matched-progress means.",
     "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
     "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "

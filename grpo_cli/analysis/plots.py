@@ -211,7 +211,7 @@ def effective_rank_figure(
 
 
 def _rank_vs_r_panel(ax, part, points, matched, matrix, measure, variant, styles) -> None:
-    """One variant in one panel: mean with its bootstrap interval per R (a dotted full-height
+    """One variant in one panel: mean with its seed-level interval per R (a dotted full-height
     bar where one seed gives no interval), single seeds, matched-progress means."""
     part = part.sort_values("group_size")
     marker = styles.marker(variant)

@@ -1,11 +1,11 @@
 """Claim 2's rule on every variant x matrix x measure, with intervals (analysis/rules.py).
 
-Per R: the mean over seeds of each run's mean over its last probe steps, with a hierarchical
-bootstrap interval (analysis/bootstrap.py). Over the judged R values (the uncapped ones when at
-least two exist, `rules.judged_group_sizes`): the least-squares slope per doubling of R with its
-interval. Three parts, each supported / contradicted / inconclusive with one sentence:
-2a "does the rank depend on R at all?" (slope = 0), 2b "is the growth small?" (|slope| <=
-tolerance) and 2c "is the rank ~2?" (each judged R within the band).
+Per R: the mean over seeds of each run's mean over its last probe steps, with a seed-level
+t-interval (analysis/bootstrap.py). Over the judged R values (the uncapped ones,
+`rules.judged_group_sizes`): the least-squares slope per doubling of R with its interval. Three
+parts, each supported / contradicted / inconclusive with one sentence: 2a "does the rank depend
+on R at all?" (slope = 0, descriptive), 2b "is the growth small?" (|slope| <= tolerance) and 2c
+"is the rank ~2?" (each judged R within the band); the verdict combines 2b and 2c.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ VERDICT_COLUMNS = [
     "sentence",
 ]
 INTERVAL_COLUMNS = [*SUMMARY_KEYS, "group_size", "low", "high", "capped"]
+VERDICT_PARTS = ("2b", "2c")  # the parts claim 2's verdict reads (2a is shown, descriptive)
 
 
 @dataclass
@@ -78,7 +79,7 @@ def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> st
     """The flip probability and, for an inconclusive part, how many seeds would settle it."""
     out = ""
     if math.isfinite(flip):
-        out += f"; flips in {flip:.0%} of resamples"
+        out += f"; flips in {flip:.0%} of draws"
     if part_verdict == INCONCLUSIVE:
         if n < 2:
             out += "; at least 2 seeds per R are needed for an interval"
@@ -89,72 +90,102 @@ def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> st
     return out
 
 
-def _runs(rows: pd.DataFrame, groups: dict, use_groups: bool) -> list[bs.RunSteps]:
-    runs = []
-    for run_id, run_rows in rows.groupby("run_id", sort=True):
-        run_rows = run_rows.sort_values("step")
-        runs.append(
-            [
-                (float(v), groups.get((run_id, int(s)), EMPTY) if use_groups else EMPTY)
-                for s, v in zip(run_rows["step"], run_rows["value"], strict=True)
-            ]
-        )
-    return runs
+@dataclass
+class PerR:
+    """One R of one variant x matrix x measure: its interval and the independent units behind
+    it (one window mean per seed, or a `grpo probe` run's prompt groups)."""
+
+    interval: bs.Interval
+    units: np.ndarray  # [n] the values whose mean is the estimate
+    seeds: tuple | None  # the seed of each unit (None: groups of one run)
+
+
+def rank_bounds(matrix: str, stat: str, group_size: int) -> tuple[float, float]:
+    """The range a rank reading can take: >= 0 (measures.py: a zero spectrum gives 0), and a
+    group's R x P matrix has rank <= R, so its per-group mean is <= R."""
+    upper = float(group_size) if matrix in PER_GROUP_MATRICES and stat == "mean" else math.inf
+    return 0.0, upper
 
 
 def _per_r(part: pd.DataFrame, groups: dict, use_groups: bool, rules: Rules, rng,
-           same_weights: frozenset[str] = frozenset()):
-    """R -> (interval, raw replicates) for one variant x matrix x measure. A single `grpo probe`
-    run (`same_weights`: one set of weights, so no seed-to-seed training variation) resamples
-    its prompt groups instead of seeds."""
+           bounds, same_weights: frozenset[str] = frozenset()) -> dict[int, PerR]:
+    """R -> PerR for one variant x matrix x measure. Each run keeps its window mean (its probe
+    steps and groups are not independent); seeds are the units. A single `grpo probe` run
+    (`same_weights`: one set of weights, no seed-to-seed training variation) uses its prompt
+    groups as the units instead (their deviations about the run's value)."""
     out = {}
     for size, rows in part.groupby("group_size"):
-        runs = _runs(rows, groups, use_groups)
-        estimate = bs.nested_mean(runs) if runs else math.nan
-        if not math.isfinite(estimate):
+        per_run = rows.groupby("run_id", sort=True).agg(value=("value", "mean"),
+                                                        seed=("seed", "first"))
+        values = per_run["value"].to_numpy(float)
+        if not np.isfinite(values).any():
             continue
-        if len(runs) == 1 and use_groups and rows["run_id"].iloc[0] in same_weights:
-            pooled = np.concatenate([g for _, g in runs[0]])  # every group of the window
+        size = int(size)
+        run_id = per_run.index[0]
+        if len(per_run) == 1 and use_groups and run_id in same_weights:
+            steps = rows.loc[rows["run_id"] == run_id, "step"].astype(int).unique()
+            found = [groups.get((run_id, int(s)), EMPTY) for s in steps]
+            pooled = np.concatenate(found) if found else EMPTY
             if pooled.size >= 2:
-                draws = pooled[rng.integers(0, pooled.size, (rules.resamples, pooled.size))]
-                raw = estimate + draws.mean(axis=1) - pooled.mean()
-                out[int(size)] = (bs.interval(estimate, raw, pooled.size, rules.confidence), raw)
+                units = pooled + (values[0] - pooled.mean())  # [groups], mean = the run's value
+                iv = bs.mean_interval(units, rules.confidence, rng, rules.resamples,
+                                      bounds(size))
+                out[size] = PerR(iv, units, None)
                 continue
-        raw = bs.mean_replicates(runs, rng, rules.resamples) if len(runs) >= 2 else EMPTY
-        out[int(size)] = (bs.interval(estimate, raw, len(runs), rules.confidence), raw)
+        iv = bs.mean_interval(values, rules.confidence, rng, rules.resamples, bounds(size))
+        seeds = tuple(per_run["seed"])
+        out[size] = PerR(iv, values, seeds if len(set(seeds)) == len(seeds) else None)
     return out
+
+
+def slope_interval(per_r: dict[int, PerR], judged: list[int], rules: Rules, rng) -> bs.Interval:
+    """The least-squares slope per doubling over `judged` with its interval: the t-interval of
+    per-seed slopes when every judged R has one run per seed of the same seeds (the pairing by
+    seed is kept), else Welch's interval of the slope as a linear combination of the per-R
+    means (runs at different R independent)."""
+    x = np.log2(np.array(judged, dtype=float))
+    estimates = np.array([per_r[r].interval.estimate for r in judged])
+    estimate = float(bs.slope(x, estimates))
+    keys = [per_r[r].seeds for r in judged]
+    if all(k is not None for k in keys) and len({frozenset(k) for k in keys}) == 1:
+        seeds = sorted(keys[0])
+        table = np.array([[dict(zip(per_r[r].seeds, per_r[r].units, strict=True))[s]
+                           for r in judged] for s in seeds])  # [seed, judged R]
+        iv = bs.mean_interval(bs.slope(x, table), rules.confidence, rng, rules.resamples)
+    else:
+        weights = (x - x.mean()) / ((x - x.mean()) @ (x - x.mean()))
+        iv = bs.welch_interval([per_r[r].units for r in judged], weights, rules.confidence, rng,
+                               rules.resamples)
+    iv.estimate = estimate  # the slope of the means: the same number up to round-off
+    return iv
 
 
 def _r_list(sizes) -> str:
     return ", ".join(f"R={r}" for r in sizes)
 
 
-def slope_parts(per_r: dict, judged: list[int], capped: list[int], rules: Rules):
-    """2a and 2b from the per-R intervals; returns (parts, slope interval or None)."""
+def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], rules: Rules,
+                rng):
+    """2a and 2b from the per-R values; returns (parts, slope interval or None)."""
     tol = rules.growth_tolerance
-    capped_text = ", ".join(f"R={r}" for r in capped)
-    if capped and not set(capped) & set(judged):
-        note = f" ({capped_text} capped, left out)"
-    elif capped:
-        note = f" ({capped_text} capped but kept: fewer than two R > {rules.target:g})"
-    else:
-        note = ""
+    note = f" ({', '.join(f'R={r}' for r in capped)} capped, left out)" if capped else ""
     if len(judged) < 2:
-        why = f"only one value of R ({_r_list(judged)})" if judged else "no value of R"
+        if capped:
+            why = (f"cannot judge beyond the cap: {_r_list(capped)} capped (a group of R rows "
+                   f"has rank <= R) and {'only ' + _r_list(judged) if judged else 'no R'} above "
+                   f"{rules.target:g}")
+        else:
+            why = f"only one value of R ({_r_list(judged)})" if judged else "no value of R"
         return [
             Part("2a", "does the rank depend on R at all (slope = 0)?", NOT_JUDGED,
                  f"2a: not judged, {why}: a slope needs two."),
             Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", NOT_JUDGED,
                  f"2b: not judged, {why}: a slope needs two."),
         ], None
-    x = np.log2(np.array(judged, dtype=float))
-    estimates = np.array([per_r[r][0].estimate for r in judged])
-    n = min(per_r[r][0].n for r in judged)
-    raws = [per_r[r][1] for r in judged]
-    raw = bs.slope(x, np.stack(raws, axis=1)) if all(r.size for r in raws) else EMPTY
-    iv = bs.interval(float(bs.slope(x, estimates)), raw, n, rules.confidence)
+    iv = slope_interval(per_r, judged, rules, rng)
+    n = iv.n
     text = f"the slope over {_r_list(judged)}{note} is {iv.text(2, sign=True)} per doubling"
-    # 2a: the literal claim
+    # 2a: the literal claim, descriptive (a point hypothesis: see Rules.slope_zero)
     zero = rules.slope_zero(iv.low, iv.high)
     flip_zero = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
     if zero == CONTRADICTED:
@@ -170,9 +201,10 @@ def slope_parts(per_r: dict, judged: list[int], capped: list[int], rules: Rules)
                                bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)) if s]
         seeds_zero = min(options) if options else None
     part_a = Part("2a", "does the rank depend on R at all (slope = 0)?", zero,
-                  f"2a (rank independent of R, the literal claim): {zero}; {text}, {why}"
+                  f"2a (rank independent of R, the literal claim; descriptive, not in the "
+                  f"verdict): {zero}; {text}, {why}"
                   + settle_text(zero, flip_zero, seeds_zero, n) + ".", flip_zero, seeds_zero)
-    # 2b: the tolerance
+    # 2b: the tolerance, an equivalence reading
     growth = rules.growth_small(iv.low, iv.high)
     flip_growth = bs.flip_probability(iv.estimate, iv.replicates, lambda v: np.abs(v) <= tol)
     if growth == SUPPORTED:
@@ -196,7 +228,7 @@ def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
     question = f"is the rank ~{rules.target:g} (within {rules.band:g}) at every judged R?"
     if not judged:
         return Part("2c", question, NOT_JUDGED, "2c: not judged, no value of R.")
-    ivs = [per_r[r][0] for r in judged]
+    ivs = [per_r[r].interval for r in judged]
     verdict = rules.level([(iv.low, iv.high) for iv in ivs])
     values = ", ".join(f"R={r} {iv.text(2)}" for r, iv in zip(judged, ivs, strict=True))
     flip = math.nan
@@ -253,22 +285,24 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
     for key, part in window.groupby(SUMMARY_KEYS, sort=False):
         variant, matrix, layer, stat, measure = key
         use_groups = stat == "mean" and matrix in PER_GROUP_MATRICES
+        rng = rng_for(rules, *key)
         per_r = _per_r(part, lookup.get((variant, matrix, measure), {}), use_groups, rules,
-                       rng_for(rules, *key), same_weights)
+                       rng, lambda r, m=matrix, s=stat: rank_bounds(m, s, r), same_weights)
         sizes = sorted(per_r)
         judged = judged_group_sizes(sizes, rules.target)
         capped = capped_group_sizes(sizes, rules.target)
-        slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules)
+        slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules, rng)
         parts = [*slope_pair, level_part(per_r, judged, rules)]
-        # a pair whose slope cannot be judged (one R) gets no verdict: the claim is about R
+        # a pair whose slope cannot be judged (one R, or none beyond the cap) gets no verdict:
+        # the claim is about R. The verdict reads 2b and 2c; 2a is descriptive (Rules.rank_text)
         verdict = (NOT_JUDGED if any(p.verdict == NOT_JUDGED for p in parts)
-                   else combine(p.verdict for p in parts))
+                   else combine(p.verdict for p in parts if p.name in VERDICT_PARTS))
         n_incomplete = int(part.loc[part["status"] == "incomplete", "run_id"].nunique())
         sentence = f"{subject(variant, matrix, measure)}: {verdict}. " + " ".join(
             p.sentence for p in parts)
         if n_incomplete:
             sentence += " Provisional: includes incomplete runs."
-        means = {r: per_r[r][0].estimate for r in sizes}
+        means = {r: per_r[r].interval.estimate for r in sizes}
         rows.append({
             **dict(zip(SUMMARY_KEYS, key, strict=True)),
             "judged": ", ".join(map(str, judged)),
@@ -286,13 +320,14 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
             "flip_level": parts[2].flip,
             "n_incomplete": n_incomplete,
             "means": means,
-            "intervals": {r: per_r[r][0] for r in sizes},
+            "intervals": {r: per_r[r].interval for r in sizes},
             "parts": parts,
             "sentence": sentence,
         })
         intervals += [
             {**dict(zip(SUMMARY_KEYS, key, strict=True)), "group_size": r,
-             "low": per_r[r][0].low, "high": per_r[r][0].high, "capped": r in capped}
+             "low": per_r[r].interval.low, "high": per_r[r].interval.high,
+             "capped": r in capped}
             for r in sizes
         ]
     return (sort_rows(pd.DataFrame(rows, columns=VERDICT_COLUMNS)),

@@ -12,8 +12,10 @@ reading of "~2", "independent of R" and "well above 2", printed with every verdi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
 MIXED = "mixed"  # a claim whose parts are supported and contradicted
@@ -28,8 +30,8 @@ GROWTH_TOLERANCE = 0.25  # claim 2b: |slope| of rank vs log2(R), rank units per 
 CREDIT_TOLERANCE = 1e-9  # claim 1: credit_uniform_frac >= 1 - CREDIT_TOLERANCE at every step
 MARGIN = 0.5  # claim 4: "well above": per-token rank >= outcome + MARGIN and >= target + MARGIN
 LAST_FRACTION = 0.25  # part of each run's probe steps averaged (steps >= (1 - f) * last step)
-RESAMPLES = 1000  # bootstrap resamples per judged number
-BOOTSTRAP_SEED = 0  # the bootstrap's RNG seed: `grpo analyze` is deterministic
+RESAMPLES = 1000  # draws of each judged number's sampling distribution (flip probabilities)
+BOOTSTRAP_SEED = 0  # the draws' RNG seed: `grpo analyze` is deterministic
 HAMED_RAO_MIN_POINTS = 10  # claim 3: autocorrelation is estimated (and corrected) from 10 points
 MAX_SEEDS_ADVICE = 1000  # "about N seeds would settle it" is not computed beyond this
 DISTINCT_FALL = 0.1  # collapse warning: distinct completions fall by >= 10% (relative) early -> late
@@ -45,11 +47,11 @@ def capped_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) 
 
 
 def judged_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:
-    """The R values claim 2 is judged on: the uncapped ones when at least two exist, else all."""
-    sizes = sorted({int(r) for r in group_sizes})
-    capped = set(capped_group_sizes(sizes, target))
-    uncapped = [r for r in sizes if r not in capped]
-    return uncapped if len(uncapped) >= 2 else sizes
+    """The R values claim 2 is judged on: the uncapped ones. A capped R cannot tell whether the
+    rank grows with R, so with fewer than two uncapped R the slope is not judged (keeping R = 2
+    would read "the rank depends on R" only because R = 2 is capped; issue 42)."""
+    capped = set(capped_group_sizes(group_sizes, target))
+    return sorted({int(r) for r in group_sizes} - capped)
 
 
 def three_way(low: float, high: float, region_low: float, region_high: float) -> str:
@@ -64,17 +66,36 @@ def three_way(low: float, high: float, region_low: float, region_high: float) ->
 
 
 def combine(parts: Iterable[str]) -> str:
-    """A claim's verdict from its parts': supported when every judged part is, contradicted
-    when some are and none is supported, mixed when some are supported and others
-    contradicted, inconclusive otherwise; not judged when no part could be judged."""
-    judged = [v for v in parts if v in (SUPPORTED, CONTRADICTED, INCONCLUSIVE)]
+    """A claim's verdict from its parts': supported when every judged part is, mixed when some
+    part is mixed or some are supported and others contradicted, contradicted when some are and
+    none is supported, inconclusive otherwise; not judged when no part could be judged. A part
+    that is itself a combination keeps its "mixed" (issue 42: it was dropped, so a sweep of
+    mixed variants read "not judged")."""
+    judged = [v for v in parts if v in (SUPPORTED, CONTRADICTED, INCONCLUSIVE, MIXED)]
     if not judged:
         return NOT_JUDGED
     if all(v == SUPPORTED for v in judged):
         return SUPPORTED
+    if MIXED in judged or (SUPPORTED in judged and CONTRADICTED in judged):
+        return MIXED
     if CONTRADICTED in judged:
-        return MIXED if SUPPORTED in judged else CONTRADICTED
+        return CONTRADICTED
     return INCONCLUSIVE
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values: the family-wise error rate over the parts is
+    at most the level at which any adjusted p is read. NaN (untested) stays NaN and does not
+    count in the family."""
+    p = np.asarray(p_values, float)
+    tested = np.flatnonzero(np.isfinite(p))
+    out = np.full(p.shape, np.nan)
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, running = len(order), 0.0
+    for i, k in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[k]))
+        out[k] = running
+    return out.tolist()
 
 
 @dataclass(frozen=True)
@@ -89,8 +110,8 @@ class Rules:
     credit_tolerance: float = CREDIT_TOLERANCE  # claim 1
     margin: float = MARGIN  # claim 4
     last_fraction: float = LAST_FRACTION  # part of each run's probe steps averaged
-    resamples: int = RESAMPLES  # bootstrap resamples
-    seed: int = BOOTSTRAP_SEED  # bootstrap RNG seed
+    resamples: int = RESAMPLES  # draws per judged number (flip probabilities)
+    seed: int = BOOTSTRAP_SEED  # the draws' RNG seed
     rank_matrix: str = "rollout_group"  # claim 2's headline matrix ...
     rank_measure: str = "erank_entropy"  # ... and measure (also claim 4's measure)
     falsifier_matrix: str = "rollout_batch"  # claim 4's matrix (not capped at R rows)
@@ -146,16 +167,20 @@ class Rules:
     # ---- the rules in words ------------------------------------------------------------------
     def interval_text(self) -> str:
         return (
-            f"Intervals are {self.confidence:.0%} hierarchical bootstrap intervals "
-            f"({self.resamples} resamples, seed {self.seed}): seeds are resampled, then probe "
-            "steps within a seed, then groups within a step where per-group values exist; the "
-            "percentile interval is widened by sqrt(n/(n-1)) t_(n-1)/z for n seeds, because "
-            "with 2-4 seeds a plain percentile bootstrap is too narrow (one seed: no interval, "
-            "except for a `grpo probe` run, one set of weights, whose prompt groups are "
-            "resampled instead, widened for the number of groups). "
+            f"Intervals are {self.confidence:.0%} seed-level Student-t intervals: each run "
+            "keeps its window mean, and the seeds (independent runs) are the units; a per-R "
+            "mean gets mean +- t_(n-1) s/sqrt(n); the slope over R the t-interval of per-seed "
+            "slopes when every seed ran every judged R, else Welch's; a difference of two "
+            "variants Welch's (one seed: no interval, except for a `grpo probe` run, one set "
+            "of weights, whose prompt groups are the units instead). Intervals are clipped to "
+            "the range the measure can take (a rank >= 0; a per-group rank <= R). "
             "Supported: the whole interval lies inside the rule's region; contradicted: the whole "
-            "interval lies outside; inconclusive: it straddles a boundary. The flip probability "
-            "is the share of (widened) resamples whose reading differs from the estimate's."
+            "interval lies outside; inconclusive: it straddles a boundary; mixed: a claim whose "
+            "parts (or variants) read supported and contradicted, or a part that is itself "
+            f"mixed. The flip probability (every claim) is the share of {self.resamples} draws "
+            "of the estimate's sampling distribution (estimate + se T_df, clipped like the "
+            "interval; seed "
+            f"{self.seed}) whose reading differs from the estimate's."
         )
 
     def rank_text(self) -> str:
@@ -164,14 +189,16 @@ class Rules:
         return (
             f"Per run, the mean over its last {self.last_fraction:.0%} of probe steps; per R, "
             f"the mean over seeds. R <= {target} is capped (a group of R rows has rank <= R), so "
-            "the rule is judged on the uncapped R values when at least two exist. "
-            "2a (the literal claim, rank independent of R): the least-squares slope of rank "
-            "against log2(R); contradicted when its interval excludes 0, supported when the "
-            f"interval contains 0 and lies within +-{tol}. 2b (is the growth small?): supported "
-            f"when the slope's interval lies within +-{tol} rank units per doubling of R, "
-            f"contradicted when it lies outside. 2c (~{target}): supported when every judged R's "
-            f"interval lies within {target} +- {band}, contradicted when one lies outside. "
-            "One R: 2a and 2b are not judged. " + self.interval_text()
+            "the rule is judged on the uncapped R values only; with fewer than two of them the "
+            "slope is not judged (it cannot be judged beyond the cap). "
+            f"2b (is the growth small? an equivalence reading): supported when the interval "
+            f"of the least-squares slope of rank against log2(R) lies within +-{tol} rank units "
+            f"per doubling of R, contradicted when it lies outside. 2c (~{target}): supported "
+            f"when every judged R's interval lies within {target} +- {band}, contradicted when "
+            "one lies outside. The verdict combines 2b and 2c. 2a (the literal claim, slope "
+            "exactly 0) is shown as a descriptive test, not in the verdict: contradicted when "
+            f"the slope's interval excludes 0, supported when it contains 0 and lies within "
+            f"+-{tol}. " + self.interval_text()
         )
 
     def text(self, claim: int) -> str:
@@ -195,17 +222,21 @@ class Rules:
         if claim == 3:
             return (
                 "Per variant, R and measure (grad_sparsity, grad_hoyer on probe steps; steps "
-                "with a zero gradient left out), a Mann-Kendall test of S = sum over seeds of "
-                "sum_{i<j} sign(x_j - x_i): exact null distribution of S (the seeds' Kendall "
-                "distributions convolved, no ties assumed, which is conservative) when every "
-                f"series has fewer than {HAMED_RAO_MIN_POINTS} points, else the normal "
-                "approximation with Hamed-Rao's autocorrelation correction of Var(S). Supported "
-                f"iff growth is significant at the one-sided {self.trend_level:.1%} level "
-                "((1 - confidence) / 2), contradicted iff decline is, inconclusive otherwise "
-                "(never 'fails' for want of significance). Sen's slope (median of within-seed "
-                "pairwise slopes, per 100 steps) gives the trend's size with an interval. "
-                "Beside it, the reading 'the fraction of zero-advantage groups grows' "
-                "(zero_variance_frac over every step), judged the same way."
+                "with a zero gradient left out): per seed, the least-squares slope of the "
+                "measure against the step; a one-sided Student t-test of the mean per-seed "
+                "slope (n - 1 df: the seeds are the independent units, so the test holds its "
+                "level whatever the autocorrelation within a run; one seed: not judged). The "
+                "parts' p-values are Holm-adjusted together (growth and decline each), so "
+                f"the claim reads growth falsely at most {self.trend_level:.1%} of the time "
+                "however many parts it has. Supported iff growth is significant at the "
+                f"one-sided {self.trend_level:.1%} level ((1 - confidence) / 2) after Holm, "
+                "contradicted iff decline is, inconclusive otherwise (never 'fails' for want "
+                "of significance). The slope is shown per 100 steps with its t-interval; the "
+                "pooled Mann-Kendall S and Sen's slope are shown as descriptions (Hamed-Rao "
+                "factor floored at 1). Beside it, the reading 'the fraction of zero-advantage "
+                "groups grows' (zero_variance_frac over every step), judged the same way (its "
+                "own Holm family): more zero-advantage groups mean fewer informative "
+                "rollouts, which alone can make the gradient sparser."
             )
         return (
             f"{self.falsifier_matrix} / {self.rank_measure} at matched training reward: per R, "

@@ -123,7 +123,7 @@ def rank_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
 
 def group_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     """Per-group rows (group g<b>) of the per-group matrices: META + step, matrix, group,
-    measure, value. The bootstrap resamples them within a step (analysis/bootstrap.py)."""
+    measure, value. A `grpo probe` run's interval takes its groups as the units (analysis/rank_verdict.py)."""
     columns = [*META, "step", "matrix", "group", "measure", "value"]
     parts = []
     for run in runs:

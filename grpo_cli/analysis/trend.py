@@ -1,5 +1,13 @@
-"""Claim 3's trend test: Mann-Kendall pooled over seeds, exact for short series, Hamed-Rao's
-autocorrelation correction for long ones, and Sen's slope with an interval (pure numpy).
+"""Claim 3's trend test (pure numpy).
+
+The verdict (`seed_trend`, issue 42): per seed, the least-squares slope of the series against
+the step; across seeds, a one-sided Student t-test of the mean slope (n - 1 df). The seeds are
+independent, so the test holds its level whatever the autocorrelation within a series and
+however short it is (exactly for Gaussian series); one seed gives no test. The pooled
+Mann-Kendall test below is kept as a description (S, Sen's slope): pooling within-run points
+as if independent, it read growth in 6.4% of iid and 12.7% of AR(1) (phi = 0.5) no-trend series
+at a stated 5%, and its Hamed-Rao factor went negative on short series (then the square root of
+a negative variance crashed `grpo analyze`); the factor is now floored at 1.
 
 S = sum over series of sum_{i<j} sign(x_j - x_i). Under "no trend" (every ordering of a series
 equally likely, no ties) a series of n points has S = n(n-1)/2 - 2 I with I its number of
@@ -10,7 +18,7 @@ below its nominal one (0-1.6% for a nominal 2.5%), hence the exact null. From
 HAMED_RAO_MIN_POINTS points a series' lag-k autocorrelations can be estimated: the normal
 approximation is used with Var(S) multiplied by Hamed & Rao's (1998) factor
 1 + 2 / (n(n-1)(n-2)) sum_k (n-k)(n-k-1)(n-k-2) rho_k, rho_k the significant autocorrelations
-of the ranks of the Sen-detrended series.
+of the ranks of the Sen-detrended series, floored at 1 (never below the iid variance).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from grpo_cli.analysis.bootstrap import DRAWS, mean_interval, t_upper_tail
 from grpo_cli.analysis.rules import HAMED_RAO_MIN_POINTS
 
 NORMAL = NormalDist()
@@ -54,7 +63,10 @@ def _pair_slopes(times: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def hamed_rao_factor(times: np.ndarray, x: np.ndarray, level: float = 0.05) -> float:
-    """Hamed-Rao variance factor n/n* of one series (1 when it has too few points)."""
+    """Hamed-Rao variance factor n/n* of one series, floored at 1 (1 when it has too few
+    points): negative sample autocorrelations of a short series can drive the raw factor below
+    0 (-0.11 on an iid 17-point series), and a factor below 1 claims more information than
+    independent points carry."""
     n = len(x)
     if n < HAMED_RAO_MIN_POINTS:
         return 1.0
@@ -71,7 +83,38 @@ def hamed_rao_factor(times: np.ndarray, x: np.ndarray, level: float = 0.05) -> f
         rho = float(ranks[:-k] @ ranks[k:]) / denom
         if abs(rho) > bound:
             total += (n - k) * (n - k - 1) * (n - k - 2) * rho
-    return 1 + 2 * total / (n * (n - 1) * (n - 2))
+    return max(1.0, 1 + 2 * total / (n * (n - 1) * (n - 2)))
+
+
+def series_slope(times: np.ndarray, x: np.ndarray) -> float:
+    """Least-squares slope of one series against its steps (NaN with < 2 distinct steps)."""
+    centred = times - times.mean()
+    denom = float(centred @ centred)
+    return float(centred @ (x - x.mean())) / denom if denom > 0 else math.nan
+
+
+def seed_trend(series: Sequence[tuple[np.ndarray, np.ndarray]], confidence: float,
+               rng: np.random.Generator, draws: int = DRAWS) -> dict:
+    """The seed-level trend test on independent series [(steps, values), ...]: the mean of the
+    per-series least-squares slopes (per step) with its t-interval at `confidence`, and the
+    one-sided p-values of growth (p_up) and decline (p_down) from the t statistic (n - 1 df).
+    Fewer than two series with a slope: no interval, p NaN (a between-seed reading)."""
+    slopes = np.array([series_slope(np.asarray(t, float), np.asarray(x, float))
+                       for t, x in series if len(x) >= 2])
+    slopes = slopes[np.isfinite(slopes)]
+    iv = mean_interval(slopes, confidence, rng, draws)
+    out = {"slope": iv, "seeds": len(slopes), "p_up": math.nan, "p_down": math.nan,
+           "t": math.nan}
+    if len(slopes) < 2:
+        return out
+    if iv.se > 0:
+        t = iv.estimate / iv.se
+        out |= {"t": t, "p_up": t_upper_tail(t, iv.df), "p_down": t_upper_tail(-t, iv.df)}
+    else:  # every seed's slope equal: the sign decides
+        sign = float(np.sign(iv.estimate))
+        out |= {"t": sign * math.inf if sign else 0.0, "p_up": 0.0 if sign > 0 else 1.0,
+                "p_down": 0.0 if sign < 0 else 1.0}
+    return out
 
 
 def lag1_autocorrelation(x: np.ndarray) -> float:
@@ -138,29 +181,3 @@ def mann_kendall(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float) 
         else:
             out["sen_low"], out["sen_high"] = -math.inf, math.inf
     return out
-
-
-def growth_share(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float,
-                 rng: np.random.Generator, resamples: int = 200) -> float:
-    """Share of seed resamples (whole series drawn with replacement) in which the pooled test
-    finds growth at `level`; nan for fewer than two series."""
-    series = [(np.asarray(t, float), np.asarray(x, float)) for t, x in series if len(x) >= 2]
-    if len(series) < 2:
-        return math.nan
-    s = np.array([_sign_sum(x) for _, x in series])
-    lengths = np.array([len(x) for _, x in series])
-    var = np.array([_kendall_var(len(x)) * hamed_rao_factor(t, x) for t, x in series])
-    exact = lengths.max() < HAMED_RAO_MIN_POINTS
-    hits = 0
-    for _ in range(resamples):
-        pick = rng.integers(0, len(series), len(series))
-        total = float(s[pick].sum())
-        if exact:
-            chosen = tuple(sorted(int(n) for n in lengths[pick]))
-            pairs = sum(n * (n - 1) // 2 for n in chosen)
-            up = math.floor((pairs - total) / 2 + 1e-9)
-            p_up = float(np.cumsum(inversion_distribution(chosen))[up]) if up >= 0 else 0.0
-        else:
-            p_up = 1 - NORMAL.cdf((total - 1) / math.sqrt(float(var[pick].sum())))
-        hits += p_up <= level
-    return hits / resamples

@@ -338,3 +338,16 @@ def test_settings_that_change_no_number_do_not_split_variants(tmp_path):
     assert differing_keys(runs) == []
     runs.append(run("c", **{"probes.gram_row_chunk": 0, "algorithm.name": "otb"}))
     assert differing_keys(runs) == ["algorithm.name"]
+
+
+def test_claim3_on_short_no_trend_series_never_crashes(tmp_path):
+    """The issue's crash: 17 probe points of iid noise per seed (the Hamed-Rao factor of such a
+    series can go negative; `grpo analyze` then died with 'math domain error')."""
+    def noise(r, seed, step):
+        return float(np.random.default_rng([r, seed, step]).normal(0.3, 0.05))
+
+    _sweep(tmp_path, seeds=(0, 1, 2), steps=85, sparsity=noise, hoyer=noise)
+    claim = _direct(tmp_path, sparsity_claim)
+    sparsity = claim.table[claim.table["reading"] == "sparsity"]
+    assert (sparsity["points"] == 3 * 17).all()
+    assert claim.verdict in ("inconclusive", "supported", "contradicted", "mixed")

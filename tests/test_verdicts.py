@@ -43,7 +43,7 @@ def test_flat_rank_is_supported_with_enough_seeds_and_inconclusive_with_one(tmp_
     assert row["judged"] == "4, 8, 16" and row["capped"] == "2"  # R=2 is forced: left out
     assert row["slope_low"] < 0 < row["slope_high"]
     claim, _ = _claim2(tmp_path / "one", _noisy(0.05), seeds=(0,))
-    assert claim.verdict == "inconclusive"
+    assert claim.verdict == "not judged"  # a between-seed reading (issue 42: was inconclusive)
     assert "at least 2 seeds per R are needed" in claim.evidence
 
 
@@ -125,7 +125,7 @@ def test_capped_sizes_and_three_way():
     assert three_way(1.6, 2.4, 1.5, 2.5) == "supported"
     assert three_way(2.6, 3.0, 1.5, 2.5) == "contradicted"
     assert three_way(2.4, 2.6, 1.5, 2.5) == "inconclusive"
-    assert three_way(-math.inf, math.inf, 1.5, 2.5) == "inconclusive"
+    assert three_way(-math.inf, math.inf, 1.5, 2.5) == "not judged"  # no interval: one seed
     rules = Rules()
     assert rules.slope_zero(0.13, 0.58) == "contradicted"  # excludes 0: the literal claim fails
     assert rules.growth_small(0.13, 0.58) == "inconclusive"  # the issue's CPU example

@@ -424,6 +424,7 @@ def falsifier_claim(
                     CONTRADICTED: " and ".join(below),
                     INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or "
                                   f"{target + margin:g} (per-token rank)",
+                    NOT_JUDGED: "no interval of the difference (a variant has one seed)",
                 }[verdict]
                 sentence = (f"{name}: {verdict}; per-token {b.text(2)} vs outcome {a.text(2)}, "
                             f"difference {diff.text(2, sign=True)}: {decided}"

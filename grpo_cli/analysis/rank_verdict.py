@@ -80,10 +80,10 @@ def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> st
     out = ""
     if math.isfinite(flip):
         out += f"; flips in {flip:.0%} of draws"
-    if part_verdict == INCONCLUSIVE:
-        if n < 2:
-            out += "; at least 2 seeds per R are needed for an interval"
-        elif seeds is not None:
+    if n < 2 and part_verdict in (INCONCLUSIVE, NOT_JUDGED):
+        out += "; at least 2 seeds per R are needed for an interval"
+    elif part_verdict == INCONCLUSIVE:
+        if seeds is not None:
             out += f"; about {seeds} seeds in all ({seeds - n} more) would settle it"
         else:
             out += "; the estimate sits on a boundary: more seeds may not settle it"
@@ -192,9 +192,10 @@ def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], ru
         why = "which excludes 0: the rank depends on R"
     elif zero == SUPPORTED:
         why = f"which contains 0 and lies within +-{tol:g}"
+    elif zero == INCONCLUSIVE:
+        why = f"which contains 0 but reaches beyond +-{tol:g}"
     else:
-        why = (f"which contains 0 but reaches beyond +-{tol:g}" if iv.finite
-               else "with no interval")
+        why = "with no interval"
     seeds_zero = None
     if zero == INCONCLUSIVE and iv.finite:
         options = [s for s in (bs.seeds_to_settle(iv, [0.0], rules.confidence),
@@ -211,8 +212,10 @@ def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], ru
         why = f"inside +-{tol:g}"
     elif growth == CONTRADICTED:
         why = f"wholly beyond {'+' if iv.estimate > 0 else '-'}{tol:g}"
+    elif growth == INCONCLUSIVE:
+        why = f"straddling {'+' if iv.estimate > 0 else '-'}{tol:g}"
     else:
-        why = f"straddling {'+' if iv.estimate > 0 else '-'}{tol:g}" if iv.finite else "no interval"
+        why = "with no interval"
     seeds_growth = (bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)
                     if growth == INCONCLUSIVE else None)
     part_b = Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", growth,
@@ -248,6 +251,8 @@ def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
         INCONCLUSIVE: "; ".join(
             f"R={r} straddles {lo:g} or {hi:g}" if iv.finite else f"R={r} has no interval"
             for r, iv in zip(judged, ivs, strict=True) if not (lo <= iv.low and iv.high <= hi)),
+        NOT_JUDGED: ", ".join(f"R={r}" for r, iv in zip(judged, ivs, strict=True)
+                              if not iv.finite) + " with no interval",
     }[verdict]
     n = min(iv.n for iv in ivs)
     return Part("2c", question, verdict,

@@ -55,9 +55,10 @@ def judged_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) 
 
 
 def three_way(low: float, high: float, region_low: float, region_high: float) -> str:
-    """supported / contradicted / inconclusive for the interval [low, high] against a region."""
+    """supported / contradicted / inconclusive for the interval [low, high] against a region;
+    not judged with no interval (one seed: a between-seed reading cannot be made)."""
     if not (math.isfinite(low) and math.isfinite(high)):
-        return INCONCLUSIVE
+        return NOT_JUDGED
     if region_low <= low and high <= region_high:
         return SUPPORTED
     if high < region_low or low > region_high:
@@ -132,9 +133,9 @@ class Rules:
 
     # ---- claim 2 -----------------------------------------------------------------------------
     def slope_zero(self, low: float, high: float) -> str:
-        """2a, the literal claim "rank does not depend on R" (slope = 0). No interval fits
-        inside a point, so supported needs 0 inside an interval no wider than the tolerance;
-        contradicted when the interval excludes 0."""
+        """2a, the literal claim "rank does not depend on R" (slope = 0), descriptive: no
+        interval fits inside a point, so supported needs 0 inside an interval no wider than the
+        tolerance; contradicted when the interval excludes 0. Not in claim 2's verdict."""
         if math.isfinite(low) and math.isfinite(high) and (low > 0 or high < 0):
             return CONTRADICTED
         return three_way(low, high, -self.growth_tolerance, self.growth_tolerance)
@@ -148,7 +149,7 @@ class Rules:
         interval is outside, supported if every R's whole interval is inside."""
         parts = [three_way(lo, hi, self.target - self.band, self.target + self.band)
                  for lo, hi in intervals]
-        if not parts:
+        if not parts or NOT_JUDGED in parts:
             return NOT_JUDGED
         if CONTRADICTED in parts:
             return CONTRADICTED
@@ -160,6 +161,8 @@ class Rules:
         >= target + margin (intervals of both)."""
         a = three_way(*difference, self.margin, math.inf)
         b = three_way(*per_token, self.target + self.margin, math.inf)
+        if NOT_JUDGED in (a, b):
+            return NOT_JUDGED
         if CONTRADICTED in (a, b):
             return CONTRADICTED
         return SUPPORTED if a == b == SUPPORTED else INCONCLUSIVE

@@ -239,11 +239,13 @@ def composition_sentences(comp: pd.DataFrame, measure: str = "erank_entropy") ->
 
 VERDICT_LEGEND = (
     "Verdicts: supported (the whole interval lies inside the rule's region), contradicted (the "
-    "whole interval lies outside), inconclusive (it straddles a boundary), mixed (some parts "
-    "supported, others contradicted), not judged (too little data: the sentence says what is "
-    "missing), not measured (no run the rule can use). Each part's sentence names what decided "
-    "it, how often it flips under resampling and, if inconclusive, roughly how many seeds would "
-    "settle it."
+    "whole interval lies outside), inconclusive (it straddles a boundary), mixed (the data "
+    "decide, but not one way: some parts or variants are supported and others contradicted, "
+    "e.g. a rank flat in R but not ~2), not judged (too little data: one seed, one R, no R "
+    "beyond the cap; the sentence says what is missing), not measured (no run the rule can "
+    "use). Each part's sentence names what decided it, how often it flips (the share of draws "
+    "of the estimate's sampling distribution read the other way) and, if inconclusive, roughly "
+    "how many seeds would settle it."
 )
 
 

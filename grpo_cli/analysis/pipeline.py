@@ -289,7 +289,8 @@ def analyze(
         matching_coverage=matching_coverage,
         matching_bins=matching_bins,
         same_checkpoint=same_checkpoint.checkpoint_table(
-            analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target),
+            analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target,
+            rules.confidence),
         token_weights=token_weight_table,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)

@@ -244,3 +244,112 @@ def predicted_rank_measures(minority: int, majority: int, rtol: float = 1e-6) ->
         "energy_rank_99": _energy_rank(minority, majority, 0.99),
         "numerical_rank": R if m / M > rtol else m,
     }
+
+
+# ---- gradient statistics from a Gram of per-example gradients (docs/results.md) ----------------
+# K_ij = <g_i, g_j> for N rows g_i whose weighted sum sum_i w_i g_i is the batch gradient (the
+# probes' rows carry the loss's aggregation weights already: w = 1). Everything below is exact in
+# K, from float64 sums; nothing needs the P-wide rows.
+GRAD_NORM_SUMMARY = ("mean", "median", "min", "max", "cv")  # grad_norm_rollout_<name> columns
+
+
+def batch_gradient_norm(gram, row_weights=None) -> float:
+    """||sum_i w_i g_i|| = sqrt(w^T K w) (w = 1 by default); 0 for an empty K.
+
+    >>> batch_gradient_norm([[1.0, 0.0], [0.0, 1.0]])  # orthonormal rows: sqrt(2)
+    1.4142135623730951
+    """
+    k = _weighted_gram(gram, row_weights)
+    return math.sqrt(max(float(k.sum()), 0.0))
+
+
+def _weighted_gram(gram, row_weights) -> np.ndarray:  # [N, N] float64: diag(w) K diag(w)
+    k = np.asarray(gram, dtype=np.float64)
+    if row_weights is None:
+        return k
+    w = np.asarray(row_weights, dtype=np.float64).reshape(-1)
+    return k * np.outer(w, w)
+
+
+def rollout_gradient_norms(gram) -> np.ndarray:  # [N] float64
+    """||g_i|| = sqrt(K_ii), negative round-off clamped to 0."""
+    return np.sqrt(np.clip(np.diagonal(np.asarray(gram, dtype=np.float64)), 0.0, None))
+
+
+def norm_summary(norms) -> dict[str, float]:
+    """mean, median, min, max and coefficient of variation (population std / mean) of norms;
+    NaN for no norms, cv NaN for a zero mean.
+
+    >>> norm_summary([1.0, 3.0])["cv"]
+    0.5
+    """
+    x = np.asarray(norms, dtype=np.float64).reshape(-1)
+    if x.size == 0:
+        return dict.fromkeys(GRAD_NORM_SUMMARY, math.nan)
+    mean = float(x.mean())
+    return {"mean": mean, "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max()),
+            "cv": float(x.std()) / mean if mean > 0 else math.nan}
+
+
+def gradient_noise(gram, row_weights=None) -> tuple[float, float]:
+    """(|G|^2, tr Sigma), unbiased from N per-example gradients (McCandlish et al. 2018, "An
+    Empirical Model of Large-Batch Training", App. A), the examples x_i = N w_i g_i whose mean is
+    the batch gradient sum_i w_i g_i. With K' = diag(w) K diag(w):
+
+        tr Sigma = N (N tr K' - 1^T K' 1) / (N - 1)     (sample variance of the x_i, summed)
+        |G|^2    = N (1^T K' 1 - tr K') / (N - 1)       (|mean x|^2 - tr Sigma / N)
+
+    |G|^2 may come out negative when the signal is below the noise. NaN for N < 2.
+
+    >>> gradient_noise([[1.0, 1.0], [1.0, 1.0]])  # identical rows: no noise
+    (4.0, 0.0)
+    >>> gradient_noise([[1.0, 0.0], [0.0, 1.0]])  # orthonormal rows: no signal
+    (0.0, 4.0)
+    """
+    k = _weighted_gram(gram, row_weights)
+    n = k.shape[0]
+    if n < 2:
+        return math.nan, math.nan
+    trace, total = float(np.trace(k)), float(k.sum())
+    return n * (total - trace) / (n - 1), n * (n * trace - total) / (n - 1)
+
+
+def noise_scale(gram, row_weights=None) -> float:
+    """B_simple = tr Sigma / |G|^2 (McCandlish et al. 2018, eq. 2.9), in examples (rows of K):
+    the batch size at which the batch gradient's noise equals its signal. NaN where the
+    unbiased |G|^2 is not positive (signal not resolved at this batch) or N < 2.
+
+    >>> noise_scale([[4.0, 2.0], [2.0, 4.0]])  # |G|^2 = 8, tr Sigma = 8
+    1.0
+    """
+    signal, noise = gradient_noise(gram, row_weights)
+    return noise / signal if signal > 0 else math.nan
+
+
+def gradient_snr(gram, row_weights=None) -> float:
+    """Signal-to-noise ratio of the batch gradient, |G|^2 / (tr Sigma / N) = N / B_simple: the
+    squared norm of the expected gradient over the summed variance of the batch mean (Sigma / N);
+    negative when the unbiased |G|^2 is (signal below its own sampling error). NaN for N < 2 or
+    tr Sigma = 0 with |G|^2 = 0; +inf for noiseless rows.
+
+    >>> gradient_snr([[4.0, 2.0], [2.0, 4.0]])
+    2.0
+    """
+    signal, noise = gradient_noise(gram, row_weights)
+    n = np.asarray(gram).shape[0]
+    if math.isnan(signal) or (noise == 0 and signal == 0):
+        return math.nan
+    return signal * n / noise if noise > 0 else math.inf
+
+
+def norms_disagree(gram_norm: float, trainer_norm: float, rtol: float) -> bool:
+    """Whether the batch gradient's norm from K and the trainer's own differ by more than rtol
+    relative to the larger: a partial (one-shard) norm is 1/sqrt(shards) of the true one.
+    False when either is NaN (nothing to compare).
+
+    >>> norms_disagree(1.0, 1.0 / math.sqrt(2.0), 1e-4)
+    True
+    """
+    if math.isnan(gram_norm) or math.isnan(trainer_norm):
+        return False
+    return abs(gram_norm - trainer_norm) > rtol * max(abs(gram_norm), abs(trainer_norm))

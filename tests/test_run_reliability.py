@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # long enough to be caught mid-run, with few probes and evaluations
 LONGER = ("train.steps=8", "probes.every=4", "eval.every=8")
 LONGER_NAME = "R4-grpo-s0-eval.every=8,probes.every=4,train.steps=8"
-TABLES = ("metrics.csv", "eval.csv", "ranks.csv", "events.csv")
+TABLES = ("metrics.csv", "eval.csv", "ranks.csv", "events.csv", "grad_norms.csv")
 
 
 def spawn_run(results: Path, cache: Path, *overrides: str) -> subprocess.Popen:

@@ -401,6 +401,7 @@ class SpectraCallback(TrainerCallback):
         if self._main:
             self.results.ranks.append(self._probe_rows.ranks)
             self.results.spectra.append(self._probe_rows.spectra)
+            self.results.grad_norms.append(self._probe_rows.grad_norms)
         self.timer.stop("probes")
 
     def _metrics_row(self) -> dict:

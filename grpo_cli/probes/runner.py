@@ -32,7 +32,13 @@ from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError, InputError
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import (
+    GRAD_NORM_SUMMARY,
     RANK_MEASURES,
+    batch_gradient_norm,
+    gradient_snr,
+    noise_scale,
+    norm_summary,
+    norms_disagree,
     predicted_coherence,
     predicted_rank_measures,
     top1_energy_share,
@@ -81,6 +87,7 @@ class ProbeRows:
     ranks: list[dict] = field(default_factory=list)  # rows of ranks.csv
     spectra: list[dict] = field(default_factory=list)  # rows of spectra.parquet
     metrics: dict = field(default_factory=dict)  # probe columns of metrics.csv
+    grad_norms: list[dict] = field(default_factory=list)  # rows of grad_norms.csv
 
 
 def mean_abs_cosine(gram: torch.Tensor) -> float:  # gram [R, R]
@@ -168,6 +175,8 @@ class ProbeSuite:
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
         self._captured: dict[str, torch.Tensor] = {}
         self._sparsity: dict[str, float] = {}
+        # ||p.grad|| over gram_params, taken before the update (capture_layer_grads)
+        self._probed_grad_norm: torch.Tensor | float = math.nan
 
     def _initial_layers(self, path: Path) -> dict[str, torch.Tensor]:
         if "update" not in self.matrices:
@@ -233,6 +242,9 @@ class ProbeSuite:
         """Called after backward, before the optimizer step: batch gradients and sparsity."""
         grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
         self._sparsity = combined_sparsity(grads, self.cfg.sparsity_rtol) if grads else {}
+        squares = [g.detach().double().square().sum() for g in grads]  # no grad at all: 0
+        # kept on the device: `record` reads it with the Grams (no host read here)
+        self._probed_grad_norm = torch.stack(squares).sum().sqrt() if squares else 0.0
         return {
             name: p.grad.detach().to(torch.float64, copy=True)
             for name, p in self.layer_params.items()
@@ -282,6 +294,7 @@ class ProbeSuite:
         grams = output.rollout_grams or self.rollout_grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
+        self._gradient_statistics(step, full, nonzero, output, rows)
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
                       coherence=coherence(full), n_nonzero_rows=int(nonzero.sum()))
@@ -300,6 +313,45 @@ class ProbeSuite:
                          inverses)
         if "score_group" in self.matrices:
             self._groups(step, "score_group", score_blocks, output, rows, None, inverses)
+
+    def _gradient_statistics(self, step: int, full: torch.Tensor, nonzero: torch.Tensor,
+                             output: ProbedStep, rows: ProbeRows) -> None:
+        """The gradient columns of metrics.csv and the rows of grad_norms.csv, from K_adv [N, N]
+        alone (grpo_cli/measures.py; docs/results.md). The rows g_i carry the loss's weights, so
+        their plain sum is the batch gradient over the probed parameters; the trainer's own norm
+        of it (read before the update) is compared where the trainer says the two are equal
+        (`ProbedStep.row_sum_rtol`) and K is exact (not sketched)."""
+        gram = full.detach().cpu().double().numpy()  # [N, N]
+        size = output.batch.group_size
+        norms = [float(x) for x in gram.diagonal().clip(min=0.0) ** 0.5]  # [N]
+        summary = norm_summary([x for x, keep in zip(norms, nonzero.tolist(), strict=True) if keep])
+        batch_norm = batch_gradient_norm(gram)
+        probed, self._probed_grad_norm = float(self._probed_grad_norm), math.nan
+        rtol = None if self.cfg.gram_method == "sketch" else output.row_sum_rtol
+        mismatch = math.nan if rtol is None else float(norms_disagree(batch_norm, probed, rtol))
+        if mismatch == 1.0:
+            warnings.warn(
+                f"step {step}: the gradient norm over the probed parameters is {probed:.6g} by the "
+                f"trainer but {batch_norm:.6g} from the per-rollout Gram (ratio {probed / batch_norm:.4g}, "
+                f"tolerance {rtol:g}): a partial norm (one shard's of a sharded model) or a gradient "
+                "the rows do not add up to", stacklevel=2)
+        rows.metrics.update({f"grad_norm_rollout_{name}": summary[name] for name in GRAD_NORM_SUMMARY})
+        rows.metrics.update({
+            "grad_norm_batch_gram": batch_norm,
+            "grad_norm_probed": probed,
+            "grad_norm_mismatch": mismatch,
+            "grad_noise_scale": noise_scale(gram),
+            "grad_noise_scale_groups": noise_scale(group_sum_gram(full, size).cpu().double().numpy()),
+            "grad_snr": gradient_snr(gram),
+        })
+        per_rollout = per_rollout_advantage(output.advantages, output.batch.completion_mask)  # [N] | None
+        advantages = [math.nan] * len(norms) if per_rollout is None else per_rollout.tolist()
+        rewards = output.scored.rewards.tolist()
+        rows.grad_norms.extend(
+            {"step": step, "layer": "all", "rollout": i, "group": i // size, "reward": rewards[i],
+             "advantage": advantages[i], "grad_norm": norm}
+            for i, norm in enumerate(norms)
+        )
 
     @property
     def needs_score(self) -> bool:

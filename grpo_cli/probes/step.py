@@ -23,3 +23,6 @@ class ProbedStep:
     layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # batch gradients before the update
     # per-rollout Grams from the training pass ("advantage" [N, N], "score_blocks" [B, R, R]; empty: computed here)
     rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the trainer's gradient on the probed parameters is the per-rollout rows' sum, up to this
+    # relative round-off (grad_norm_mismatch); None: it is not (a KL or value term, several passes)
+    row_sum_rtol: float | None = None

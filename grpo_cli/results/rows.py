@@ -30,6 +30,7 @@ PEAK_COLUMNS = tuple(column for column in TIMING_COLUMNS if column.startswith("p
 PROBE_METRICS = (
     "grad_sparsity", "grad_hoyer",
     "update_changed_frac", "update_changed_frac_master", "update_changed_frac_bf16",
+    *(column for column in METRIC_COLUMNS if column.startswith(("grad_norm_", "grad_noise_", "grad_snr"))),
 )
 # run.json's estimator_facts (grpo_cli/algorithm/advantages.py RegisteredEstimator.facts)
 ESTIMATOR_FACT_KEYS = ("name", "credit", "zero_sum_group")

@@ -56,6 +56,18 @@ METRIC_COLUMNS = (
     "distinct_completions",  # mean distinct completions per informative group (mode collapse)
     "token_weight_uniform_frac",  # informative rollouts whose d loss / d log pi(y_t) is uniform
     "token_weight_spread",  # ... and their mean relative spread max|w - mean w| / max|w|
+    # probe steps, from the per-rollout Gram K_adv (grpo_cli/measures.py; docs/results.md):
+    "grad_norm_rollout_mean",  # ||g_i|| = sqrt(K_ii) over rollouts with a non-zero advantage
+    "grad_norm_rollout_median",
+    "grad_norm_rollout_min",
+    "grad_norm_rollout_max",
+    "grad_norm_rollout_cv",  # population std / mean
+    "grad_norm_batch_gram",  # ||sum_i g_i|| = sqrt(1^T K 1) over the probed parameters
+    "grad_norm_probed",  # the trainer's own gradient norm over the probed parameters
+    "grad_norm_mismatch",  # 1 when the two differ beyond round-off, 0 when not, empty: not comparable
+    "grad_noise_scale",  # B_simple = tr Sigma / |G|^2 in rollouts (McCandlish et al. 2018)
+    "grad_noise_scale_groups",  # ... with each group's summed gradient as one example, in prompts
+    "grad_snr",  # |G|^2 / (tr Sigma / N) = N / B_simple
 )
 TIMING_COLUMNS = (
     "step",
@@ -91,6 +103,8 @@ RANK_COLUMNS = (
     + ("coherence", "pred_coherence", "score_cosine")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")
+# one row per probe step, rollout and probed layer ("all": every probed parameter)
+GRAD_NORM_COLUMNS = ("step", "layer", "rollout", "group", "reward", "advantage", "grad_norm")
 
 
 def _format(value) -> str:
@@ -221,6 +235,7 @@ class RunResults:
         self.events = CsvLog(self.run_dir / "events.csv", EVENT_COLUMNS)
         self.ranks = CsvLog(self.run_dir / "ranks.csv", RANK_COLUMNS)
         self.spectra = ParquetLog(self.run_dir / "spectra.parquet", SPECTRA_COLUMNS)
+        self.grad_norms = CsvLog(self.run_dir / "grad_norms.csv", GRAD_NORM_COLUMNS)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -228,14 +243,14 @@ class RunResults:
 
     def truncate_from(self, step: int) -> None:
         """Forget everything after a checkpoint taken once `step` optimizer steps were done."""
-        for log in (self.metrics, self.timings, self.events, self.ranks, self.spectra):
+        for log in (self.metrics, self.timings, self.events, self.ranks, self.spectra, self.grad_norms):
             log.truncate_from(step)  # rows keyed by the 0-based index of the step
         # eval rows are keyed by steps completed; the step-0 evaluation is redone on a fresh start
         self.evals.truncate_from(step + 1 if step > 0 else 0)
 
     def ensure_files(self) -> None:
         """Create every contract file (header only) so a run that stops early is still readable."""
-        for log in (self.metrics, self.timings, self.evals, self.events, self.ranks):
+        for log in (self.metrics, self.timings, self.evals, self.events, self.ranks, self.grad_norms):
             if not log.path.exists():
                 with open(log.path, "w", newline="") as handle:
                     csv.writer(handle, lineterminator="\n").writerow(log.columns)

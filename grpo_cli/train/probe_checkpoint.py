@@ -210,6 +210,7 @@ def _probe_one(cfg: DictConfig, run_dir: Path, target: ProbeTarget, source: Path
                 done = loop.run_step(step, update=False)
                 results.ranks.append(done.probe_rows.ranks)
                 results.spectra.append(done.probe_rows.spectra)
+                results.grad_norms.append(done.probe_rows.grad_norms)
                 results.metrics.append([done.output.metrics])
                 results.timings.append([done.timings])
                 record["last_step"] = step

@@ -206,6 +206,7 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
             if done.probe_rows is not None:
                 results.ranks.append(done.probe_rows.ranks)
                 results.spectra.append(done.probe_rows.spectra)
+                results.grad_norms.append(done.probe_rows.grad_norms)
             if done.eval_row is not None:
                 results.evals.append([done.eval_row])
                 accuracy = done.eval_row["accuracy"]

@@ -235,7 +235,8 @@ class GRPOTrainer:
         # 4. metrics: the metrics.csv row, in one host read
         metrics = self._metrics(step, batch, scored, dropped, targets, passes)
         return StepOutput(batch, targets.advantages, scored, passes.weights, passes.layer_grads,
-                          passes.rollout_grams, metrics)
+                          passes.rollout_grams, row_sum_rtol=self.row_sum_rtol(targets.single_pass),
+                          metrics=metrics)
 
     # ---- 1. rollout and reward -------------------------------------------------------------------
     def collect(self, step: int) -> tuple[RolloutBatch, ScoredBatch, int]:
@@ -620,6 +621,17 @@ class GRPOTrainer:
             single_pass and self.reference_model is None and self.autocast_kind == "none"
             and not checkpointing(self.model)
         )
+
+    def row_sum_rtol(self, single_pass: bool) -> float | None:
+        """How closely the first pass's gradient on the probed parameters equals the sum of the
+        probes' per-rollout rows -sum_t w_it A_it grad log pi(y_it) (grad_norm_mismatch): where
+        the loss is the PPO-clip surrogate at ratio 1 with nothing added (fused_probe_pass, less
+        the conditions that only change how it is computed), to float32 round-off, or to bf16's
+        when the model or its forward is bf16; None where it is not that sum."""
+        if not single_pass or self.reference_model is not None:
+            return None
+        low = self.autocast_kind != "none" or next(self.model.parameters()).dtype not in (torch.float32, torch.float64)
+        return 5e-2 if low else 1e-4
 
     # ---- 4. metrics ------------------------------------------------------------------------------
     def _metrics(self, step: int, batch: RolloutBatch, scored: ScoredBatch, dropped: int,

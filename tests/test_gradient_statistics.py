@@ -1,0 +1,188 @@
+"""Gradient statistics read off the per-rollout Gram (grpo_cli/measures.py, ProbeSuite): closed
+forms, unbiasedness by simulation, and the probe's columns against per-rollout autograd in float64
+on a tiny model, with the batch-norm alarm on a planted partial (one-of-two-shards) norm."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+from test_probe_runner import padded_batch, step_output
+
+from grpo_cli.algorithm.logprobs import token_logprobs
+from grpo_cli.config.schema import ProbesConfig
+from grpo_cli.measures import (
+    batch_gradient_norm,
+    gradient_noise,
+    gradient_snr,
+    noise_scale,
+    norm_summary,
+    norms_disagree,
+    rollout_gradient_norms,
+)
+from grpo_cli.probes.runner import ProbeSuite
+from grpo_cli.results.rows import PROBE_METRICS
+from grpo_cli.results.writer import METRIC_COLUMNS
+
+
+# ---- closed forms --------------------------------------------------------------------------------
+def test_identical_rows_have_no_noise():
+    g = np.array([[1.0, 2.0, 2.0]] * 4)  # four copies of one gradient, norm 3
+    gram = g @ g.T
+    assert gradient_noise(gram) == pytest.approx((4 * 4 * 9.0, 0.0))  # |N g|^2, no variance
+    assert noise_scale(gram) == 0.0
+    assert gradient_snr(gram) == math.inf
+    assert rollout_gradient_norms(gram) == pytest.approx([3.0] * 4)
+    assert batch_gradient_norm(gram) == pytest.approx(12.0)
+
+
+def test_orthogonal_rows_of_equal_norm_are_pure_noise():
+    n, c = 5, 2.0
+    gram = c * np.eye(n)
+    signal, noise = gradient_noise(gram)
+    assert signal == pytest.approx(0.0, abs=1e-12)
+    assert noise == pytest.approx(n * n * c)  # x_i = N g_i: N^2 c each, mean ~ 0
+    assert math.isnan(noise_scale(gram))  # no resolved signal
+    assert gradient_snr(gram) == pytest.approx(0.0, abs=1e-12)
+    assert batch_gradient_norm(gram) == pytest.approx(math.sqrt(n * c))
+
+
+def test_row_weights_scale_the_rows():
+    g = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    w = np.array([0.5, 2.0, -1.0])
+    assert batch_gradient_norm(g @ g.T, w) == pytest.approx(np.linalg.norm(w @ g))
+    assert gradient_noise(g @ g.T, w) == pytest.approx(gradient_noise((w[:, None] * g) @ (w[:, None] * g).T))
+
+
+def test_norm_summary_and_the_snr_noise_scale_identity():
+    summary = norm_summary([1.0, 2.0, 6.0])
+    assert summary == pytest.approx({"mean": 3.0, "median": 2.0, "min": 1.0, "max": 6.0,
+                                     "cv": np.std([1.0, 2.0, 6.0]) / 3.0})
+    assert all(math.isnan(v) for v in norm_summary([]).values())
+    g = np.random.default_rng(0).normal(size=(6, 4)) + 1.0
+    assert gradient_snr(g @ g.T) == pytest.approx(6 / noise_scale(g @ g.T))
+
+
+def test_noise_estimates_are_unbiased():
+    """x_i ~ N(mu, diag(s^2)) iid: the mean over 4000 batches of |G|^2 and tr Sigma is within 4
+    standard errors of |mu|^2 and sum s^2 (and the plug-in |mean x|^2 is not: it is off by tr/N)."""
+    rng = np.random.default_rng(1)
+    mu, s = np.array([1.0, -0.5, 0.25]), np.array([1.0, 2.0, 0.5])
+    n, draws = 4, 4000
+    x = mu + s * rng.normal(size=(draws, n, 3))  # [draws, N, 3] per-example gradients
+    g = x / n  # rows whose sum is the batch mean
+    estimates = np.array([gradient_noise(gi @ gi.T) for gi in g])  # [draws, 2]
+    mean, se = estimates.mean(0), estimates.std(0, ddof=1) / math.sqrt(draws)
+    truth = np.array([mu @ mu, (s**2).sum()])
+    assert np.all(np.abs(mean - truth) < 4 * se), (mean, truth, se)
+    plug_in = np.mean([np.linalg.norm(xi.mean(0)) ** 2 for xi in x])
+    assert abs(plug_in - truth[0] - truth[1] / n) < 4 * se[0]
+    assert abs(plug_in - truth[0]) > 10 * se[0]
+
+
+def test_the_alarm_fires_on_a_partial_shard_norm_only():
+    full = 3.7
+    assert not norms_disagree(full, full * (1 + 1e-6), 1e-4)  # round-off
+    assert norms_disagree(full, full / math.sqrt(2), 1e-4)  # one of two shards
+    assert norms_disagree(full, full / math.sqrt(2), 5e-2)  # ... also at bf16's tolerance
+    assert not norms_disagree(full, math.nan, 1e-4)
+
+
+def test_the_columns_are_metrics_columns_the_probes_fill():
+    names = ("grad_norm_rollout_mean", "grad_norm_batch_gram", "grad_norm_probed", "grad_norm_mismatch",
+             "grad_noise_scale", "grad_noise_scale_groups", "grad_snr")
+    assert set(names) <= set(METRIC_COLUMNS) and set(names) <= set(PROBE_METRICS)
+    assert "grad_norm" not in PROBE_METRICS  # the trainer's own, every step
+
+
+# ---- against per-rollout autograd in float64 -----------------------------------------------------
+def autograd_rows(model, batch, coeff, params) -> np.ndarray:  # [N, P] float64
+    """g_i = grad of f_i = sum_t coeff_it log p(y_it), one rollout at a time on its own."""
+    rows = []
+    for i in range(batch.num_rollouts):
+        logprobs = token_logprobs(model, batch.input_ids[i : i + 1], batch.attention_mask[i : i + 1])
+        objective = (coeff[i : i + 1] * logprobs).sum()
+        grads = torch.autograd.grad(objective, list(params.values()), allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                               for g, p in zip(grads, params.values(), strict=True)]))
+    return torch.stack(rows).double().numpy()
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    model = tiny_llama(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, max_position_embeddings=32).double()
+    batch = padded_batch()
+    output = step_output(batch, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # group 1 has zero variance
+    suite = ProbeSuite(ProbesConfig(matrices=["rollout_batch"]), model,
+                       tmp_path_factory.mktemp("probe") / "w0.pt")
+    g = autograd_rows(model, batch, -(output.loss_weights * output.advantages), suite.gram_params)
+    return model, batch, output, suite, g
+
+
+def record(probed, planted_scale: float = 1.0, rtol: float | None = 1e-4):
+    """Record one probe step whose trainer gradient is the rows' sum times `planted_scale`."""
+    model, _, output, suite, g = probed
+    total = torch.from_numpy(g.sum(0))
+    start = 0
+    for p in suite.gram_params.values():  # what the trainer's backward would leave in .grad
+        p.grad = (planted_scale * total[start : start + p.numel()]).reshape(p.shape).to(p.dtype)
+        start += p.numel()
+    suite.capture_layer_grads()
+    output.row_sum_rtol = rtol
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = suite.record(0, output, model)
+    finally:
+        for p in suite.gram_params.values():
+            p.grad = None
+    return rows, [str(w.message) for w in caught]
+
+
+def test_probe_columns_equal_per_rollout_autograd(probed):
+    _, batch, output, _, g = probed
+    rows, caught = record(probed)
+    m = rows.metrics
+    norms = np.linalg.norm(g, axis=1)  # [N]
+    live = norms[:2]  # group 0 is informative, group 1 (rewards 1, 1) has zero advantages
+    assert norms[2:] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert m["grad_norm_rollout_mean"] == pytest.approx(live.mean(), rel=1e-6)
+    assert m["grad_norm_rollout_max"] == pytest.approx(live.max(), rel=1e-6)
+    assert m["grad_norm_rollout_min"] == pytest.approx(live.min(), rel=1e-6)
+    assert m["grad_norm_rollout_cv"] == pytest.approx(live.std() / live.mean(), rel=1e-5)
+    assert m["grad_norm_batch_gram"] == pytest.approx(np.linalg.norm(g.sum(0)), rel=1e-6)
+    assert m["grad_norm_probed"] == pytest.approx(np.linalg.norm(g.sum(0)), rel=1e-12)
+    assert m["grad_norm_mismatch"] == 0.0 and not caught
+    # McCandlish's estimators straight from the per-example gradients x_i = N g_i
+    n = g.shape[0]
+    x = n * g
+    trace = x.var(axis=0, ddof=1).sum()
+    signal = np.linalg.norm(x.mean(0)) ** 2 - trace / n
+    assert gradient_noise(g @ g.T) == pytest.approx((signal, trace), rel=1e-9)
+    # a zero-sum group of two nearly cancels: the signal is below its sampling error here
+    assert signal < 0 and math.isnan(m["grad_noise_scale"])
+    assert m["grad_snr"] == pytest.approx(signal / (trace / n), rel=1e-5)
+    # one example per prompt: each group's summed gradient. Group 1's is 0, so with B = 2 the
+    # unbiased |G|^2 is exactly 0 (|mean|^2 = tr Sigma / B): no resolved signal
+    groups = g.reshape(2, 2, -1).sum(1)  # [B, P]
+    assert gradient_noise(groups @ groups.T)[0] == pytest.approx(0.0, abs=1e-9 * np.linalg.norm(groups) ** 2)
+    assert math.isnan(m["grad_noise_scale_groups"])
+    # the side file: every rollout, with its group, reward and advantage
+    assert [r["rollout"] for r in rows.grad_norms] == [0, 1, 2, 3]
+    assert [r["group"] for r in rows.grad_norms] == [0, 0, 1, 1]
+    assert [r["grad_norm"] for r in rows.grad_norms] == pytest.approx(norms, rel=1e-6, abs=1e-12)
+    assert [r["advantage"] for r in rows.grad_norms][2:] == [0.0, 0.0]
+
+
+def test_the_alarm_fires_on_a_planted_partial_norm(probed):
+    rows, caught = record(probed, planted_scale=1 / math.sqrt(2))  # one of two shards' norm
+    assert rows.metrics["grad_norm_mismatch"] == 1.0
+    assert len(caught) == 1 and "ratio 0.7071" in caught[0]
+    rows, caught = record(probed, planted_scale=1 / math.sqrt(2), rtol=None)  # not comparable
+    assert math.isnan(rows.metrics["grad_norm_mismatch"]) and not caught
+    assert rows.metrics["grad_norm_probed"] == pytest.approx(rows.metrics["grad_norm_batch_gram"] / math.sqrt(2))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,12 +159,25 @@ def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:
         problems.append(f"{path.name} unreadable ({err})")
         return empty
     if "step" in table:
-        table["step"] = pd.to_numeric(table["step"], errors="coerce")
-        table = table.dropna(subset=["step"]).astype({"step": int})
+        steps = pd.to_numeric(table["step"], errors="coerce")
+        bad = steps.isna() | steps.isin([math.inf, -math.inf])
+        for index in bad[bad & table["step"].notna()].index[:3]:
+            problems.append(f"{path.name} line {index + 2}, column step: {str(table['step'][index])!r} "
+                            "is not a number (row left out)")
+        table = table.assign(step=steps)[~bad].astype({"step": int})
     for column in ("layer", "group"):
         if column in table:
             table[column] = table[column].fillna("").astype(str)
-    return table.reset_index(drop=True)
+    lines = (table.index + 2).tolist()  # file line of each row kept (line 1 is the header)
+    table = table.reset_index(drop=True)
+    table.attrs["lines"] = lines
+    return table
+
+
+def line_number(table: pd.DataFrame, index: int) -> int:
+    """The file line a row of `_read_csv`'s table was read from (rows left out shift the index)."""
+    lines = table.attrs.get("lines")
+    return lines[index] if lines is not None and index < len(lines) else index + 2
 
 
 def non_numeric_cells(table: pd.DataFrame, filename: str, columns, limit: int = 3) -> list[str]:
@@ -177,10 +191,28 @@ def non_numeric_cells(table: pd.DataFrame, filename: str, columns, limit: int = 
         bad = values.notna() & pd.to_numeric(values, errors="coerce").isna()
         bad &= values.astype(str).str.strip().ne("")
         for index in bad[bad].index:
-            found.append(f"{filename} line {index + 2}, column {column}: "
+            found.append(f"{filename} line {line_number(table, index)}, column {column}: "
                          f"{str(values[index])!r} is not a number (left out)")
     if len(found) > limit:
         found = found[:limit] + [f"{filename}: {len(found) - limit} more non-numeric cells"]
+    return found
+
+
+def non_finite_cells(table: pd.DataFrame, filename: str, columns, limit: int = 3) -> list[str]:
+    """Set every infinite cell of `columns` to NaN (missing), with one line per cell (file, line,
+    column): a rank or spectrum measure is a finite number, and an infinite one would stretch
+    every axis and mean it touches."""
+    found = []
+    for column in [c for c in columns if c in table]:
+        values = pd.to_numeric(table[column], errors="coerce")
+        infinite = values.isin([math.inf, -math.inf])
+        for index in infinite[infinite].index:
+            found.append(f"{filename} line {line_number(table, index)}, column {column}: {values[index]} is not a "
+                         "number (infinite; left out)")
+        if infinite.any():
+            table[column] = values.mask(infinite)
+    if len(found) > limit:
+        found = found[:limit] + [f"{filename}: {len(found) - limit} more infinite cells"]
     return found
 
 
@@ -208,11 +240,27 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
+RUN_JSON_INTEGERS = ("last_step", "checkpoint_step", "resumed_from", "group_size", "seed")
+
+
+def integer_fields(info: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """run.json with each of RUN_JSON_INTEGERS that is not a whole number left out, and a
+    problem line naming it (a hand-edited or foreign file: `"last_step": "nine"`)."""
+    kept = dict(info)
+    for key in RUN_JSON_INTEGERS:
+        value = kept.get(key)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        del kept[key]
+        problems.append(f"run.json, field {key}: {value!r} is not a number (left out)")
+    return kept
+
+
 def load_run(path: Path) -> Run:
     """Read one run directory; never raises for missing or partial files."""
     path = Path(path)
     problems: list[str] = []
-    info = _read_json(path / "run.json", problems)
+    info = integer_fields(_read_json(path / "run.json", problems), problems)
     config = _read_yaml(path / "config.yaml", problems)
     for info_key, config_key in RUN_JSON_KEYS.items():
         if config.get(config_key) is None and info.get(info_key) is not None:
@@ -224,6 +272,7 @@ def load_run(path: Path) -> Run:
         problems.append("spectra.parquet missing")
     ranks = _read_csv(path / "ranks.csv", problems)
     problems += non_numeric_cells(ranks, "ranks.csv", RANK_MEASURES)
+    problems += non_finite_cells(ranks, "ranks.csv", RANK_MEASURES)
     run = Run(
         path=path,
         status=status,

@@ -70,15 +70,27 @@ def run(ctx: typer.Context) -> None:
     if {"--help", "-h"} & set(ctx.args):
         typer.echo(RUN_USAGE.format(groups=config_groups()))
         return
-    from grpo_cli.hydra_app import SweepSummary, main
+    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.hydra_app import SweepSummary, check_composes, main, refusal_line
 
+    try:
+        check_composes(list(ctx.args))
+    except ConfigError as error:
+        if debug():
+            raise
+        typer.echo(refusal_line(error), err=True)
+        raise typer.Exit(code=2) from None
     sys.argv = ["grpo run", *ctx.args]
-    SweepSummary.failed, SweepSummary.refused = [], []
+    SweepSummary.failed, SweepSummary.refused, SweepSummary.composed = [], [], False
     try:
         main()
     except KeyboardInterrupt as interrupt:  # SIGINT or SIGTERM: run.json says interrupted
         signal_name = getattr(interrupt, "signal_name", "SIGINT")
         raise typer.Exit(code=143 if signal_name == "SIGTERM" else 130) from None
+    except SystemExit as exit_:  # Hydra exits 1 on a config it cannot compose: a config error
+        if exit_.code == 1 and not SweepSummary.composed:
+            raise typer.Exit(code=2) from None
+        raise
     if SweepSummary.failed or SweepSummary.refused:
         raise typer.Exit(code=1)
 

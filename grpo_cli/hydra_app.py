@@ -68,10 +68,12 @@ class SweepSummary(Callback):
 
     failed: list[str] = []
     refused: list[str] = []  # sweep members refused by a value check or another run's lock
+    composed = False  # Hydra composed the config (a SystemExit(1) before that is a config error)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from grpo_cli.validate import validate_config
 
+        SweepSummary.composed = True
         try:
             validate_config(job_config(config))
             HydraConfig.instance().set_config(config)
@@ -82,13 +84,14 @@ class SweepSummary(Callback):
             _refuse_now(error)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepSummary.composed = True
         self.started = utc_now()
         try:
             HydraConfig.instance().set_config(config)
-            check_writable(Path(str(config.hydra.sweep.dir)))
-            problems = sweep_problems(config)
+            problems = sweep_problems(config)  # first: experiment.name=../.. must not be written to
             if problems:
                 raise ConfigError("\n".join(problems))
+            check_writable(Path(str(config.hydra.sweep.dir)))
         except REFUSALS as error:
             _refuse_now(error)
 
@@ -181,8 +184,10 @@ class OneGpuPerJob(Callback):
 
 def sweep_problems(config: DictConfig) -> list[str]:
     """Value problems of every member of a sweep, composed up front, so that no member trains
-    while another is doomed. Sweep syntax the basic sweeper does not expand (a plugin sweeper's
-    ranges) is left to the per-job check in `train_job`."""
+    while another is doomed; and members that would share one run directory (a swept key that
+    run names leave out, such as `threads=1,2`: only the last member's results would remain).
+    Sweep syntax the basic sweeper does not expand (a plugin sweeper's ranges) is left to the
+    per-job check in `train_job`."""
     from hydra import compose
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -195,14 +200,83 @@ def sweep_problems(config: DictConfig) -> list[str]:
     except Exception:  # noqa: BLE001 - not a basic sweep: members are checked as they start
         return []
     problems: dict[str, None] = {}  # ordered, each line once however many members share it
+    directories: dict[Path, list[list[str]]] = {}  # run directory -> the members that write it
     for member in members:
         try:
-            cfg = compose(config_name=config.hydra.job.config_name, overrides=member)
+            cfg = compose(config_name=config.hydra.job.config_name, overrides=member,
+                          return_hydra_config=True)
         except Exception as error:  # noqa: BLE001 - a composition error names its key
-            problems[str(error).splitlines()[0]] = None
+            problems[composition_error_line(error)] = None
             continue
-        problems.update(dict.fromkeys(config_problems(cfg)))
+        found = config_problems(cfg)
+        problems.update(dict.fromkeys(found))
+        if not found:
+            directories.setdefault(member_run_dir(cfg), []).append(list(member))
+    for directory, sharing in directories.items():
+        if len(sharing) > 1:
+            problems[shared_directory_problem(directory, sharing)] = None
     return list(problems)
+
+
+def member_run_dir(cfg: DictConfig) -> Path:
+    """Where a composed sweep member writes: hydra.sweep.dir / hydra.sweep.subdir of config.yaml."""
+    from grpo_cli.config.resolvers import run_name
+
+    name = run_name(cfg.rollout.group_size, cfg.algorithm.name, cfg.seed, cfg.hydra.job.override_dirname)
+    return Path(str(cfg.results_dir)) / str(cfg.experiment.name) / name
+
+
+def shared_directory_problem(directory: Path, sharing: list[list[str]]) -> str:
+    """One line naming the swept keys that run names leave out."""
+    values: dict[str, set[str]] = {}
+    for member in sharing:
+        for override in member:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    keys = [key for key, seen in values.items() if len(seen) > 1]
+    if not keys:
+        return (f"{len(sharing)} sweep members have the same settings and would share one run "
+                f"directory ({directory}); list each value once")
+    return (f"{', '.join(keys)}: {len(sharing)} sweep members would share one run directory "
+            f"({directory}), since run names leave {' and '.join(keys)} out (settings that do not "
+            "change results: hydra.job.config.override_dirname.exclude_keys in conf/config.yaml); "
+            "run each value as its own command with its own experiment.name")
+
+
+def composition_error_line(error: Exception) -> str:
+    """Hydra's composition error in one line: 'Error merging override rollout.group_size=abc:
+    Value 'abc' of type 'str' could not be converted to Integer' (its full_key, reference_type
+    and object_type lines left out: the override names the key)."""
+    lines = [line.strip() for line in f"{error}\n{error.__cause__ or ''}".splitlines()]
+    text, listing = "", False  # listing: the lines after "Available options in 'experiment':"
+    for line in dict.fromkeys(lines):
+        if line.startswith("Config search path"):
+            break
+        if not line or line.startswith(("full_key:", "reference_type", "object_type")):
+            continue
+        if listing or text.endswith(":"):
+            text += (", " if listing else " ") + line
+            listing = True
+        else:
+            text += (": " if text else "") + line
+    return text or type(error).__name__
+
+
+def check_composes(args: list[str]) -> None:
+    """ConfigError in one line unless a single run's overrides compose (exit 2 where Hydra would
+    print its multi-line error and exit 1). Only plain key=value overrides are checked here;
+    anything else (flags, sweeps) is left to Hydra, and cli.run maps its exit 1 to 2."""
+    if not args or any(arg.startswith("-") or "=" not in arg for arg in args):
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from grpo_cli.config.compose import compose_config
+
+    try:
+        compose_config(args)
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        raise ConfigError(composition_error_line(error)) from error
 
 
 def _refuse_now(error: Exception) -> None:

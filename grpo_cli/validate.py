@@ -84,6 +84,13 @@ def stray_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return stray
 
 
+def inside_results_dir(name: str) -> bool:
+    """A name that keeps <results_dir>/<name> inside results_dir: `smoke` or `sweeps/lr`, never
+    `../..`, `/tmp/x` or `a//b`."""
+    parts = str(name).replace("\\", "/").split("/")
+    return bool(name) and not str(name).startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every unusable value in `cfg`, one line each (empty when the config is usable)."""
     problems: list[str] = [
@@ -245,6 +252,9 @@ def config_problems(cfg: DictConfig) -> list[str]:
                           and pair.split("/")[1] in RANK_MEASURES) for pair in v),
          "'all' or matrix/measure pairs, matrix in " + ", ".join(names["probes.matrices"])
          + "; measure in " + ", ".join(RANK_MEASURES))
+    # results paths stay under results_dir
+    need("experiment.name", inside_results_dir,
+         "a relative name under results_dir (no '..', '.', empty or absolute parts)")
     # a failure on purpose (grpo_cli/train/fault.py)
     choice("fault.kind", names["fault.kind"])
     if value("fault.step") is not None:

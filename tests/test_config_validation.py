@@ -69,7 +69,7 @@ def test_sweep_with_a_bad_member_is_refused_before_any_member_runs(tmp_path):
     assert result.exit_code == 2, result.output
     assert "config error: rollout.group_size=0: must be >= 1" in result.output
     assert result.output.count("config error: optim.lr=-1.0: must be > 0") == 1  # once, not per member
-    assert not list((tmp_path / "smoke").iterdir())  # not even the valid members ran
+    assert not (tmp_path / "smoke").exists()  # not even the valid members ran; nothing created
     assert not (tmp_path / "cache").exists()
 
 

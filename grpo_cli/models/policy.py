@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
+import zipfile
+from pathlib import Path
+
 import torch
+from safetensors import SafetensorError
 
 from grpo_cli.models.loading import (
     LoadedModel,
@@ -19,6 +24,41 @@ from grpo_cli.models.loading import (
 
 SOURCES = ("char_llama", "hf", "gguf_package")
 WEIGHTS = ("pretrained", "random")
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def weight_files(directory: Path) -> list[str]:
+    return sorted(p.name for pattern in WEIGHT_FILES for p in directory.glob(pattern))
+
+
+def check_model_dir(path: str) -> None:
+    """ModelLoadError naming the directory when a local model.path holds no model files (else
+    transformers answers an empty directory with 'install sentencepiece')."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        return  # a hub id, or a missing directory: load_pretrained names it
+    missing = [what for what, there in (("config.json", (directory / "config.json").is_file()),
+                                        ("weights (" + ", ".join(WEIGHT_FILES) + ")", bool(weight_files(directory))))
+               if not there]
+    if missing:
+        raise ModelLoadError(f"model.path={path!r}: {directory} has no model files (no "
+                             f"{', no '.join(missing)}); give an HF model directory")
+
+
+def load_weights(path: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """load_pretrained, with a damaged weight file (truncated, partly downloaded, not a weight
+    file) answered in one line naming the directory and its weight files."""
+    try:
+        return load_pretrained(path, device, dtype)
+    except ModelLoadError:
+        raise
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, SafetensorError) as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            raise
+        files = ", ".join(weight_files(Path(path).expanduser())) or "its weight files"
+        detail = str(error).splitlines()[0] if str(error) else ""
+        raise ModelLoadError(f"{path}: {files} could not be read ({type(error).__name__}: {detail}); "
+                             "a damaged or partly written file?") from error
 
 
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
@@ -42,16 +82,17 @@ def _load_policy(cfg, task, device: torch.device, log) -> LoadedModel:
         from grpo_cli.models.warm_start import warm_started_char_llama
 
         path = warm_started_char_llama(model_cfg, task, cfg.task, cfg.cache_dir, log=log)
-        loaded = load_pretrained(str(path), device, dtype)
+        loaded = load_weights(str(path), device, dtype)
     elif model_cfg.source == "hf":
         if not model_cfg.path:
             raise ModelLoadError("model.path is required when model.source=hf")
-        loaded = load_pretrained(model_cfg.path, device, dtype)
+        check_model_dir(model_cfg.path)
+        loaded = load_weights(model_cfg.path, device, dtype)
     elif model_cfg.source == "gguf_package":
         if not model_cfg.package:
             raise ModelLoadError("model.package is required when model.source=gguf_package")
         gguf = find_packaged_gguf(model_cfg.package, model_cfg.path)
-        loaded = load_pretrained(str(materialize_gguf(gguf, cfg.cache_dir, log)), device, dtype)
+        loaded = load_weights(str(materialize_gguf(gguf, cfg.cache_dir, log)), device, dtype)
     else:
         raise ModelLoadError(
             f"model.source={model_cfg.source!r} is not one of {', '.join(SOURCES)}"

@@ -228,6 +228,10 @@ def check_before_building(cfg, task, device) -> bool:
     """Every check that needs no weights; False when the shape checks must wait for the loaded
     model (`check_loaded`)."""
     check_record_counts(cfg, task)
+    if cfg.model.source == "hf" and cfg.model.weights == "pretrained" and cfg.model.path:
+        from grpo_cli.models.policy import check_model_dir
+
+        check_model_dir(cfg.model.path)  # an empty directory: not "install sentencepiece"
     shape = shape_before_loading(cfg)
     if shape is None:
         return False

@@ -186,3 +186,24 @@ def test_the_alarm_fires_on_a_planted_partial_norm(probed):
     rows, caught = record(probed, planted_scale=1 / math.sqrt(2), rtol=None)  # not comparable
     assert math.isnan(rows.metrics["grad_norm_mismatch"]) and not caught
     assert rows.metrics["grad_norm_probed"] == pytest.approx(rows.metrics["grad_norm_batch_gram"] / math.sqrt(2))
+
+
+# ---- grpo run ------------------------------------------------------------------------------------
+def test_grpo_run_writes_the_columns_and_its_gradient_adds_up(tmp_path, cache_dir):
+    """The smoke run probing one layer: the Gram's batch norm equals the trainer's norm over that
+    layer (smaller than grad_norm over every parameter), no alarm; grad_norms.csv has every rollout."""
+    import pandas as pd
+    from cli_helpers import grpo_run
+
+    result = grpo_run(tmp_path, cache_dir, "train.steps=1", "probes.param_regex=layers\\.0\\.")
+    assert result.exit_code == 0, result.output
+    (out,) = (tmp_path / "smoke").iterdir()
+    row = pd.read_csv(out / "metrics.csv").iloc[0]
+    assert row.grad_norm_mismatch == 0.0
+    assert abs(row.grad_norm_batch_gram - row.grad_norm_probed) <= 1e-4 * row.grad_norm_probed
+    assert 0 < row.grad_norm_probed < row.grad_norm
+    assert row.grad_norm_rollout_min <= row.grad_norm_rollout_median <= row.grad_norm_rollout_max
+    norms = pd.read_csv(out / "grad_norms.csv")
+    assert list(norms.rollout) == list(range(16)) and set(norms.layer) == {"all"}  # 4 prompts x R = 4
+    live = norms[norms.advantage != 0].grad_norm
+    assert live.mean() == pytest.approx(row.grad_norm_rollout_mean, rel=1e-9)

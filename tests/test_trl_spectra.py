@@ -186,6 +186,14 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert (weights.isna() == run.metrics.zero_variance_frac.eq(1.0)).all()
     assert weights.dropna().eq(1.0).all() and run.metrics.token_weight_spread.dropna().eq(0.0).all()
     assert run.metrics.grad_sparsity.notna().tolist() == [True, False, True]  # probe steps 0 and 2
+    # the batch gradient's norm from the Gram is TRL's own (every parameter is probed), no alarm
+    probed = run.metrics.iloc[[0, 2]]
+    assert probed.grad_norm_mismatch.eq(0.0).all()
+    assert ((probed.grad_norm_batch_gram - probed.grad_norm).abs() <= 1e-4 * probed.grad_norm).all()
+    assert ((probed.grad_norm_probed - probed.grad_norm).abs() <= 1e-6 * probed.grad_norm).all()
+    norms = pd.read_csv(run.path / "grad_norms.csv")
+    assert set(norms.step) == {0, 2} and len(norms) == 2 * 4 * (norms.group.max() + 1)  # every rollout
+    assert norms.grad_norm[norms.advantage == 0].eq(0.0).all() and norms.grad_norm.gt(0).any()
     assert set(run.ranks.step) == {0, 2}
     assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}
     timings = pd.read_csv(run.path / "timings.csv")
@@ -197,7 +205,8 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     result = analyze([sweep], measure="erank_entropy", figures=False)
     assert len(result.analysed) == 2 and result.grouping.variant_keys == []
     verdict = result.verdicts[result.verdicts.matrix == "rollout_batch"]
-    assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in ("supported", "contradicted", "inconclusive", "mixed")
+    assert len(verdict) == 1 and verdict.iloc[0]["verdict"] in (
+        "supported", "contradicted", "inconclusive", "mixed", "not judged")  # R = {2, 4}: not judged (issue 42)
     assert set(result.summary[result.summary.matrix == "rollout_batch"]["group_size"]) == {2, 4}
 
 

@@ -386,6 +386,7 @@ class SpectraCallback(TrainerCallback):
             batch=data.batch, advantages=data.advantages,
             scored=ScoredBatch(rewards=self._rewards, correct=correct),
             loss_weights=data.loss_weights, layer_grads=layer_grads,
+            row_sum_rtol=self._row_sum_rtol(),
         )
         was_training = policy.training
         policy.eval()  # no dropout; HF models also skip gradient checkpointing in eval mode
@@ -403,6 +404,16 @@ class SpectraCallback(TrainerCallback):
             self.results.spectra.append(self._probe_rows.spectra)
             self.results.grad_norms.append(self._probe_rows.grad_norms)
         self.timer.stop("probes")
+
+    def _row_sum_rtol(self) -> float:
+        """The rows are TRL's per-rollout loss gradients (trl_batch.py refuses the settings where
+        they are not), so they add up to TRL's .grad (DDP's average: the rows are the global
+        batch's) to float32 round-off, or to bf16's under bf16/fp16 autocast or bf16 weights
+        (the probes differentiate the model's dtype without autocast; grad_norm_mismatch)."""
+        args = self.trainer.args
+        low = (getattr(args, "bf16", False) or getattr(args, "fp16", False)
+               or next(self._policy.parameters()).dtype not in (torch.float32, torch.float64))
+        return 5e-2 if low else 1e-4
 
     def _metrics_row(self) -> dict:
         data, rewards = self._step_data, self._rewards

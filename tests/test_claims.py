@@ -351,3 +351,27 @@ def test_claim3_on_short_no_trend_series_never_crashes(tmp_path):
     sparsity = claim.table[claim.table["reading"] == "sparsity"]
     assert (sparsity["points"] == 3 * 17).all()
     assert claim.verdict in ("inconclusive", "supported", "contradicted", "mixed")
+
+
+def test_claim3_sparsity_explained_by_zero_advantage_groups_is_told_apart(tmp_path):
+    """Sparsity that only follows the fraction of zero-advantage groups (a cubic rise of the
+    success rate, so that fraction is not a line in the step): the claim reads growth, and the
+    reading controlled for zero_variance_frac finds none left (issue 42's confounding)."""
+    def reward(r, seed, step, steps):
+        return 0.5 + 0.45 * (step / (steps - 1)) ** 3
+
+    def zero_frac(r, seed, step, steps=40):  # results_factory: p^R + (1 - p)^R + 0.07
+        p = min(max(reward(r, seed, step, steps), 0.0), 1.0)
+        return p**r + (1 - p) ** r + 0.07
+
+    def sparsity(r, seed, step):
+        noise = np.random.default_rng([r, seed, step]).normal(0, 0.002)
+        return 0.2 + 0.5 * zero_frac(r, seed, step) + noise
+
+    _sweep(tmp_path, seeds=(0, 1, 2), steps=40, reward=reward, sparsity=sparsity,
+           hoyer=sparsity)
+    claim = _direct(tmp_path, sparsity_claim)
+    sparsity_rows = claim.table[claim.table["reading"] == "sparsity"]
+    assert claim.verdict == "supported"
+    assert (sparsity_rows["p (growth given zero-adv., Holm)"] > Rules().trend_level).all()
+    assert "growth stays significant in 0 of" in claim.evidence

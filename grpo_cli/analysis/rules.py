@@ -239,7 +239,9 @@ class Rules:
                 "factor floored at 1). Beside it, the reading 'the fraction of zero-advantage "
                 "groups grows' (zero_variance_frac over every step), judged the same way (its "
                 "own Holm family): more zero-advantage groups mean fewer informative "
-                "rollouts, which alone can make the gradient sparser."
+                "rollouts, which alone can make the gradient sparser, so each sparsity part is "
+                "also read with zero_variance_frac as a covariate of each seed's regression on "
+                "the step (descriptive: the trend it leaves, Holm over the parts)."
             )
         return (
             f"{self.falsifier_matrix} / {self.rank_measure} at matched training reward: per R, "

@@ -86,21 +86,32 @@ def hamed_rao_factor(times: np.ndarray, x: np.ndarray, level: float = 0.05) -> f
     return max(1.0, 1 + 2 * total / (n * (n - 1) * (n - 2)))
 
 
-def series_slope(times: np.ndarray, x: np.ndarray) -> float:
-    """Least-squares slope of one series against its steps (NaN with < 2 distinct steps)."""
+def series_slope(times: np.ndarray, x: np.ndarray, covariate: np.ndarray | None = None) -> float:
+    """Least-squares slope of one series against its steps (NaN with < 2 distinct steps). With
+    a `covariate` (its values at the same steps), the step's coefficient in x ~ 1 + step +
+    covariate: the trend the covariate does not account for (a constant covariate cannot, so the
+    plain slope; NaN when the two cannot be told apart or with < 4 points)."""
     centred = times - times.mean()
     denom = float(centred @ centred)
-    return float(centred @ (x - x.mean())) / denom if denom > 0 else math.nan
+    if denom <= 0:
+        return math.nan
+    if covariate is None or np.ptp(covariate) == 0:
+        return float(centred @ (x - x.mean())) / denom
+    design = np.column_stack([np.ones_like(times), times, covariate])  # [n, 3]
+    if len(x) < 4 or np.linalg.matrix_rank(design) < 3:
+        return math.nan
+    return float(np.linalg.lstsq(design, x, rcond=None)[0][1])
 
 
-def seed_trend(series: Sequence[tuple[np.ndarray, np.ndarray]], confidence: float,
+def seed_trend(series: Sequence[tuple[np.ndarray, ...]], confidence: float,
                rng: np.random.Generator, draws: int = DRAWS) -> dict:
-    """The seed-level trend test on independent series [(steps, values), ...]: the mean of the
-    per-series least-squares slopes (per step) with its t-interval at `confidence`, and the
-    one-sided p-values of growth (p_up) and decline (p_down) from the t statistic (n - 1 df).
-    Fewer than two series with a slope: no interval, p NaN (a between-seed reading)."""
-    slopes = np.array([series_slope(np.asarray(t, float), np.asarray(x, float))
-                       for t, x in series if len(x) >= 2])
+    """The seed-level trend test on independent series [(steps, values[, covariate]), ...]:
+    the mean of the per-series slopes (per step; `series_slope`) with its t-interval at
+    `confidence`, and the one-sided p-values of growth (p_up) and decline (p_down) from the t
+    statistic (n - 1 df). Fewer than two series with a slope: no interval, p NaN (a
+    between-seed reading)."""
+    slopes = np.array([series_slope(*(np.asarray(a, float) for a in one))
+                       for one in series if len(one[1]) >= 2])
     slopes = slopes[np.isfinite(slopes)]
     iv = mean_interval(slopes, confidence, rng, draws)
     out = {"slope": iv, "seeds": len(slopes), "p_up": math.nan, "p_down": math.nan,

@@ -77,8 +77,9 @@ def test_a_tracker_that_cannot_start_is_left_out_with_one_warning(tmp_path):
     assert not trackers and len(lines) == 1 and lines[0].startswith("WARNING tracker mlflow not started")
 
 
-def test_an_unreachable_mlflow_server_is_given_up_within_seconds(tmp_path, monkeypatch):
-    """MLflow's defaults retried a refused connection for ~4 minutes before the run could start."""
+def test_an_unanswering_mlflow_server_is_given_up_within_seconds(tmp_path, monkeypatch):
+    """A server that takes the connection and never answers (a hung or firewalled host): with
+    MLflow's defaults (120 s timeout, 7 retries) the run waited minutes before it could start."""
     pytest.importorskip("mlflow")
     import socket
     import time
@@ -88,15 +89,16 @@ def test_an_unreachable_mlflow_server_is_given_up_within_seconds(tmp_path, monke
     for name in FAST_FAIL:  # as MLflow's defaults; restored (or removed) after the test
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    with socket.socket() as closed:  # a port nothing listens on: connection refused
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    cfg = OmegaConf.create({"mlflow": True, "tracking_uri": f"http://127.0.0.1:{port}", "project": "p",
-                            "rank_series": []})
-    lines = []
-    began = time.monotonic()
-    trackers = open_trackers(cfg, RunIdentity(tmp_path / "exp" / "run", "exp"), log=lines.append)
-    assert time.monotonic() - began < 30  # loose: about 1 s here
+    with socket.socket() as silent:  # connections complete in the backlog; nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        cfg = OmegaConf.create({"mlflow": True, "tracking_uri": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                "project": "p", "rank_series": []})
+        lines = []
+        began = time.monotonic()
+        trackers = open_trackers(cfg, RunIdentity(tmp_path / "exp" / "run", "exp"), log=lines.append)
+        elapsed = time.monotonic() - began
+    assert elapsed < 60, elapsed  # loose: two 5 s timeouts and a 1 s backoff here
     assert not trackers and len(lines) == 1 and lines[0].startswith("WARNING tracker mlflow not started")
     assert lines[0].endswith("the run goes on without it")
 

@@ -36,7 +36,7 @@ def _claim2(root, rank, seeds, sizes=SIZES, **kwargs):
 
 
 # ---- claim 2 on known answers -------------------------------------------------------------------
-def test_flat_rank_is_supported_with_enough_seeds_and_inconclusive_with_one(tmp_path):
+def test_flat_rank_is_supported_with_enough_seeds_and_not_judged_with_one(tmp_path):
     claim, result = _claim2(tmp_path / "many", _noisy(0.05), seeds=range(8))
     assert claim.verdict == "supported", claim.evidence
     row = result.verdicts.iloc[0]

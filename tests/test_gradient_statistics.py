@@ -145,7 +145,7 @@ def record(probed, planted_scale: float = 1.0, rtol: float | None = 1e-4):
 
 
 def test_probe_columns_equal_per_rollout_autograd(probed):
-    _, batch, output, _, g = probed
+    _, batch, output, suite, g = probed
     rows, caught = record(probed)
     m = rows.metrics
     norms = np.linalg.norm(g, axis=1)  # [N]
@@ -173,10 +173,25 @@ def test_probe_columns_equal_per_rollout_autograd(probed):
     assert gradient_noise(groups @ groups.T)[0] == pytest.approx(0.0, abs=1e-9 * np.linalg.norm(groups) ** 2)
     assert math.isnan(m["grad_noise_scale_groups"])
     # the side file: every rollout, with its group, reward and advantage
-    assert [r["rollout"] for r in rows.grad_norms] == [0, 1, 2, 3]
-    assert [r["group"] for r in rows.grad_norms] == [0, 0, 1, 1]
-    assert [r["grad_norm"] for r in rows.grad_norms] == pytest.approx(norms, rel=1e-6, abs=1e-12)
-    assert [r["advantage"] for r in rows.grad_norms][2:] == [0.0, 0.0]
+    every = [r for r in rows.grad_norms if r["layer"] == "all"]  # every probed parameter
+    assert [r["rollout"] for r in every] == [0, 1, 2, 3]
+    assert [r["group"] for r in every] == [0, 0, 1, 1]
+    assert [r["grad_norm"] for r in every] == pytest.approx(norms, rel=1e-6, abs=1e-12)
+    assert [r["advantage"] for r in rows.grad_norms][2:4] == [0.0, 0.0]
+    # per layer: a transformer block's parameters together, each other parameter on its own
+    layers = {}
+    start = 0
+    for name, p in suite.gram_params.items():
+        key = name.split(".layers.0.")[0] + ".layers.0" if ".layers.0." in name else name
+        layers[key] = layers.get(key, 0.0) + (g[:, start : start + p.numel()] ** 2).sum(1)
+        start += p.numel()
+    assert set(layers) == {"model.embed_tokens.weight", "model.layers.0", "model.norm.weight", "lm_head.weight"}
+    recorded = {}
+    for r in rows.grad_norms[4:]:
+        recorded.setdefault(r["layer"], []).append(r["grad_norm"])
+    assert set(recorded) == set(layers)
+    for layer, squares in layers.items():
+        assert recorded[layer] == pytest.approx(np.sqrt(squares), rel=1e-6, abs=1e-12), layer
 
 
 def test_the_alarm_fires_on_a_planted_partial_norm(probed):
@@ -204,6 +219,9 @@ def test_grpo_run_writes_the_columns_and_its_gradient_adds_up(tmp_path, cache_di
     assert 0 < row.grad_norm_probed < row.grad_norm
     assert row.grad_norm_rollout_min <= row.grad_norm_rollout_median <= row.grad_norm_rollout_max
     norms = pd.read_csv(out / "grad_norms.csv")
-    assert list(norms.rollout) == list(range(16)) and set(norms.layer) == {"all"}  # 4 prompts x R = 4
+    assert set(norms.layer) == {"all", "model.layers.0"}  # the probed block, one layer
+    assert list(norms[norms.layer == "all"].rollout) == list(range(16))  # 4 prompts x R = 4
+    assert np.allclose(norms[norms.layer == "all"].grad_norm, norms[norms.layer != "all"].grad_norm)
+    norms = norms[norms.layer == "all"]
     live = norms[norms.advantage != 0].grad_norm
     assert live.mean() == pytest.approx(row.grad_norm_rollout_mean, rel=1e-9)

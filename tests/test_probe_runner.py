@@ -163,7 +163,7 @@ def test_row_chunked_probe_matches_one_pass(tmp_path):
         # per-token advantages: two coefficient sets (advantage and score) through the chunks
         grams[row_chunk] = suite.rollout_grams(0, batch, output.loss_weights, token_level, model)
         spectra[row_chunk] = suite.record(0, output, model).spectra
-    assert set(grams[3]) == {"advantage", "score_blocks"}
+    assert set(grams[3]) == {"advantage", "score_blocks", "param_diagonals"}
     for key, whole in grams[0].items():
         assert torch.allclose(grams[3][key], whole, rtol=1e-10, atol=0)
     assert [(r["matrix"], r["group"], r["k"]) for r in spectra[3]] == [

@@ -15,6 +15,7 @@ import copy
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -192,8 +193,12 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert ((probed.grad_norm_batch_gram - probed.grad_norm).abs() <= 1e-4 * probed.grad_norm).all()
     assert ((probed.grad_norm_probed - probed.grad_norm).abs() <= 1e-6 * probed.grad_norm).all()
     norms = pd.read_csv(run.path / "grad_norms.csv")
-    assert set(norms.step) == {0, 2} and len(norms) == 2 * 4 * (norms.group.max() + 1)  # every rollout
-    assert norms.grad_norm[norms.advantage == 0].eq(0.0).all() and norms.grad_norm.gt(0).any()
+    every = norms[norms.layer == "all"]  # then per layer, whose squares add up to these
+    assert set(every.step) == {0, 2} and len(every) == 2 * 4 * (every.group.max() + 1)  # every rollout
+    assert every.grad_norm[every.advantage == 0].eq(0.0).all() and every.grad_norm.gt(0).any()
+    layers = norms[norms.layer != "all"].assign(square=lambda f: f.grad_norm**2)
+    added = layers.groupby(["step", "rollout"]).square.sum() ** 0.5
+    assert np.allclose(added.to_numpy(), every.set_index(["step", "rollout"]).grad_norm.loc[added.index])
     assert set(run.ranks.step) == {0, 2}
     assert set(run.ranks.matrix) >= {"rollout_batch", "rollout_group", "layer", "update"}
     timings = pd.read_csv(run.path / "timings.csv")
@@ -499,6 +504,14 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     metrics = pd.read_csv(out / "run" / "metrics.csv")
     assert metrics.tokens[0] == int(global_output(
         [torch.load(out / "batches" / f"rank{r}-step0.pt") for r in (0, 1)], pad)["completion_mask"].sum())
+    # the Gram's batch norm is DDP's averaged gradient's (TRL's grad_norm), the rows being the
+    # global batch's; per-layer norms from each process's parameter share add up to the whole
+    assert metrics.grad_norm_mismatch.eq(0.0).all()
+    assert ((metrics.grad_norm_batch_gram - metrics.grad_norm).abs() <= 1e-4 * metrics.grad_norm).all()
+    norms = pd.read_csv(out / "run" / "grad_norms.csv")
+    every = norms[norms.layer == "all"].set_index(["step", "rollout"]).grad_norm
+    added = norms[norms.layer != "all"].assign(square=lambda f: f.grad_norm**2).groupby(["step", "rollout"]).square.sum() ** 0.5
+    assert len(every) == 24 and np.allclose(added.loc[every.index].to_numpy(), every.to_numpy())
     single = tmp_path / "single"
     one = build_trainer(policy_source, tmp_path / "one", steps=1, loss_type=loss_type)
     SpectraCallback(single, every=1, matrices=["rollout_batch", "layer"], task="arith").attach(one)

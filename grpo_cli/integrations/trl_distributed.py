@@ -79,5 +79,6 @@ def shared_grams(probes: ProbeSuite, step: int, output: ProbedStep, forward: nn.
         rows, size = batch.num_rollouts, batch.group_size
         device = next(iter(probes.gram_params.values())).device
         grams = {"advantage": torch.zeros(rows, rows, dtype=torch.float64, device=device),
-                 "score_blocks": torch.zeros(rows // size, size, size, dtype=torch.float64, device=device)}
+                 "score_blocks": torch.zeros(rows // size, size, size, dtype=torch.float64, device=device),
+                 "param_diagonals": torch.zeros(len(probes.gram_params), rows, dtype=torch.float64, device=device)}
     return sum_over_processes(grams)

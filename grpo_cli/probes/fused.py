@@ -71,6 +71,7 @@ class TrainingPassFactors:
         self.shares: dict[str, dict[int, ChunkShare]] = defaultdict(dict)  # name -> chunk -> share
         self.complete = True  # every parameter's hooks held in every micro-batch
         self._recording: LayerCapture | None = None  # the capture whose forward runs now
+        self.diagonals: dict[str, torch.Tensor] = {}  # name -> its K_adv's diagonal [N] (after `gram`)
 
     @contextmanager
     def micro_batch(self, rows: list[int]):
@@ -110,11 +111,14 @@ class TrainingPassFactors:
                 return None, {}
             total += gram
             methods[name] = method
+            self.diagonals[name] = gram.diagonal()  # [n] in hooked-row order
         if self.rows == list(range(num_rows)):
             return total, methods
         full = total.new_zeros(num_rows, num_rows)
         index = torch.tensor(self.rows, device=total.device)
         full[index.unsqueeze(1), index.unsqueeze(0)] = total
+        for name, diagonal in self.diagonals.items():
+            self.diagonals[name] = diagonal.new_zeros(num_rows).index_copy(0, index, diagonal)
         return full, methods
 
     def _adds_up(self, name: str, gram: torch.Tensor, grad: torch.Tensor | None, method: str) -> bool:

@@ -79,6 +79,7 @@ CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
 # advantages and mean score cosine (grpo_cli/measures.py: predicted_coherence), that cosine
 CANCELLATION_COLUMNS = ("coherence", "pred_coherence", "score_cosine")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
+LAYER_BLOCK = re.compile(r"(.*\blayers\.\d+)\.")  # a transformer block's parameters: one layer of grad_norms.csv
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
 
@@ -295,6 +296,8 @@ class ProbeSuite:
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
         self._gradient_statistics(step, full, nonzero, output, rows)
+        if grams.get("param_diagonals") is not None:
+            self._layer_norms(step, grams["param_diagonals"], output, rows)
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
                       coherence=coherence(full), n_nonzero_rows=int(nonzero.sum()))
@@ -353,6 +356,33 @@ class ProbeSuite:
             for i, norm in enumerate(norms)
         )
 
+    def _layer_norms(self, step: int, diagonals: torch.Tensor, output: ProbedStep, rows: ProbeRows) -> None:
+        """grad_norms.csv rows per probed layer: ||g_i|| over one transformer block's probed
+        parameters (`...layers.<k>`), or over one parameter outside the blocks (embeddings,
+        lm_head, final norm): sqrt of the sum of their K_adv diagonals (diagonals [P, N])."""
+        size = output.batch.group_size
+        layers: dict[str, torch.Tensor] = {}
+        for name, diagonal in zip(self.gram_params, diagonals.double().cpu(), strict=True):
+            block = LAYER_BLOCK.match(name)
+            key = block.group(1) if block else name
+            layers[key] = layers[key] + diagonal if key in layers else diagonal.clone()
+        for layer, squares in layers.items():
+            rows.grad_norms.extend(
+                {"step": step, "layer": layer, "rollout": i, "group": i // size,
+                 "reward": row["reward"], "advantage": row["advantage"], "grad_norm": norm}
+                for i, (norm, row) in enumerate(zip(squares.clamp(min=0).sqrt().tolist(),
+                                                    rows.grad_norms[: len(squares)], strict=True))
+            )
+
+    def param_diagonals(self, diagonals: dict[str, torch.Tensor], num_rows: int, device) -> torch.Tensor:
+        """{name: K_adv's diagonal over that parameter [N]} as [P, N], rows in gram_params order
+        (zeros where absent), the form the TRL callback's processes sum."""
+        out = torch.zeros(len(self.gram_params), num_rows, dtype=torch.float64, device=device)
+        for k, name in enumerate(self.gram_params):
+            if name in diagonals:
+                out[k] = diagonals[name].to(device, torch.float64)
+        return out
+
     @property
     def needs_score(self) -> bool:
         """Whether a matrix reads the score rows' group blocks."""
@@ -383,6 +413,8 @@ class ProbeSuite:
         rows = keep.nonzero().flatten().to(batch.input_ids.device)  # [M]
         advantage = torch.zeros(n, n, dtype=torch.float64, device=batch.input_ids.device)
         score = torch.full_like(advantage, math.nan)
+        params = self.gram_params if params is None else params
+        diagonals = advantage.new_zeros(len(self.gram_params), n)  # [P, N] (param_diagonals)
         if rows.numel():
             weights, advantages = weights[rows], advantages[rows]
             coeffs = {"score": weights}
@@ -390,8 +422,8 @@ class ProbeSuite:
                 coeffs["advantage"] = -(weights * advantages)
             results = per_rollout_grams(
                 model, batch.input_ids[rows], batch.attention_mask[rows], coeffs,
-                self.gram_params if params is None else params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
-                row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified,
+                params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
+                row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified, per_param=True,
             )  # one forward per row chunk, shared by the coefficient sets
             # The hooks' consistency check depends on the model's structure only: once every
             # hooked parameter has passed it, later probes skip it (and the weight gradients).
@@ -400,13 +432,20 @@ class ProbeSuite:
                 fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
                 self._hooks_verified = not fell_back
             grams = {key: result.gram for key, result in results.items()}  # each [M, M] float64
+            per_param = results["advantage" if per_rollout is None else "score"].per_param
+            scale = None
             if per_rollout is not None:
                 scale = per_rollout[rows.to(per_rollout.device)].double().to(grams["score"].device)
                 grams["advantage"] = torch.outer(scale, scale) * grams["score"]
+            for k, name in enumerate(self.gram_params):
+                if name in per_param:  # K_adv's diagonal over this parameter, [M]
+                    diagonal = per_param[name].diagonal() * (1.0 if scale is None else scale.square())
+                    diagonals[k, rows.to(diagonals.device)] = diagonal.to(diagonals.device)
             index = (rows.unsqueeze(1), rows.unsqueeze(0))
             advantage[index] = grams["advantage"].to(advantage.device)
             score[index] = grams["score"].to(score.device)
-        return {"advantage": advantage, "score_blocks": group_blocks(score, size)}
+        return {"advantage": advantage, "score_blocks": group_blocks(score, size),
+                "param_diagonals": diagonals}
 
     def _score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
         """K_score [M, M] of the given rows (whole groups) from a separate pass."""
@@ -600,7 +639,9 @@ class StepCapture:
                           "using a separate pass", stacklevel=2)
             return None
         suite._hooks_verified = suite._hooks_verified or factors is not None
-        grams = {"advantage": gram}  # [N, N]
+        grams = {"advantage": gram,  # [N, N]
+                 "param_diagonals": suite.param_diagonals({} if factors is None else factors.diagonals,
+                                                          batch.num_rollouts, gram.device)}
         if not suite.needs_score:
             return grams
         size = batch.group_size

@@ -103,7 +103,8 @@ def test_a_step_that_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path):
 def test_memory_estimate_is_the_documented_lower_bound():
     """Hand-computed for the smoke model: P = 2 layers x (64 x (128 + 128) + 3 x 64 x 192) +
     2 x V x 64 (untied embeddings) in fp32 x 4 copies; KV = 2 layers x 2 x 64 x 4 bytes per token
-    over B x prompt + B x R x new tokens; logits B x R x V x 4; Gram (B R)^2 x 8."""
+    over B R (prompt + new tokens), or B prompt + B R new tokens where hf_static shares prompts;
+    logits B x R x V x 4; Gram (B R)^2 x 8."""
     from grpo_cli.config.compose import compose_config
     from grpo_cli.train.preflight import memory_needed, shape_before_loading
 
@@ -113,7 +114,9 @@ def test_memory_estimate_is_the_documented_lower_bound():
     parts = memory_needed(cfg, shape, prompt_tokens=40, dtype_bytes=4)
     assert shape.parameters == 2 * (64 * 256 + 3 * 64 * 192) + 2 * vocab * 64
     assert parts["weights and optimizer"] == shape.parameters * 4 * 4
-    assert parts["rollout KV cache"] == 2 * 2 * 64 * 4 * (4 * 40 + 16 * 24)
+    assert parts["rollout KV cache"] == 2 * 2 * 64 * 4 * 16 * (40 + 24)  # rollout=hf: a prompt per rollout
+    shared = memory_needed(compose_config(["experiment=smoke", "rollout=hf_static"]), shape, 40, 4)
+    assert shared["rollout KV cache"] == 2 * 2 * 64 * 4 * (4 * 40 + 16 * 24)  # one prompt per group
     assert parts["logits of a decode step"] == 16 * vocab * 4
     assert parts["per-rollout Gram"] == 16 * 16 * 8
 

@@ -12,7 +12,8 @@ one step cannot do without, and refuses when that alone exceeds the memory free 
 
     weights, gradients, AdamW's two moments               P * 4 * dtype bytes   (LoRA: P * dtype bytes;
                                                           + P * dtype bytes for a KL reference)
-    rollout KV cache, prompts shared by their group       L * 2 * kv_dim * dtype bytes * (B * prompt + B * R * max_new_tokens)
+    rollout KV cache                                      L * 2 * kv_dim * dtype bytes * B * R * (prompt + max_new_tokens)
+                                                          (hf_static shares each prompt's part: B * prompt + B * R * max_new_tokens)
     one decode step's float32 logits                      B * R * V * 4
     per-rollout Gram (probes on a per-rollout matrix)     (B * R)^2 * 8            (float64, probes/gram.py)
 
@@ -167,7 +168,11 @@ def memory_needed(cfg, shape: ModelShape, prompt_tokens: int, dtype_bytes: int) 
     }
     if cfg.rollout.backend != "vllm":
         per_token = shape.num_layers * 2 * shape.kv_dim * dtype_bytes
-        parts["rollout KV cache"] = per_token * (prompts * prompt_tokens + rollouts * cfg.rollout.max_new_tokens)
+        if cfg.rollout.backend == "hf_static":  # one prompt part per group (rollout/static_decode.py)
+            tokens = prompts * prompt_tokens + rollouts * cfg.rollout.max_new_tokens
+        else:  # transformers' generate holds every rollout's own copy of its prompt
+            tokens = rollouts * (prompt_tokens + cfg.rollout.max_new_tokens)
+        parts["rollout KV cache"] = per_token * tokens
     if _probes_build_gram(cfg):
         parts["per-rollout Gram"] = rollouts * rollouts * 8
     return parts

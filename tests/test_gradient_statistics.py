@@ -225,3 +225,26 @@ def test_grpo_run_writes_the_columns_and_its_gradient_adds_up(tmp_path, cache_di
     norms = norms[norms.layer == "all"]
     live = norms[norms.advantage != 0].grad_norm
     assert live.mean() == pytest.approx(row.grad_norm_rollout_mean, rel=1e-9)
+
+
+# ---- grpo analyze ----------------------------------------------------------------------------------
+def test_gradients_figure_marks_the_steps_whose_norms_disagree():
+    import pandas as pd
+
+    from grpo_cli.analysis.plots_training import GRADIENTS, gradients_figure
+    from grpo_cli.analysis.style import Styles
+
+    steps = [0, 5, 10]
+    rows = [{"metric": metric, "x": step, "step": step, "value": 1.0 + step, "group_size": 4,
+             "variant": "grpo", "run_id": "r0"} for metric in GRADIENTS for step in steps]
+    rows += [{"metric": "grad_norm_probed", "x": step, "step": step, "value": 1.0 + step, "group_size": 4,
+              "variant": "grpo", "run_id": "r0"} for step in steps]
+    rows += [{"metric": "grad_norm_mismatch", "x": step, "step": step, "value": float(step == 5),
+              "group_size": 4, "variant": "grpo", "run_id": "r0"} for step in steps]
+    figure = gradients_figure(pd.DataFrame(rows), Styles(["grpo"]), "toy", "step")
+    panel = next(ax for ax in figure.axes if ax.get_title() == "grad_norm_batch_gram")
+    (marks,) = [line for line in panel.lines if line.get_marker() == "x"]
+    assert list(marks.get_xdata()) == [5] and list(marks.get_ydata()) == [6.0]
+    assert sum(line.get_linestyle() == "--" for line in panel.lines) == 1  # the trainer's norm
+    empty = gradients_figure(pd.DataFrame(columns=["metric", "x", "value"]), Styles(["grpo"]), "toy", "step")
+    assert len(empty.axes) == 1  # one panel saying there is nothing to draw

@@ -78,6 +78,10 @@ FIGURES = {
     "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
     "p^R + (1-p)^R at the batch success rate, a lower bound), KL, and the shares of all-wrong and "
     "all-right groups (the rest are mixed), with alarms.",
+    "gradients": "Gradient statistics from the per-rollout Gram on probe steps: per-rollout "
+    "norms (median, coefficient of variation), the batch gradient's norm sqrt(1'K1) (dashed: the "
+    "trainer's own over the probed parameters; x: steps where they disagree beyond round-off), "
+    "the SNR and McCandlish et al.'s noise scale per rollout and per prompt.",
     "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
     "closed-form prediction for m = 1..R/2.",
     "collapse": "The claim-2 rank over probe steps beside distinct completions per informative "
@@ -350,6 +354,9 @@ def _figures(
         "dynamics": plots_training.dynamics_figure(
             metrics_x, alarms, styles, aligned_title, xlabel
         ),
+        "gradients": plots_training.gradients_figure(
+            with_x(metric_table(runs, [*plots_training.GRADIENTS, *plots_training.GRADIENT_OVERLAYS]),
+                   runs, align, edges), styles, aligned_title, xlabel),
         "composition": plots.composition_figure(comp_table, measures, styles, title),
         "collapse": plots_collapse.collapse_figure(
             result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,

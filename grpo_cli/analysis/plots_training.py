@@ -128,3 +128,52 @@ def dynamics_figure(
         Line2D([], [], color="0.3", ls=":", lw=1.0, label="lower bound, batch p^R + (1-p)^R"),
     ]
     return grid.finish(f"{title}: training dynamics (mean over seeds, band: min-max)", handles)
+
+
+# metrics.csv's gradient statistics (probe steps; docs/results.md "Gradient statistics")
+GRADIENTS = {
+    "grad_norm_rollout_median": "per-rollout gradient norm, median",
+    "grad_norm_rollout_cv": "per-rollout norm, coefficient of variation",
+    "grad_norm_batch_gram": "batch gradient norm, sqrt(1'K1)",
+    "grad_snr": "gradient SNR, N / B_simple",
+    "grad_noise_scale": "noise scale B_simple (rollouts)",
+    "grad_noise_scale_groups": "noise scale B_simple (prompts)",
+}
+# drawn over grad_norm_batch_gram: the trainer's own norm; marked: steps flagged as disagreeing
+GRADIENT_OVERLAYS = ("grad_norm_probed", "grad_norm_mismatch")
+
+
+def gradients_figure(metrics_x: pd.DataFrame, styles: Styles, title: str, xlabel: str) -> Figure:
+    """The per-rollout Gram's gradient statistics vs step/progress (`metrics_x`: GRADIENTS and
+    GRADIENT_OVERLAYS rows); the trainer's norm dashed over the Gram's, steps where they disagree
+    beyond round-off marked x."""
+    if metrics_x.empty or not metrics_x["metric"].isin(list(GRADIENTS)).any():
+        return empty_figure(f"{title}: gradient statistics",
+                            "no gradient statistics in metrics.csv (no per-rollout matrix probed)")
+    data = curves(metrics_x, ["metric"])
+    grid = new_figure(3, 2, width=5.2, height=3.4)
+    for ax, (metric, ylabel) in zip([a for row in grid.axes for a in row], GRADIENTS.items(), strict=True):
+        panel = data[data["metric"] == metric]
+        ax.set_title(metric, fontsize=10)
+        if panel.empty:
+            no_data(ax, f"no {metric} values in metrics.csv")
+            continue
+        for (size, variant), curve in panel.groupby(["group_size", "variant"]):
+            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+        if metric == "grad_norm_batch_gram":
+            for (size, _), curve in data[data["metric"] == "grad_norm_probed"].groupby(["group_size", "variant"]):
+                ax.plot(curve["x"], curve["mean"], color=r_color(size), ls="--", lw=1.0, alpha=0.8)
+            flagged = metrics_x[(metrics_x["metric"] == "grad_norm_mismatch") & (metrics_x["value"] > 0)]
+            at = panel.drop_duplicates("x").set_index("x")["mean"]
+            xs = [x for x in flagged["x"].unique() if x in at.index]
+            ax.plot(xs, at.loc[xs].to_numpy(), "x", color="red", ms=8, ls="none")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles = styles.legend_handles(data["group_size"].unique())
+    handles += [
+        Line2D([], [], color="0.3", ls="--", lw=1.0, label="trainer's norm over the probed parameters"),
+        Line2D([], [], color="red", marker="x", ls="none", label="norms disagree (grad_norm_mismatch)"),
+    ]
+    return grid.finish(f"{title}: gradient statistics from the per-rollout Gram "
+                       "(mean over seeds, band: min-max)", handles)

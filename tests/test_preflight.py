@@ -124,3 +124,15 @@ def test_memory_estimate_is_the_documented_lower_bound():
 def test_no_warm_start_problems_for_a_warm_start_is_a_config_error(tmp_path):
     refused_early(tmp_path, "task.warm_start_size=0", exit_code=2,
                   message="task.warm_start_size=0: must be >= 1 with model.warm_start.steps > 0")
+
+
+def test_random_weights_are_sized_from_their_config_alone(tmp_path):
+    """paper_rehearsal's Nemotron-Mini-4B: parameters counted on the meta device (its MLP has two
+    matrices, so a Llama-shaped count would say 5.1B), no weight written or drawn."""
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.train.preflight import shape_before_loading
+
+    cfg = compose_config(["experiment=paper_rehearsal", f"cache_dir={tmp_path}"])
+    shape = shape_before_loading(cfg, log=lambda line: None)
+    assert 4.1e9 < shape.parameters < 4.3e9 and shape.max_positions == 4096
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".safetensors", ".bin")]

@@ -3,9 +3,9 @@ built or warm-started: enough records, prompts that fit the model's positions, a
 
 Each refusal is one line naming the key, or the file and line: a ConfigError (exit 2) when a
 setting is the cause, an InputError (exit 1) when the data are. The shape comes from the config
-(char_llama) or a local model directory's config.json and tokenizer, never from weights; for a
-hub id, a GGUF package or random weights it is read from the loaded model instead
-(`check_loaded`), which is still before the warm start, the trainer and the first rollout.
+(char_llama) or a model directory's config.json and tokenizer, never from weights; for a hub id
+or a GGUF file not yet converted it is read from the loaded model instead (`check_loaded`),
+which is still before the warm start, the trainer and the first rollout.
 
 The memory estimate is a lower bound, so a refusal is never a false alarm: it counts only what
 one step cannot do without, and refuses when that alone exceeds the memory free now.
@@ -47,10 +47,14 @@ class ModelShape:
     max_positions: int | None  # None: the config does not say
     tied_embeddings: bool
     positions_key: str  # the setting or file that sets max_positions, for messages
+    counted_parameters: int | None = None  # counted on the meta device, where the config builds
 
     @property
     def parameters(self) -> int:
-        """Dense decoder parameter count (attention, gated MLP, embeddings; norms left out)."""
+        """Parameters counted from the config's model on the meta device (no memory), else a
+        Llama-shaped count (attention, gated MLP, embeddings; norms left out)."""
+        if self.counted_parameters is not None:
+            return self.counted_parameters
         h, kv = self.hidden_size, self.kv_dim
         per_layer = h * (2 * h + 2 * kv) + 3 * h * self.intermediate_size
         embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
@@ -73,16 +77,38 @@ class ModelShape:
             max_positions=getattr(text, "max_position_embeddings", None),
             tied_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
             positions_key=f"max_position_embeddings of {where}",
+            counted_parameters=_meta_parameter_count(config),
         )
 
 
-def shape_before_loading(cfg) -> ModelShape | None:
-    """The model's shape without its weights: char_llama from the config, a local HF directory
-    from its config.json and tokenizer; None where only loading tells (hub ids, GGUF packages,
-    random weights) or the directory cannot be read (the loader then names the problem)."""
-    model = cfg.model
-    if model.weights != "pretrained":
+def _meta_parameter_count(config) -> int | None:
+    """The parameters of the model `config` describes, built on the meta device (shapes only)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build: the Llama count
         return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def shape_before_loading(cfg, log=print) -> ModelShape | None:
+    """The model's shape without its weights: char_llama from the config; a local HF directory,
+    random weights' config-and-tokenizer directory (models/random_init.py, no weights) and an
+    already converted GGUF file from their config.json and tokenizer. None where only loading
+    tells (a hub id, a GGUF file not yet converted) or the files cannot be read (the loader then
+    names the problem)."""
+    model = cfg.model
+    if model.weights == "random":
+        from grpo_cli.models.loading import ModelLoadError
+        from grpo_cli.models.random_init import materialize_random_dir
+
+        try:
+            return _hf_shape(str(materialize_random_dir(model, cfg.cache_dir, log)))
+        except ModelLoadError:
+            return None
     if model.source == "char_llama":
         from grpo_cli.models.char_tokenizer import build_char_tokenizer
 
@@ -91,15 +117,27 @@ def shape_before_loading(cfg) -> ModelShape | None:
                           model.hidden_size, model.intermediate_size, model.max_positions,
                           tied_embeddings=False, positions_key="model.max_positions")
     if model.source == "hf" and model.path and Path(model.path).expanduser().is_dir():
-        from transformers import AutoConfig, AutoTokenizer
+        return _hf_shape(model.path)
+    if model.source == "gguf_package" and model.package:
+        from grpo_cli.models.loading import ModelLoadError, find_packaged_gguf, gguf_cache_key
 
         try:
-            config = AutoConfig.from_pretrained(model.path)
-            tokenizer = AutoTokenizer.from_pretrained(model.path)
-        except (OSError, ValueError, ImportError):
+            converted = Path(cfg.cache_dir) / "gguf" / gguf_cache_key(find_packaged_gguf(model.package, model.path))
+        except ModelLoadError:
             return None
-        return ModelShape.from_hf_config(config, tokenizer, f"{model.path}/config.json")
+        return _hf_shape(str(converted)) if (converted / "config.json").is_file() else None
     return None
+
+
+def _hf_shape(directory: str) -> ModelShape | None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, ImportError):
+        return None
+    return ModelShape.from_hf_config(config, tokenizer, f"{directory}/config.json")
 
 
 def check_record_counts(cfg, task) -> None:
@@ -229,7 +267,7 @@ def check_memory(cfg, shape: ModelShape, prompt_tokens: int, device) -> None:
     )
 
 
-def check_before_building(cfg, task, device) -> bool:
+def check_before_building(cfg, task, device, log=print) -> bool:
     """Every check that needs no weights; False when the shape checks must wait for the loaded
     model (`check_loaded`)."""
     check_record_counts(cfg, task)
@@ -237,7 +275,7 @@ def check_before_building(cfg, task, device) -> bool:
         from grpo_cli.models.policy import check_model_dir
 
         check_model_dir(cfg.model.path)  # an empty directory: not "install sentencepiece"
-    shape = shape_before_loading(cfg)
+    shape = shape_before_loading(cfg, log)
     if shape is None:
         return False
     check_memory(cfg, shape, check_prompt_lengths(cfg, task, shape), device)

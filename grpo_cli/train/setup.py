@@ -109,7 +109,7 @@ def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task)
-    checked = check_before_building(cfg, task, device)  # counts, prompt lengths, memory: no weights yet
+    checked = check_before_building(cfg, task, device, log)  # counts, prompt lengths, memory: no weights yet
     loaded = load_policy(cfg, task, device, log=log)
     if not checked:  # a shape that only the loaded model tells
         check_loaded(cfg, task, loaded, device)

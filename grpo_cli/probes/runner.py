@@ -32,13 +32,7 @@ from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError, InputError
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import (
-    GRAD_NORM_SUMMARY,
     RANK_MEASURES,
-    batch_gradient_norm,
-    gradient_snr,
-    noise_scale,
-    norm_summary,
-    norms_disagree,
     predicted_coherence,
     predicted_rank_measures,
     top1_energy_share,
@@ -55,6 +49,12 @@ from grpo_cli.probes.fused import (
     TrainingPassFactors,
     score_blocks_from_advantage,
     score_groups_to_recompute,
+)
+from grpo_cli.probes.gradient_stats import (
+    gradient_metrics,
+    layer_squares,
+    mismatch_message,
+    rollout_rows,
 )
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
@@ -79,7 +79,6 @@ CHANGED_COLUMNS = ("changed_frac", "changed_frac_master", "changed_frac_bf16")
 # advantages and mean score cosine (grpo_cli/measures.py: predicted_coherence), that cosine
 CANCELLATION_COLUMNS = ("coherence", "pred_coherence", "score_cosine")
 FUSED_GRAM = ("auto", "always", "never")  # probes.fused_gram
-LAYER_BLOCK = re.compile(r"(.*\blayers\.\d+)\.")  # a transformer block's parameters: one layer of grad_norms.csv
 KNOWN_MATRICES = PER_ROLLOUT_MATRICES + ("layer", "update", "grad_sum")
 
 
@@ -295,9 +294,7 @@ class ProbeSuite:
         grams = output.rollout_grams or self.rollout_grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
-        self._gradient_statistics(step, full, nonzero, output, rows)
-        if grams.get("param_diagonals") is not None:
-            self._layer_norms(step, grams["param_diagonals"], output, rows)
+        self._gradient_statistics(step, grams, nonzero, output, rows)
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
                       coherence=coherence(full), n_nonzero_rows=int(nonzero.sum()))
@@ -317,62 +314,26 @@ class ProbeSuite:
         if "score_group" in self.matrices:
             self._groups(step, "score_group", score_blocks, output, rows, None, inverses)
 
-    def _gradient_statistics(self, step: int, full: torch.Tensor, nonzero: torch.Tensor,
+    def _gradient_statistics(self, step: int, grams: dict, nonzero: torch.Tensor,
                              output: ProbedStep, rows: ProbeRows) -> None:
-        """The gradient columns of metrics.csv and the rows of grad_norms.csv, from K_adv [N, N]
-        alone (grpo_cli/measures.py; docs/results.md). The rows g_i carry the loss's weights, so
-        their plain sum is the batch gradient over the probed parameters; the trainer's own norm
-        of it (read before the update) is compared where the trainer says the two are equal
+        """The gradient columns of metrics.csv and the rows of grad_norms.csv, from K_adv and its
+        per-parameter diagonals alone (grpo_cli/probes/gradient_stats.py). The trainer's norm
+        (read before the update) is compared where the trainer says it is the rows' sum
         (`ProbedStep.row_sum_rtol`) and K is exact (not sketched)."""
-        gram = full.detach().cpu().double().numpy()  # [N, N]
-        size = output.batch.group_size
-        norms = [float(x) for x in gram.diagonal().clip(min=0.0) ** 0.5]  # [N]
-        summary = norm_summary([x for x, keep in zip(norms, nonzero.tolist(), strict=True) if keep])
-        batch_norm = batch_gradient_norm(gram)
+        full = grams["advantage"]  # [N, N]
         probed, self._probed_grad_norm = float(self._probed_grad_norm), math.nan
         rtol = None if self.cfg.gram_method == "sketch" else output.row_sum_rtol
-        mismatch = math.nan if rtol is None else float(norms_disagree(batch_norm, probed, rtol))
-        if mismatch == 1.0:
-            warnings.warn(
-                f"step {step}: the gradient norm over the probed parameters is {probed:.6g} by the "
-                f"trainer but {batch_norm:.6g} from the per-rollout Gram (ratio {probed / batch_norm:.4g}, "
-                f"tolerance {rtol:g}): a partial norm (one shard's of a sharded model) or a gradient "
-                "the rows do not add up to", stacklevel=2)
-        rows.metrics.update({f"grad_norm_rollout_{name}": summary[name] for name in GRAD_NORM_SUMMARY})
-        rows.metrics.update({
-            "grad_norm_batch_gram": batch_norm,
-            "grad_norm_probed": probed,
-            "grad_norm_mismatch": mismatch,
-            "grad_noise_scale": noise_scale(gram),
-            "grad_noise_scale_groups": noise_scale(group_sum_gram(full, size).cpu().double().numpy()),
-            "grad_snr": gradient_snr(gram),
-        })
-        per_rollout = per_rollout_advantage(output.advantages, output.batch.completion_mask)  # [N] | None
-        advantages = [math.nan] * len(norms) if per_rollout is None else per_rollout.tolist()
-        rewards = output.scored.rewards.tolist()
-        rows.grad_norms.extend(
-            {"step": step, "layer": "all", "rollout": i, "group": i // size, "reward": rewards[i],
-             "advantage": advantages[i], "grad_norm": norm}
-            for i, norm in enumerate(norms)
-        )
-
-    def _layer_norms(self, step: int, diagonals: torch.Tensor, output: ProbedStep, rows: ProbeRows) -> None:
-        """grad_norms.csv rows per probed layer: ||g_i|| over one transformer block's probed
-        parameters (`...layers.<k>`), or over one parameter outside the blocks (embeddings,
-        lm_head, final norm): sqrt of the sum of their K_adv diagonals (diagonals [P, N])."""
         size = output.batch.group_size
-        layers: dict[str, torch.Tensor] = {}
-        for name, diagonal in zip(self.gram_params, diagonals.double().cpu(), strict=True):
-            block = LAYER_BLOCK.match(name)
-            key = block.group(1) if block else name
-            layers[key] = layers[key] + diagonal if key in layers else diagonal.clone()
-        for layer, squares in layers.items():
-            rows.grad_norms.extend(
-                {"step": step, "layer": layer, "rollout": i, "group": i // size,
-                 "reward": row["reward"], "advantage": row["advantage"], "grad_norm": norm}
-                for i, (norm, row) in enumerate(zip(squares.clamp(min=0).sqrt().tolist(),
-                                                    rows.grad_norms[: len(squares)], strict=True))
-            )
+        metrics = gradient_metrics(full, nonzero, size, probed, rtol)
+        if metrics["grad_norm_mismatch"] == 1.0:
+            warnings.warn(mismatch_message(step, metrics, rtol), stacklevel=2)
+        rows.metrics.update(metrics)
+        squares = {"all": full.detach().double().diagonal().cpu()}
+        if grams.get("param_diagonals") is not None:  # [P, N]
+            squares.update(layer_squares(list(self.gram_params), grams["param_diagonals"]))
+        per_rollout = per_rollout_advantage(output.advantages, output.batch.completion_mask)  # [N] | None
+        rows.grad_norms.extend(rollout_rows(step, squares, size, output.scored.rewards.tolist(),
+                                            None if per_rollout is None else per_rollout.tolist()))
 
     def param_diagonals(self, diagonals: dict[str, torch.Tensor], num_rows: int, device) -> torch.Tensor:
         """{name: K_adv's diagonal over that parameter [N]} as [P, N], rows in gram_params order

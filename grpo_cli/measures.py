@@ -1,4 +1,5 @@
-"""Effective-rank measures of a spectrum, their names, and their closed-form group predictions.
+"""Effective-rank measures of a spectrum, their names, and their closed-form group predictions;
+and the gradient statistics of a per-rollout Gram (norms, noise scale, SNR: the last section).
 
 The one owner of these facts (numpy only, no torch): the probes wrap it for tensors
 (grpo_cli/probes/rank_measures.py) and write its values to ranks.csv; results and analysis import

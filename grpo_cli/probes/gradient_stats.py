@@ -24,6 +24,7 @@ from grpo_cli.measures import (
     noise_scale,
     norm_summary,
     norms_disagree,
+    rollout_gradient_norms,
 )
 from grpo_cli.probes.gram import group_sum_gram
 
@@ -39,8 +40,7 @@ def gradient_metrics(
 ) -> dict[str, float]:
     """The gradient columns of metrics.csv (grpo_cli/results/writer.py METRIC_COLUMNS)."""
     k = gram.detach().cpu().double()  # [N, N]
-    norms = k.diagonal().clamp(min=0).sqrt()[informative.cpu()].tolist()
-    summary = norm_summary(norms)
+    summary = norm_summary(rollout_gradient_norms(k.numpy())[informative.cpu().numpy()])
     batch_norm = batch_gradient_norm(k.numpy())
     mismatch = math.nan if rtol is None else float(norms_disagree(batch_norm, trainer_norm, rtol))
     return {

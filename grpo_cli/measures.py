@@ -294,7 +294,8 @@ def norm_summary(norms) -> dict[str, float]:
 
 def gradient_noise(gram, row_weights=None) -> tuple[float, float]:
     """(|G|^2, tr Sigma), unbiased from N per-example gradients (McCandlish et al. 2018, "An
-    Empirical Model of Large-Batch Training", App. A), the examples x_i = N w_i g_i whose mean is
+    Empirical Model of Large-Batch Training", App. A's two-batch estimators with B_small = 1 and
+    B_big = N), the examples x_i = N w_i g_i whose mean is
     the batch gradient sum_i w_i g_i. With K' = diag(w) K diag(w):
 
         tr Sigma = N (N tr K' - 1^T K' 1) / (N - 1)     (sample variance of the x_i, summed)
@@ -316,7 +317,7 @@ def gradient_noise(gram, row_weights=None) -> tuple[float, float]:
 
 
 def noise_scale(gram, row_weights=None) -> float:
-    """B_simple = tr Sigma / |G|^2 (McCandlish et al. 2018, eq. 2.9), in examples (rows of K):
+    """B_simple = tr Sigma / |G|^2 (McCandlish et al. 2018), in examples (rows of K):
     the batch size at which the batch gradient's noise equals its signal. NaN where the
     unbiased |G|^2 is not positive (signal not resolved at this batch) or N < 2.
 

@@ -73,11 +73,19 @@ def summary(report: dict) -> dict[str, str]:
     return {name: versions[name] for name in SHOWN if name in versions}
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """--summary FILE, then pip's own arguments as they are (`-e .[dev]` included)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", type=Path, help="write the shown versions here as JSON")
-    parser.add_argument("requirements", nargs="+")
-    args = parser.parse_args()
+    parser.add_argument("requirements", nargs=argparse.REMAINDER, help="pip install arguments (-e PATH included)")
+    args = parser.parse_args(argv)
+    if not args.requirements:
+        parser.error("give the requirements to resolve")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     report = resolve(args.requirements)
     unmet = unmet_requirements(report)
     shown = summary(report)

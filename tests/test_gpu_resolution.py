@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from check_gpu_resolution import summary, unmet_requirements  # noqa: E402
+from check_gpu_resolution import parse_args, summary, unmet_requirements  # noqa: E402
 
 ENVIRONMENT = {"python_version": "3.11", "sys_platform": "linux", "platform_machine": "x86_64",
                "platform_system": "Linux", "implementation_name": "cpython",
@@ -52,3 +52,15 @@ def test_a_missing_requirement_and_a_requested_extra_are_caught():
         "vllm 0.33.0 requires torch, which is not in the resolution",
         "grpo-cli 0.1.0 requires torch, which is not in the resolution",
         "grpo-cli 0.1.0 requires pytest, which is not in the resolution"]
+
+
+def test_the_makefile_targets_arguments_reach_pip_as_they_are():
+    """`make check-gpu-resolution` passes the set-up's own pip arguments, `-e .[...]` included."""
+    import re
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    line = re.search(r"scripts/check_gpu_resolution.py (.+)", makefile).group(1)
+    arguments = [a.strip('"').replace("$(VLLM_GPU)", "vllm==0.33.0") for a in line.split()]
+    args = parse_args(["--summary", "out.json", *arguments])
+    assert args.requirements == ["vllm==0.33.0", "-e", ".[dev,trackers]"]
+    assert str(args.summary) == "out.json"

@@ -67,21 +67,25 @@ def test_same_rows_leave_out_zero_variance_groups_and_one_step_problems(runs):
 
 def test_comparison_puts_outcome_rank_slope_and_difference_on_each_matrix(runs):
     table = credit_compare.comparison_table(runs, ["erank_entropy"], last_fraction=0.25)
-    rows = {(r["matrix"], r["measure"], r["per-token"]): r for r in table.to_dict("records")}
-    group = rows[("rollout_group", "erank_entropy", "ppo")]
+    rows = {(r["matrix"], r["measure"], r["per-token"], r["rows"]): r
+            for r in table.to_dict("records")}
+    group = rows[("rollout_group", "erank_entropy", "ppo", "informative groups")]
     assert group["outcome rank"] == "R=4: 2.20, R=8: 2.30"
     assert group["outcome slope"] == pytest.approx(0.1)  # +0.1 from R=4 to R=8, one doubling
     assert group["difference"] == "R=4: +0.50, R=8: +0.50"
     assert group["reading"].startswith("per group")
-    # process against grpo on the same kind of groups: multi-step problems on both sides
-    process = rows[("rollout_group", "erank_entropy", "process")]
+    # every per-token estimator also on multi-step problems, on both sides (claim 4's rows):
+    # grpo's g0 is a one-step problem, ppo's g2 a zero-variance group
+    assert rows[("rollout_group", "erank_entropy", "ppo", "multi-step problems")][
+        "mean difference"] == pytest.approx(0.3)
+    process = rows[("rollout_group", "erank_entropy", "process", "multi-step problems")]
     assert process["mean difference"] == pytest.approx(0.6)
     assert process["reading"].endswith("multi-step problems")
     # on the batch matrix ppo reads +3 (R=4) and +6 (R=8) from its extra rows, but per
     # non-zero row it is lower: (9/24 - 6/12) * R/4
-    batch = rows[("rollout_batch", "erank_entropy", "ppo")]
+    batch = rows[("rollout_batch", "erank_entropy", "ppo", "all")]
     assert batch["difference"] == "R=4: +3.00, R=8: +6.00"
-    per_row = rows[("rollout_batch", "erank_entropy per non-zero row", "ppo")]
+    per_row = rows[("rollout_batch", "erank_entropy per non-zero row", "ppo", "all")]
     assert per_row["difference"] == "R=4: -0.12, R=8: -0.25"
     assert per_row["mean difference"] == pytest.approx(-0.1875)
     assert {r["outcome"] for r in rows.values()} == {"grpo"}
@@ -96,7 +100,9 @@ def test_analyze_shows_the_table_in_the_claims_section(runs, tmp_path):
     from grpo_cli.analysis.pipeline import analyze
 
     result = analyze([tmp_path / "sweep"], measure="erank_entropy", figures=False)
-    assert len(result.credit_comparison) == 2 * 3  # (grpo vs ppo, process) x 3 matrix readings
+    # (grpo vs ppo, process) x (rollout_group: informative, multi-step; rollout_batch: whole,
+    # per non-zero row)
+    assert len(result.credit_comparison) == 2 * 4
     summary = result.files["summary_md"].read_text()
     claims_section = summary.split("## Runs")[0]
     assert "Claim 4 on claim 2's matrices" in claims_section

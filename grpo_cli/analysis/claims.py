@@ -10,7 +10,7 @@ per R, per measure, and for claim 2 the questions 2a / 2b / 2c); each part is su
 contradicted or inconclusive from an interval (or "not judged", saying why), and
 `rules.combine` turns the parts into the claim's verdict. "not measured": the results hold no
 run the claim's rule can use (e.g. claim 4 needs an outcome and a per-token estimator side by
-side, as in `make settle`).
+side, as `make reproduce-cpu` runs them).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import trend
+from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import Part, rng_for, settle_text
 from grpo_cli.analysis.rules import (
@@ -36,8 +37,7 @@ from grpo_cli.analysis.rules import (
     combine,
     holm,
 )
-from grpo_cli.analysis.summary import verdict_rows
-from grpo_cli.analysis.tables import metric_table, progress_edges, with_x
+from grpo_cli.analysis.tables import metric_table
 
 ESTIMATOR_KEY = "algorithm.name"
 SPARSITY_METRICS = ("grad_sparsity", "grad_hoyer")
@@ -348,125 +348,10 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------
-def _binned_runs(table: pd.DataFrame, variant: str, size: int, common: list) -> list[dict]:
-    """Per run of `variant` at R=`size`: {bin centre: the values of its steps in that bin}."""
-    rows = table[(table["variant"] == variant) & (table["group_size"] == size)
-                 & table["x"].isin(common)]
-    return [
-        {x: r["value"].to_numpy(float) for x, r in run_rows.groupby("x")}
-        for _, run_rows in rows.groupby("run_id")
-    ]
-
-
-def _run_values(runs: list[dict], common: list) -> np.ndarray:
-    """Per run: the mean over the common bins it reaches of its mean in each bin [runs]."""
-    return np.array([np.mean([run[c].mean() for c in common if c in run]) for run in runs
-                     if any(c in run for c in common)])
-
-
-def binned_interval(runs: list[dict], common: list, rules: Rules, rng
-                    ) -> tuple[bs.Interval, np.ndarray]:
-    """Mean over runs of each run's mean over the common bins, with its seed-level t-interval
-    (a rank is >= 0), and the per-run values (the independent units)."""
-    values = _run_values(runs, common) if common else np.empty(0)
-    iv = bs.mean_interval(values, rules.confidence, rng, rules.resamples, (0.0, math.inf))
-    return iv, values
-
-
-def falsifier_claim(
-    runs: list[Run], ranks: pd.DataFrame, rules: Rules, progress_bins: int
-) -> Claim:
-    """`ranks`: tables.rank_table; compared within `progress_bins` training-reward bins."""
-    estimators = _estimators(runs)
-    outcome = zero_sum_variants(runs)
-    per_token = [v for v, f in _facts(runs).items() if f["credit"] == "per_token"]
-    if not outcome or not per_token:
-        return Claim(
-            4,
-            NOT_MEASURED,
-            "the results do not hold both an outcome estimator (grpo, dr_grpo, rloo) and a "
-            "per-token one (ppo, process); run `make settle` for the comparison",
-            pd.DataFrame(),
-        )
-    table = verdict_rows(ranks) if not ranks.empty else ranks
-    if not table.empty:
-        table = table[
-            (table["matrix"] == rules.falsifier_matrix) & (table["measure"] == rules.rank_measure)
-        ]
-        table = with_x(table, runs, "reward", progress_edges(runs, "reward", progress_bins))
-    table = table.groupby(["variant", "group_size", "run_id", "step", "x"], as_index=False)[
-        "value"].mean() if not table.empty else table
-    bins = table.groupby(["variant", "group_size"])["x"].apply(set).to_dict() if len(table) else {}
-    target, margin = rules.target, rules.margin
-    rows, parts = [], []
-    for base in sorted(outcome):
-        for other in sorted(per_token):
-            sizes = sorted({int(r) for (v, r) in bins if v in (base, other)})
-            for size in sizes:
-                common = sorted(bins.get((base, size), set()) & bins.get((other, size), set()))
-                name = (f"{_label(other, estimators[other])} vs {_label(base, estimators[base])}"
-                        f" at R={size}")
-                row = {"outcome": _label(base, estimators[base]),
-                       "per-token": _label(other, estimators[other]), "R": size,
-                       "common reward bins": len(common)}
-                if not common:
-                    missing = [_label(v, estimators[v]) for v in (base, other)
-                               if (v, size) not in bins]
-                    why = (f"no {' or '.join(missing)} run at R={size}" if missing
-                           else "no common reward bin")
-                    rows.append(row | {"verdict": NOT_JUDGED})
-                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
-                    continue
-                rng = rng_for(rules, base, other, size)
-                a, units_a = binned_interval(_binned_runs(table, base, size, common), common,
-                                             rules, rng)
-                b, units_b = binned_interval(_binned_runs(table, other, size, common), common,
-                                             rules, rng)
-                n = min(a.n, b.n)
-                # two variants' runs are independent: Welch's interval of the difference
-                diff = bs.welch_interval([units_b, units_a], [1.0, -1.0], rules.confidence,
-                                         rng, rules.resamples)
-                verdict = rules.well_above((diff.low, diff.high), (b.low, b.high))
-                flip = math.nan
-                if diff.replicates.size and b.replicates.size:
-                    above = (diff.replicates >= margin) & (b.replicates >= target + margin)
-                    point = diff.estimate >= margin and b.estimate >= target + margin
-                    flip = float(np.mean(above != point))
-                seeds = None
-                if verdict == INCONCLUSIVE:
-                    needs = [x for x in (bs.seeds_to_settle(diff, [margin], rules.confidence),
-                                         bs.seeds_to_settle(b, [target + margin], rules.confidence))
-                             if x]
-                    seeds = max(needs) if needs else None
-                below = [what for what, iv, bound in (
-                    (f"the difference is wholly below {margin:g}", diff, margin),
-                    (f"the per-token rank is wholly below {target + margin:g}", b,
-                     target + margin)) if iv.high < bound]
-                decided = {
-                    SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
-                    CONTRADICTED: " and ".join(below),
-                    INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or "
-                                  f"{target + margin:g} (per-token rank)",
-                    NOT_JUDGED: "no interval of the difference (a variant has one seed)",
-                }[verdict]
-                sentence = (f"{name}: {verdict}; per-token {b.text(2)} vs outcome {a.text(2)}, "
-                            f"difference {diff.text(2, sign=True)}: {decided}"
-                            + settle_text(verdict, flip, seeds, n) + ".")
-                rows.append(row | {"outcome rank": a.text(2), "per-token rank": b.text(2),
-                                   "difference": diff.estimate, "difference low": diff.low,
-                                   "difference high": diff.high, "verdict": verdict,
-                                   "flip": flip})
-                parts.append(Part("4", name, verdict, sentence, flip, seeds))
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return Claim(
-            4,
-            NOT_JUDGED,
-            f"no {rules.falsifier_matrix} / {rules.rank_measure} ranks for these estimators",
-            frame,
-        )
-    evidence = " ".join(p.sentence for p in parts)
-    return Claim(4, combine(p.verdict for p in parts), evidence, frame, parts=parts)
+def falsifier_claim(runs: list[Run], rules: Rules) -> Claim:
+    """Claim 4 on claim 2's matrix and rows, the batch matrix beside it (analysis/falsifier.py)."""
+    verdict, evidence, table, parts = falsifier_reading(runs, rules)
+    return Claim(4, verdict, evidence, table, parts=parts)
 
 
 def judge_claims(
@@ -477,12 +362,13 @@ def judge_claims(
     rules: Rules,
     progress_bins: int,
 ) -> list[Claim]:
-    """The four claims, in order, each with its rule text filled in."""
+    """The four claims, in order, each with its rule text filled in. `ranks` and `progress_bins`
+    are no longer read (claim 4 reads each run's ranks.csv on the same rows since issue 46)."""
     claims = [
         credit_claim(runs, rules),
         rank_claim(runs, verdicts, matched, rules),
         sparsity_claim(runs, rules),
-        falsifier_claim(runs, ranks, rules, progress_bins),
+        falsifier_claim(runs, rules),
     ]
     for claim in claims:
         claim.rule = rules.text(claim.number)

@@ -9,9 +9,10 @@ same footing:
 
 - `rollout_group`, `score_group`: the per-group rows (ranks.csv group g<b>) of informative groups
   only (minority >= 1: the rewards differ), for every estimator, so outcome and per-token
-  estimators are read on the same kind of group; `process` against the outcome estimators on
-  problems with at least two checked steps only, on both sides (ranks.csv `problem_steps` >= 2:
-  one-step problems give uniform credit anyway).
+  estimators are read on the same kind of group; and of those, for every estimator alike, the
+  problems with at least two checked steps (ranks.csv `problem_steps` >= 2: there a step-reward
+  estimator such as process gives uniform credit on one-step problems). Claim 4 decides on the
+  second where it is recorded (`deciding_stat`; analysis/falsifier.py).
 - `rollout_batch`, `group_batch`: the whole matrix, and its rank per non-zero row (rank /
   `n_nonzero_rows`), which does not grow just because more rows are non-zero.
 - `layer`: the mean over layers (the layer stable rank, the one measure that reads "~2 whatever R").
@@ -49,16 +50,24 @@ READINGS = {  # which reading of the paper a matrix covers
 INFORMATIVE, MULTI_STEP, WHOLE_MATRIX = "informative groups", "multi-step problems", "all"
 
 
-def _group_selections(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def group_selections(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per-group rows of groups whose rewards differ (`INFORMATIVE`), and of those the groups
-    whose problem has at least MIN_CHECKED_STEPS checked steps (`MULTI_STEP`, where process's
-    credit can differ from uniform; absent without `problem_steps`)."""
+    whose problem has at least MIN_CHECKED_STEPS checked steps (`MULTI_STEP`, where a
+    step-reward estimator's credit can differ from uniform; absent without `problem_steps`)."""
     if "minority" in rows:
         rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
     out = {INFORMATIVE: rows}
-    if "problem_steps" in rows:
+    if "problem_steps" in rows and rows["problem_steps"].notna().any():
         out[MULTI_STEP] = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= MIN_CHECKED_STEPS]
     return out
+
+
+def deciding_stat(available: set[str]) -> str:
+    """The per-group rows claim 4 compares on, the same for every estimator (never chosen by
+    name): multi-step problems where both sides record checked steps (on a one-step problem a
+    step-reward estimator gives uniform credit, so per-token credit cannot show there), else
+    informative groups."""
+    return MULTI_STEP if MULTI_STEP in available else INFORMATIVE
 
 
 def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
@@ -79,7 +88,7 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             rows = numeric[numeric["matrix"] == matrix]
             if matrix in PER_GROUP:
                 selections = {stat: picked.groupby("step", as_index=False)[have].mean()
-                              for stat, picked in _group_selections(
+                              for stat, picked in group_selections(
                                   rows[rows["group"].str.startswith("g")]).items()}
             elif matrix in WHOLE:
                 rows = rows[rows["group"].isin(["all", ""])]
@@ -133,11 +142,8 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
         judged = judged_group_sizes(base, target)
         slope = slope_per_doubling(judged, [base[r] for r in judged])
         for other in per_token:
-            # process against the outcome estimator on multi-step problems, the rest on
-            # informative groups (per-group matrices); whole matrices as they are
-            wanted = MULTI_STEP if facts[other]["name"] == "process" else INFORMATIVE
-            if stat not in (wanted, WHOLE_MATRIX):
-                continue
+            # every selection on per-group matrices (claim 4 decides on deciding_stat's);
+            # whole matrices as they are
             theirs = means.get((other, matrix, stat, measure), {})
             common = sorted(set(base) & set(theirs))
             difference = {r: theirs[r] - base[r] for r in common}
@@ -146,6 +152,7 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
                 "reading": READINGS.get(matrix, matrix)
                 + (" (rank / non-zero rows)" if measure.endswith(PER_ROW) else "")
                 + (f"; {stat}" if stat != WHOLE_MATRIX else ""),
+                "rows": stat,  # INFORMATIVE, MULTI_STEP (claim 4 decides on it where recorded), all
                 "outcome": variant or estimators[variant], "per-token": other or estimators[other],
                 "outcome rank": _per_r(base), "outcome slope": slope,
                 "per-token rank": _per_r(theirs),

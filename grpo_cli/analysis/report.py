@@ -283,11 +283,14 @@ def credit_comparison_blocks(table: pd.DataFrame, measure: str) -> list[Block]:
         ("p", "Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
               "over seeds) and its slope per doubling of R (uncapped R), beside the per-token "
               "estimator's rank and the difference (per-token minus outcome) on the same matrix. "
-              "Per-group matrices use informative groups only for every estimator, and process is "
-              "compared on problems with at least two checked steps on both sides; batch matrices are also read per "
-              "non-zero row (ppo's critic gives zero-variance groups non-zero rows). ppo and "
-              "process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` compares "
-              "credit on the very same rollouts. Every measure: credit_comparison.csv."),
+              "Per-group matrices use informative groups only for every estimator (column "
+              "'rows'), and of those the problems with at least two checked steps, on both "
+              "sides and for every estimator alike: claim 4's verdict is read on these rows of "
+              "claim 2's matrix. Batch matrices are also read per non-zero row (ppo's critic "
+              "gives zero-variance groups non-zero rows); they are claim 4's side reading. ppo "
+              "and process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` "
+              "beside a grpo probe of the same checkpoint gives the very same rollouts, which "
+              "claim 4 compares group by group. Every measure: credit_comparison.csv."),
         ("table", table),
     ]
 

@@ -36,7 +36,7 @@ HAMED_RAO_MIN_POINTS = 10  # claim 3: autocorrelation is estimated (and correcte
 MAX_SEEDS_ADVICE = 1000  # "about N seeds would settle it" is not computed beyond this
 DISTINCT_FALL = 0.1  # collapse warning: distinct completions fall by >= 10% (relative) early -> late
 MATCH_COMMON_SHARE = 0.9  # matching "reweights only": every R has >= 90% of probe steps in common bins
-MIN_CHECKED_STEPS = 2  # claim 4, process: only problems with >= 2 checked steps (else uniform credit)
+MIN_CHECKED_STEPS = 2  # claim 4: only problems with >= 2 checked steps (else step credit is uniform)
 
 
 def capped_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:
@@ -115,7 +115,7 @@ class Rules:
     seed: int = BOOTSTRAP_SEED  # the draws' RNG seed
     rank_matrix: str = "rollout_group"  # claim 2's headline matrix ...
     rank_measure: str = "erank_entropy"  # ... and measure (also claim 4's measure)
-    falsifier_matrix: str = "rollout_batch"  # claim 4's matrix (not capped at R rows)
+    falsifier_matrix: str = "rollout_batch"  # claim 4's side reading (claim 4 decides on rank_matrix)
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1:
@@ -244,12 +244,23 @@ class Rules:
                 "the step (descriptive: the trend it leaves, Holm over the parts)."
             )
         return (
-            f"{self.falsifier_matrix} / {self.rank_measure} at matched training reward: per R, "
-            "the rank is averaged within training-reward bins (first within a run, then over "
-            "seeds), then over the bins that both the outcome variant (grpo, dr_grpo, rloo) and "
-            "the per-token variant (ppo, process) reach. Supported iff the intervals of "
-            f"per-token minus outcome and of the per-token rank lie above {self.margin:g} and "
-            f"{target} + {self.margin:g}; contradicted iff either lies below. "
-            f"{self.falsifier_matrix} is used because a group matrix has only R rows, so at "
-            f"R = 2 no estimator can raise its rank above 2. " + self.interval_text()
+            f"Decided on claim 2's own matrix, {self.rank_matrix} / {self.rank_measure}, with "
+            "the same rows on both sides: informative groups only (the rewards differ), and "
+            f"where ranks.csv records checked steps only problems with >= {MIN_CHECKED_STEPS} "
+            "of them, for every estimator alike (a step-reward estimator gives a one-step "
+            "problem uniform credit). This is the matrix the paper's zero-sum argument is "
+            "about, and on the same rows a higher rank can only come from different credit. "
+            f"Per run, the mean over its last {self.last_fraction:.0%} of probe steps; per R, "
+            "the mean over seeds. Per pair of an outcome variant (zero-sum outcome credit: "
+            "grpo, dr_grpo, rloo) and a per-token variant (ppo, process, otb) at each R > "
+            f"{target} (R <= {target} is capped: a group of R rows has rank <= R): supported iff "
+            f"the intervals of per-token minus outcome and of the per-token rank lie above "
+            f"{self.margin:g} and {target} + {self.margin:g}; contradicted iff either lies "
+            "below. Where `grpo probe` directories of both estimators probed the same source, "
+            "checkpoint, seed and R (the very same rollouts), their latest checkpoint is read "
+            "group by group (paired differences) and decides too. "
+            f"{self.falsifier_matrix} is a side reading, not in the verdict: an estimator "
+            "that gives zero-variance groups non-zero advantages (ppo's critic) has more "
+            "non-zero rows there, and more rows raise a rank without any per-token credit; "
+            "its rank per non-zero row is shown beside it. " + self.interval_text()
         )

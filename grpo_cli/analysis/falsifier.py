@@ -1,0 +1,272 @@
+"""Claim 4, the paper's falsifier: does per-token credit raise the rank well above 2?
+
+The deciding reading is on claim 2's own matrix (`rules.rank_matrix`, rollout_group: the R x P
+matrix of the zero-sum argument) with the same rows on both sides (analysis/credit_compare.py):
+informative groups only (the rewards differ), and, where ranks.csv records checked steps, only
+problems with >= MIN_CHECKED_STEPS of them (a step-reward estimator gives a one-step problem
+uniform credit, so those groups cannot show what per-token credit does; the restriction is the
+same for every estimator, never chosen by name). Per run the window mean over its last probe
+steps, per R the seed-level t-interval and per-token minus outcome Welch's interval: the same
+code as claim 2 (rank_verdict._per_r, bootstrap.welch_interval), so the calibration tests cover
+both. R <= target is capped (a group of R rows has rank <= R) and not judged.
+
+Where `grpo probe` directories of an outcome and a per-token estimator probed the same source
+at the same checkpoint, seed and R, they sampled the very same rollouts: those are compared
+group by group (paired differences; units the groups of one seed, or the seeds' means with
+more), and are deciding parts too.
+
+The whole-batch matrix (`rules.falsifier_matrix`, rollout_batch) is a labelled side reading,
+not in the verdict: an estimator that gives zero-variance groups non-zero advantages (ppo's
+critic) has more non-zero rows there, and more rows raise a rank without any per-token credit;
+its rank per non-zero row is shown beside it (issue 46).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis import bootstrap as bs
+from grpo_cli.analysis import credit_compare as cc
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rank_verdict import Part, _per_r, rank_bounds, rng_for, settle_text
+from grpo_cli.analysis.rules import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_JUDGED,
+    NOT_MEASURED,
+    SUPPORTED,
+    Rules,
+    combine,
+    judged_group_sizes,
+)
+from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
+from grpo_cli.analysis.summary import last_part
+
+SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
+            "advantages (ppo's critic) has more non-zero rows in the batch matrix, and more rows "
+            "raise its rank without any per-token credit; per non-zero row, and on the per-group "
+            "matrix's informative groups, those rows do not count")
+
+
+def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval,
+               rules: Rules) -> Part:
+    """One deciding part: per-token minus outcome >= margin and per-token >= target + margin
+    (Rules.well_above), with its sentence, flip probability and seeds that would settle it."""
+    target, margin = rules.target, rules.margin
+    verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high))
+    flip = math.nan
+    if diff.replicates.size and per_token.replicates.size:
+        above = (diff.replicates >= margin) & (per_token.replicates >= target + margin)
+        point = diff.estimate >= margin and per_token.estimate >= target + margin
+        flip = float(np.mean(above != point))
+    seeds = None
+    if verdict == INCONCLUSIVE:
+        needs = [x for x in (bs.seeds_to_settle(diff, [margin], rules.confidence),
+                             bs.seeds_to_settle(per_token, [target + margin], rules.confidence))
+                 if x]
+        seeds = max(needs) if needs else None
+    below = [what for what, iv, bound in (
+        (f"the difference is wholly below {margin:g}", diff, margin),
+        (f"the per-token rank is wholly below {target + margin:g}", per_token, target + margin))
+        if iv.high < bound]
+    decided = {
+        SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
+        CONTRADICTED: " and ".join(below),
+        INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or {target + margin:g} "
+                      "(per-token rank)",
+        NOT_JUDGED: "no interval of the difference (one unit on a side)",
+    }[verdict]
+    n = min(outcome.n, per_token.n)
+    sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
+                f"difference {diff.text(2, sign=True)}: {decided}"
+                + settle_text(verdict, flip, seeds, n) + ".")
+    return Part("4", name, verdict, sentence, flip, seeds)
+
+
+def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
+    """(outcome variants: zero-sum outcome credit; per-token variants; variant -> label)."""
+    facts = {run.variant: run.estimator_facts for run in runs}
+    outcome = sorted(v for v, f in facts.items() if f["zero_sum_group"] and f["credit"] == "outcome")
+    per_token = sorted(v for v, f in facts.items() if f["credit"] == "per_token")
+    return outcome, per_token, {v: v or str(f["name"]) for v, f in facts.items()}
+
+
+def _units(window: pd.DataFrame, variant: str, size: int, rules: Rules, key
+           ) -> tuple[bs.Interval, np.ndarray] | None:
+    """A variant's interval at R=`size` from its runs' window means (claim 2's code)."""
+    part = window[(window["variant"] == variant) & (window["group_size"] == size)]
+    if part.empty:
+        return None
+    per_r = _per_r(part, {}, False, rules, rng_for(rules, *key, variant),
+                   lambda r: rank_bounds(rules.rank_matrix, "mean", r))
+    return (per_r[size].interval, per_r[size].units) if size in per_r else None
+
+
+def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
+    """The same rows on both sides: multi-step problems where both record them, else
+    informative groups (credit_compare.deciding_stat)."""
+    have = [set(window.loc[(window["variant"] == v) & (window["group_size"] == size), "stat"])
+            for v in (base, other)]
+    return cc.deciding_stat(have[0] & have[1])
+
+
+def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part], list[str]]:
+    """Deciding parts from training runs (per pair of variants x judged R), the table rows, and
+    the side reading's sentences."""
+    outcome, per_token, label = _families(runs)
+    measure = rules.rank_measure
+    table = cc.same_rows_table(runs, [measure])
+    window = last_part(table, rules.last_fraction)
+    deciding = window[(window["matrix"] == rules.rank_matrix) & (window["measure"] == measure)]
+    rows, parts, side = [], [], []
+    for base in outcome:
+        for other in per_token:
+            name_pair = f"{label[other]} vs {label[base]}"
+            sizes = sorted({int(r) for r in deciding.loc[deciding["variant"].isin([base, other]),
+                                                         "group_size"]})
+            for size in sizes:
+                name = f"{name_pair} at R={size}"
+                stat = _stat_for(deciding, base, other, size)
+                rows_at = deciding[deciding["stat"] == stat]
+                a = _units(rows_at, base, size, rules, (base, other, size, stat))
+                b = _units(rows_at, other, size, rules, (base, other, size, stat))
+                row = {"reading": f"{rules.rank_matrix}, {stat} (training runs)",
+                       "outcome": label[base], "per-token": label[other], "R": size}
+                if size not in judged_group_sizes([size], rules.target):
+                    why = (f"R={size} is capped: a group of {size} rows has rank <= {size}, so "
+                           f"no estimator can reach {rules.target + rules.margin:g}")
+                elif a is None or b is None:
+                    missing = [label[v] for v, x in ((base, a), (other, b)) if x is None]
+                    why = f"no {' or '.join(missing)} {rules.rank_matrix} ranks at R={size}"
+                else:
+                    why = ""
+                if why:
+                    rows.append(row | {"verdict": NOT_JUDGED})
+                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
+                    continue
+                (ia, ua), (ib, ub) = a, b
+                diff = bs.welch_interval([ub, ua], [1.0, -1.0], rules.confidence,
+                                         rng_for(rules, base, other, size, "difference"),
+                                         rules.resamples)
+                part = judge_pair(f"{name} ({stat})", ia, ib, diff, rules)
+                rows.append(row | {"outcome rank": ia.text(2), "per-token rank": ib.text(2),
+                                   "difference": diff.estimate, "difference low": diff.low,
+                                   "difference high": diff.high, "verdict": part.verdict,
+                                   "flip": part.flip})
+                parts.append(part)
+            side += _side_sentences(window, base, other, name_pair, rules)
+    return rows, parts, side
+
+
+def _side_sentences(window: pd.DataFrame, base: str, other: str, name: str, rules: Rules
+                    ) -> list[str]:
+    """The whole-batch side reading: per-token minus outcome per R, whole matrix and per
+    non-zero row, with Welch's intervals (descriptive)."""
+    out = []
+    for measure in (rules.rank_measure, rules.rank_measure + cc.PER_ROW):
+        rows = window[(window["matrix"] == rules.falsifier_matrix) & (window["measure"] == measure)]
+        readings = []
+        for size in sorted({int(r) for r in rows.loc[rows["variant"] == base, "group_size"]}
+                           & {int(r) for r in rows.loc[rows["variant"] == other, "group_size"]}):
+            units = [rows.loc[(rows["variant"] == v) & (rows["group_size"] == size)]
+                     .groupby("run_id")["value"].mean().to_numpy(float) for v in (other, base)]
+            diff = bs.welch_interval(units, [1.0, -1.0], rules.confidence,
+                                     rng_for(rules, base, other, size, measure), rules.resamples)
+            readings.append(f"R={size} {diff.text(2 if measure == rules.rank_measure else 3, True)}")
+        if readings:
+            out.append(f"{name}, {rules.falsifier_matrix} / {measure}: " + ", ".join(readings))
+    return out
+
+
+def same_rollout_differences(runs: list[Run], matrix: str, measure: str) -> pd.DataFrame:
+    """Per-group values of `grpo probe` runs, one row per (source, seed, step, R, group) with a
+    column per variant that probed it: the same rollouts under each estimator. Groups kept by
+    the same selection on every side (credit_compare: informative, multi-step where recorded)."""
+    frames = []
+    for run in runs:
+        if not is_probe(run) or run.ranks.empty or measure not in run.ranks:
+            continue
+        ranks = run.ranks[(run.ranks["matrix"] == matrix)
+                          & run.ranks["group"].astype(str).str.startswith("g")]
+        ranks = ranks.assign(value=pd.to_numeric(ranks[measure], errors="coerce"))
+        selections = cc.group_selections(ranks)
+        picked = selections[cc.deciding_stat(set(selections))]
+        frames.append(picked.assign(source=probe_source(run), seed=run.seed,
+                                    group_size=run.group_size, variant=run.variant)[
+            ["source", "seed", "step", "group_size", "group", "variant", "value"]])
+    if not frames:
+        return pd.DataFrame()
+    long = pd.concat(frames, ignore_index=True)
+    return long.pivot_table(index=["source", "seed", "step", "group_size", "group"],
+                            columns="variant", values="value", aggfunc="first").reset_index()
+
+
+def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
+    """Deciding parts from `grpo probe` pairs: the very same rollouts, group by group."""
+    paired = same_rollout_differences(runs, rules.rank_matrix, rules.rank_measure)
+    if paired.empty:
+        return [], []
+    outcome, per_token, label = _families([r for r in runs if is_probe(r)])
+    rows, parts = [], []
+    for base in outcome:
+        for other in per_token:
+            both = paired.dropna(subset=[base, other]) if {base, other} <= set(paired) else paired[:0]
+            # the latest checkpoint each source was probed at: the end of training
+            last = both.groupby("source")["step"].transform("max")
+            both = both[both["step"] == last]
+            for size in sorted({int(r) for r in both["group_size"]}):
+                at = both[both["group_size"] == size]
+                name = f"{label[other]} vs {label[base]} at R={size} (same rollouts)"
+                row = {"reading": f"{rules.rank_matrix}, same rollouts (grpo probe)",
+                       "outcome": label[base], "per-token": label[other], "R": size}
+                if size not in judged_group_sizes([size], rules.target):
+                    rows.append(row | {"verdict": NOT_JUDGED})
+                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, R={size} is "
+                                      "capped."))
+                    continue
+                # units: the groups of one seed, else each seed's mean (the independent runs)
+                unit = ["seed"] if at["seed"].nunique() >= 2 else ["seed", "group", "step", "source"]
+                per_unit = at.groupby(unit)[[base, other]].mean()
+                rng = rng_for(rules, base, other, size, "same rollouts")
+                bounds = rank_bounds(rules.rank_matrix, "mean", size)
+                ia = bs.mean_interval(per_unit[base].to_numpy(float), rules.confidence, rng,
+                                      rules.resamples, bounds)
+                ib = bs.mean_interval(per_unit[other].to_numpy(float), rules.confidence, rng,
+                                      rules.resamples, bounds)
+                diff = bs.mean_interval((per_unit[other] - per_unit[base]).to_numpy(float),
+                                        rules.confidence, rng, rules.resamples)
+                part = judge_pair(name, ia, ib, diff, rules)
+                rows.append(row | {"outcome rank": ia.text(2), "per-token rank": ib.text(2),
+                                   "difference": diff.estimate, "difference low": diff.low,
+                                   "difference high": diff.high, "verdict": part.verdict,
+                                   "flip": part.flip})
+                parts.append(part)
+    return rows, parts
+
+
+def falsifier_reading(runs: list[Run], rules: Rules
+                      ) -> tuple[str, str, pd.DataFrame, list[Part]]:
+    """Claim 4 (module docstring): (verdict, evidence, table, parts): deciding parts from
+    training runs and `grpo probe` pairs on claim 2's matrix and rows; the whole-batch side
+    reading in the evidence."""
+    outcome, per_token, _ = _families(runs)
+    if not outcome or not per_token:
+        return (NOT_MEASURED, "the results do not hold both an outcome estimator (zero-sum "
+                "outcome credit: grpo, dr_grpo, rloo) and a per-token one (ppo, process, otb); "
+                "`make reproduce-cpu` runs both", pd.DataFrame(), [])
+    training = [r for r in runs if not is_probe(r)]
+    rows, parts, side = training_parts(training, rules) if training else ([], [], [])
+    probe_rows, probe = probe_parts(runs, rules)
+    rows, parts = rows + probe_rows, parts + probe
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return (NOT_JUDGED, f"no {rules.rank_matrix} / {rules.rank_measure} ranks for these "
+                "estimators", frame, parts)
+    evidence = " ".join(p.sentence for p in parts)
+    if side:
+        evidence += (f" Side reading, {rules.falsifier_matrix} (per-token minus outcome, "
+                     f"{SIDE_WHY}): " + "; ".join(side) + ".")
+    return combine(p.verdict for p in parts), evidence, frame, parts

@@ -1,0 +1,129 @@
+"""Claim 4's deciding reading (grpo_cli/analysis/falsifier.py) on constructed sweeps whose answer
+is known: per-token credit that only adds zero-advantage rows grows the batch matrix but must
+read "not raised" (contradicted); credit that adds directions must read "raised" (supported);
+the same rollouts probed under two estimators are compared group by group."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from results_factory import write_run
+
+from grpo_cli.analysis.claims import falsifier_claim
+from grpo_cli.analysis.grouping import group_runs
+from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import Rules
+
+SEEDS = (0, 1, 2)
+SIZES = (2, 4, 8)
+STEPS = (0, 5, 10, 15)
+
+
+def _ranks(informative: float, zero_groups: int, batch: float, nonzero: int, seed: int,
+           size: int, problem_steps=(2, 2)) -> pd.DataFrame:
+    """ranks.csv rows: two informative groups of rollout_group at `informative` (+ seed noise),
+    `zero_groups` zero-variance groups (minority 0) at rank 4, and one rollout_batch row."""
+    noise = 0.03 * (seed - 1)
+    rows = []
+    for step in STEPS:
+        groups = [(f"g{b}", 1, problem_steps[b], min(informative + noise + 0.1 * b, size))
+                  for b in range(2)]
+        groups += [(f"g{2 + b}", 0, 2, 4.0) for b in range(zero_groups)]
+        for group, minority, steps, value in groups:
+            rows.append({"step": step, "matrix": "rollout_group", "layer": "", "group": group,
+                         "minority": minority, "problem_steps": steps, "erank_entropy": value})
+        rows.append({"step": step, "matrix": "rollout_batch", "layer": "", "group": "all",
+                     "n_nonzero_rows": nonzero * size,
+                     "erank_entropy": (batch + noise) * size})
+    return pd.DataFrame(rows)
+
+
+def _sweep(root, per_token: dict, estimator: str = "ppo", problem_steps=(2, 2)) -> list:
+    """grpo: informative groups at 2.2, batch 0.5 a row over 4R non-zero rows; the per-token
+    estimator as `per_token` says (_ranks' keywords). Both sides see the same problems (a
+    step's prompts depend on the seed and step only)."""
+    sides = {"grpo": {"informative": 2.2, "zero_groups": 0, "batch": 2.0, "nonzero": 4},
+             estimator: per_token}
+    sides = {name: spec | {"problem_steps": problem_steps} for name, spec in sides.items()}
+    for name, spec in sides.items():
+        for size in SIZES:
+            for seed in SEEDS:
+                run = write_run(root, group_size=size, seed=seed, estimator=name,
+                                matrices=("rollout_group", "rollout_batch"))
+                _ranks(**spec, seed=seed, size=size).to_csv(run / "ranks.csv", index=False)
+    runs = load_runs([root])
+    group_runs(runs)
+    return runs
+
+
+def test_only_zero_advantage_rows_read_not_raised(tmp_path):
+    """ppo's critic gives two zero-variance groups rows: the batch matrix doubles its non-zero
+    rows and its rank (+2R), per non-zero row nothing changes, and the informative groups are
+    grpo's: the deciding reading is contradicted at every judged R, R=2 capped."""
+    runs = _sweep(tmp_path, {"informative": 2.2, "zero_groups": 2, "batch": 4.0, "nonzero": 8})
+    claim = falsifier_claim(runs, Rules())
+    assert claim.verdict == "contradicted"
+    by_r = {row["R"]: row for row in claim.table.to_dict("records")}
+    assert by_r[2]["verdict"] == "not judged"
+    for size in (4, 8):
+        assert by_r[size]["verdict"] == "contradicted"
+        assert by_r[size]["difference"] == pytest.approx(0.0, abs=1e-9)
+    assert "rollout_group, multi-step problems" in by_r[4]["reading"]
+    # the side reading sees the batch matrix grow, and nothing per non-zero row
+    assert "Side reading, rollout_batch" in claim.evidence
+    assert "R=4 +8.00" in claim.evidence and "R=8 +16.00" in claim.evidence
+    per_row = claim.evidence.split("per non-zero row: ")[1]
+    assert all(f"R={r} +0.000 [" in per_row for r in SIZES)
+
+
+def test_added_directions_read_raised(tmp_path):
+    """Per-token credit that raises the informative groups' rank by 1.3 (to 3.5): supported."""
+    runs = _sweep(tmp_path, {"informative": 3.5, "zero_groups": 0, "batch": 3.5, "nonzero": 4})
+    claim = falsifier_claim(runs, Rules())
+    assert claim.verdict == "supported"
+    judged = claim.table[claim.table["R"] > 2]
+    assert (judged["verdict"] == "supported").all()
+    assert judged["difference"].to_numpy() == pytest.approx([1.3, 1.3])
+    assert (judged["difference low"] > 0.5).all()
+
+
+def test_one_step_problems_are_left_out_on_both_sides(tmp_path):
+    """process raises the rank only on one-step problems' groups (where its credit is uniform,
+    so the values here are a planted error): on multi-step problems, the deciding rows, it
+    reads not raised; the selection is the same for every estimator, not process's own."""
+    runs = _sweep(tmp_path, {"informative": 2.2, "zero_groups": 0, "batch": 2.0, "nonzero": 4},
+                  estimator="process", problem_steps=(2, 1))
+    for run in runs:  # plant: process's one-step group g1 reads 4.0
+        if run.config["algorithm.name"] == "process":
+            ranks = run.ranks
+            ranks.loc[(ranks["group"] == "g1"), "erank_entropy"] = 4.0
+    claim = falsifier_claim(runs, Rules())
+    judged = claim.table[claim.table["R"] > 2]
+    assert claim.verdict == "contradicted"
+    assert judged["difference"].to_numpy() == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_same_rollouts_probed_under_two_estimators_are_paired(tmp_path):
+    """`grpo probe` of one checkpoint under grpo and process (the same rollouts): the
+    per-token minus outcome difference is read group by group; process's groups sit 1.0 above
+    grpo's, so the paired difference is 1.0 with no spread and the part is supported."""
+    for name, lift in (("grpo", 0.0), ("process", 1.0)):
+        for size in (4, 8):
+            run = write_run(tmp_path, group_size=size, seed=0, estimator=name,
+                            matrices=("rollout_group",))
+            rows = [{"step": 40, "matrix": "rollout_group", "layer": "", "group": f"g{b}",
+                     "minority": 1, "problem_steps": 2, "erank_entropy": 2.0 + 0.2 * b + lift}
+                    for b in range(6)]
+            pd.DataFrame(rows).to_csv(run / "ranks.csv", index=False)
+            info = json.loads((run / "run.json").read_text())
+            info |= {"kind": "probe", "probe": {"source": "runs/R8-s0"}}
+            (run / "run.json").write_text(json.dumps(info))
+    runs = load_runs([tmp_path])
+    group_runs(runs)
+    claim = falsifier_claim(runs, Rules())
+    probe = claim.table[claim.table["reading"].str.contains("same rollouts")]
+    assert list(probe["R"]) == [4, 8]
+    assert probe["difference"].to_numpy() == pytest.approx([1.0, 1.0])
+    assert (probe["verdict"] == "supported").all() and claim.verdict == "supported"

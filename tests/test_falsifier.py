@@ -72,6 +72,8 @@ def test_only_zero_advantage_rows_read_not_raised(tmp_path):
         assert by_r[size]["difference"] == pytest.approx(0.0, abs=1e-9)
     assert "rollout_group, multi-step problems" in by_r[4]["reading"]
     # the side reading sees the batch matrix grow, and nothing per non-zero row
+    side = claim.parts[-1]  # shown after the deciding parts, not in the verdict
+    assert side.name == "4s" and side.verdict == "contrast" and "Side reading, rollout_batch" in side.sentence
     assert "Side reading, rollout_batch" in claim.evidence
     assert "R=4 +8.00" in claim.evidence and "R=8 +16.00" in claim.evidence
     per_row = claim.evidence.split("per non-zero row: ")[1]

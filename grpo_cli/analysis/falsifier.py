@@ -34,6 +34,7 @@ from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import Part, _per_r, rank_bounds, rng_for, settle_text
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
+    CONTRAST,
     INCONCLUSIVE,
     NOT_JUDGED,
     NOT_MEASURED,
@@ -265,8 +266,10 @@ def falsifier_reading(runs: list[Run], rules: Rules
     if frame.empty:
         return (NOT_JUDGED, f"no {rules.rank_matrix} / {rules.rank_measure} ranks for these "
                 "estimators", frame, parts)
+    verdict = combine(p.verdict for p in parts)
+    if side:  # shown after the deciding parts, never in the verdict
+        parts.append(Part("4s", f"side reading: {rules.falsifier_matrix}", CONTRAST,
+                          f"Side reading, {rules.falsifier_matrix} (per-token minus outcome, "
+                          f"{SIDE_WHY}): " + "; ".join(side) + "."))
     evidence = " ".join(p.sentence for p in parts)
-    if side:
-        evidence += (f" Side reading, {rules.falsifier_matrix} (per-token minus outcome, "
-                     f"{SIDE_WHY}): " + "; ".join(side) + ".")
-    return combine(p.verdict for p in parts), evidence, frame, parts
+    return verdict, evidence, frame, parts

@@ -63,7 +63,7 @@ endif
 setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools and experiment trackers
 
 test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM), TEST_WORKERS processes at one torch thread each
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=20
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20
 
 test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
 	$(PY) -m pytest -q -m "slow"

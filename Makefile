@@ -89,9 +89,17 @@ lint: $(STAMP) ## ruff check, then the layer contracts of pyproject.toml (import
 	$(VENV)/bin/ruff check grpo_cli tests scripts
 	$(VENV)/bin/lint-imports
 
-reproduce-cpu: $(STAMP) ## The CPU reproduction: R in {2,4,8,16} (SWEEP_R=...) x seeds 0-3 (SEEDS=...; fewer seeds read inconclusive), then grpo analyze
+# reproduce-cpu's per-token side (claim 4): estimators, the R claim 2 is judged on (longest runs
+# first, so the two parallel jobs end together) and seeds; 3 seeds keep the command at ~10-11.5
+# min from a fresh clone on an idle 2-core machine (4 seeds: ~12-13 min; issue 46's estimate)
+CPU_CREDIT_ALGOS ?= ppo,process
+CPU_CREDIT_R ?= 16,8,4
+CPU_CREDIT_SEEDS ?= 0,1,2
+
+reproduce-cpu: $(STAMP) ## The CPU reproduction: grpo at R in {2,4,8,16} (SWEEP_R=...) x seeds 0-3 (SEEDS=...; fewer seeds read inconclusive), ppo and process at R in {4,8,16} x seeds 0-2 (CPU_CREDIT_*=...) for claim 4, then grpo analyze
 	$(GRPO) run -m experiment=cpu_rank_collapse rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
-	$(GRPO) analyze results/cpu_rank_collapse
+	$(GRPO) run -m experiment=cpu_rank_collapse experiment.name=cpu_rank_collapse_credit algorithm=$(CPU_CREDIT_ALGOS) rollout.group_size=$(CPU_CREDIT_R) seed=$(CPU_CREDIT_SEEDS) hydra/launcher=local_parallel
+	$(GRPO) analyze results/cpu_rank_collapse results/cpu_rank_collapse_credit --out results/cpu_rank_collapse/analysis
 
 reproduce-paper: $(STAMP) ## Paper scale on one 80 GB GPU: GSM8K, ~4B model, vLLM rollouts
 	$(GRPO) run -m experiment=paper_gsm8k rollout.group_size=$(PAPER_R)

@@ -207,3 +207,20 @@ def test_a_bf16_run_with_stochastic_rounding_resumes_as_if_uninterrupted(tmp_pat
     assert json.loads((cut / "run.json").read_text())["resumed_from"] == 2
     for table in ("metrics.csv", "eval.csv", "ranks.csv", "events.csv"):
         assert (cut / table).read_bytes() == (full / table).read_bytes(), table
+
+
+def test_every_reader_of_torch_files_refuses_a_planted_pickle_unread(tmp_path):
+    """runtime/files.load_plain is the one reader: checkpoints, weight snapshots, the probes'
+    initial layers and running sums, and the TRL callback's probe state (which has no CLI to
+    answer in one line, so it raises the same named error inside the user's script)."""
+    from grpo_cli.runtime.files import UnsafeCheckpointError, load_plain
+
+    marker = tmp_path / "ran"
+    planted = tmp_path / "probe_state.pt"
+    torch.save({"sums": Planted(marker)}, planted)
+    with pytest.raises(UnsafeCheckpointError, match=rf"^{planted}: refused: it holds pickled objects"):
+        load_plain(planted)
+    assert not marker.exists()
+    plain = tmp_path / "plain.pt"
+    torch.save({"step": 3, "sums": {"a": torch.ones(2)}, "names": ["x"]}, plain)
+    assert load_plain(plain)["sums"]["a"].tolist() == [1.0, 1.0]

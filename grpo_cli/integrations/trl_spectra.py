@@ -68,6 +68,7 @@ from grpo_cli.probes.step import ProbedStep
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults
+from grpo_cli.runtime.files import load_plain
 from grpo_cli.runtime.memory import peak_memory_mb
 from grpo_cli.runtime.timing import PhaseTimer
 
@@ -307,7 +308,7 @@ class SpectraCallback(TrainerCallback):
         results.ensure_files()
         self.probes = ProbeSuite(self.probe_settings, policy, initial)
         if start and "grad_sum" in self.probes.matrices:
-            self.probes.load_state_dict(torch.load(saved_sums, map_location="cpu", weights_only=True))
+            self.probes.load_state_dict(load_plain(saved_sums))  # refuses a planted pickle unread
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._reset_step()

@@ -67,7 +67,7 @@ from grpo_cli.probes.sparsity import (
     hoyer_sparsity,
 )
 from grpo_cli.probes.step import ProbedStep
-from grpo_cli.runtime.files import DISK_HINT, save_atomic
+from grpo_cli.runtime.files import DISK_HINT, UnsafeCheckpointError, load_plain, save_atomic
 from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
@@ -191,7 +191,9 @@ class ProbeSuite:
         """W_0 saved by an earlier start of this run, as tensors only (weights_only: nothing in
         it runs); InputError names the file if it is damaged or holds other layers."""
         try:
-            initial = torch.load(path, map_location="cpu", weights_only=True)
+            initial = load_plain(path)
+        except UnsafeCheckpointError:
+            raise
         except Exception as error:  # torch raises many types for a damaged or foreign file
             cause = f"{type(error).__name__}: {error}".strip().splitlines()[0].split(". ")[0]
             raise InputError(f"{path}: unreadable ({cause}); delete it and re-run to save it "

@@ -1,8 +1,11 @@
-"""Writing torch files so that a full disk is named, not reported as a zip-writer assertion."""
+"""Writing torch files so that a full disk is named, not reported as a zip-writer assertion; and
+reading them as tensors and plain data only, so that no file runs code as it loads."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -10,6 +13,29 @@ import torch
 from grpo_cli.config.errors import InputError
 
 DISK_HINT = "free space or write the results elsewhere (results_dir=...)"  # what to change when a disk is full
+
+
+class UnsafeCheckpointError(InputError):
+    """A torch file that holds pickled objects beyond tensors and plain data: refused unread."""
+
+
+def load_plain(path: Path, device="cpu"):
+    """torch.load `path` with `weights_only=True`: tensors and plain data (ints, floats, strings,
+    lists, dicts) only. The one reader of grpo-cli's torch files (checkpoints, weight snapshots,
+    the probes' initial layers and running sums, the TRL callback's state). A file that needs any
+    other pickled object, which could run code as it loads, raises UnsafeCheckpointError in one
+    line naming it; a damaged file raises what torch raises."""
+    try:
+        with warnings.catch_warnings():  # a raw pickle's protocol: refused below anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's weights-only unpickler met another object
+        cause = str(error.__context__ or "").strip().splitlines()
+        raise UnsafeCheckpointError(
+            f"{path}: refused: it holds pickled objects beyond tensors and plain data, which could "
+            f"run code as it loads{f' ({cause[0]})' if cause else ''}; grpo-cli writes none, so this "
+            "file was not written by grpo-cli or was altered"
+        ) from None
 
 
 class FileWriteError(OSError, InputError):

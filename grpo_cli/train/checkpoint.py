@@ -15,14 +15,16 @@ code as it loads; issue 41) is refused, naming it, and never falls back to an ea
 
 from __future__ import annotations
 
-import pickle
-import warnings
 from pathlib import Path
 
-import torch
-
 from grpo_cli.config.errors import InputError
-from grpo_cli.runtime.files import DISK_HINT, save_atomic, write_temporary
+from grpo_cli.runtime.files import (  # noqa: F401 - UnsafeCheckpointError: re-exported
+    DISK_HINT,
+    UnsafeCheckpointError,
+    load_plain,
+    save_atomic,
+    write_temporary,
+)
 
 PREVIOUS = "previous.pt"
 SNAPSHOT = "step_{:06d}.pt"  # keep_checkpoints: the weights a run continues from at step N
@@ -34,27 +36,13 @@ class CheckpointError(InputError):
     """No readable checkpoint to resume from, though one exists."""
 
 
-class UnsafeCheckpointError(InputError):
-    """A checkpoint that holds pickled objects beyond tensors and plain data: refused unread."""
-
-
 def read_checkpoint(path: Path, device="cpu") -> dict:
     """A checkpoint or weights snapshot, unpickling tensors and plain data only.
 
     Raises UnsafeCheckpointError (one line naming `path`) for a file that needs more; a damaged
     file raises what torch raises.
     """
-    try:
-        with warnings.catch_warnings():  # a raw pickle's protocol: refused below anyway
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            state = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's weights-only unpickler met another object
-        cause = str(error.__context__ or "").strip().splitlines()
-        raise UnsafeCheckpointError(
-            f"{path}: refused: it holds pickled objects beyond tensors and plain data, which could "
-            f"run code as it loads{f' ({cause[0]})' if cause else ''}; grpo-cli writes none, so this "
-            "file was not written by grpo-cli or was altered"
-        ) from None
+    state = load_plain(path, device)
     if not isinstance(state, dict) or "next_step" not in state:
         raise ValueError(f"not a grpo checkpoint (a {type(state).__name__} without next_step)")
     return state

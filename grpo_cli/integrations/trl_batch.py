@@ -88,10 +88,11 @@ def unsupported_settings(args, trainer=None) -> list[str]:
     if trainer is not None:
         kind = getattr(getattr(getattr(trainer, "accelerator", None), "distributed_type", None), "name", "NO")
         if kind != "NO" and not kind.startswith("MULTI_"):  # MULTI_CPU, MULTI_GPU, ...: DDP
-            problems.append(
-                f"distributed_type={kind}: each process holds a shard of the weights (and of the "
-                "gradients), so the probes' forward over the gathered batch would need the full "
-                "parameters on every process; run with DDP (accelerate launch without FSDP/DeepSpeed)"
+            problems.append(  # docs/trl.md "Sharded runs"; the row-slice sum: sharded_gram.py
+                f"distributed_type={kind}: each process holds a shard of the weights, and the probes "
+                "differentiate to whole parameters (autograd finds FSDP2's DTensor shards 'not used in "
+                "the graph') while the row-slice Gram sum is not wired into the callback; run with DDP "
+                "(accelerate launch without FSDP/DeepSpeed)"
             )
         if getattr(trainer, "aux_loss_enabled", False):
             problems.append("router_aux_loss_coef != 0: the MoE auxiliary loss adds a gradient")

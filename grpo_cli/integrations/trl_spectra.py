@@ -8,7 +8,8 @@
 
 Under `accelerate launch --num_processes N` (DDP) every process attaches its own callback; the
 main process alone writes `out_dir`, and the per-rollout matrices cover the global batch
-(grpo_cli/integrations/trl_distributed.py). FSDP and DeepSpeed are refused (trl_batch.py).
+(grpo_cli/integrations/trl_distributed.py). FSDP and DeepSpeed are refused (trl_batch.py; docs/trl.md
+"Sharded runs").
 
 `grpo analyze results/my_sweep` then reads the runs as it reads its own (docs/results.md; the
 files a TRL run writes differently are listed there under "Runs recorded inside TRL").

@@ -95,8 +95,8 @@ def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
     return outcome, per_token, {v: v or str(f["name"]) for v, f in facts.items()}
 
 
-def _units(window: pd.DataFrame, variant: str, size: int, rules: Rules, key
-           ) -> tuple[bs.Interval, np.ndarray] | None:
+def window_units(window: pd.DataFrame, variant: str, size: int, rules: Rules, key
+                 ) -> tuple[bs.Interval, np.ndarray] | None:
     """A variant's interval at R=`size` from its runs' window means (claim 2's code)."""
     part = window[(window["variant"] == variant) & (window["group_size"] == size)]
     if part.empty:
@@ -104,6 +104,16 @@ def _units(window: pd.DataFrame, variant: str, size: int, rules: Rules, key
     per_r = _per_r(part, {}, False, rules, rng_for(rules, *key, variant),
                    lambda r: rank_bounds(rules.rank_matrix, "mean", r))
     return (per_r[size].interval, per_r[size].units) if size in per_r else None
+
+
+def pair_intervals(outcome: tuple[bs.Interval, np.ndarray], per_token: tuple[bs.Interval, np.ndarray],
+                   rules: Rules, key) -> tuple[bs.Interval, bs.Interval, bs.Interval]:
+    """(outcome, per-token, per-token minus outcome): the two variants' runs are independent,
+    so the difference gets Welch's interval of their window means (tests/test_calibration.py)."""
+    (ia, ua), (ib, ub) = outcome, per_token
+    diff = bs.welch_interval([ub, ua], [1.0, -1.0], rules.confidence,
+                             rng_for(rules, *key, "difference"), rules.resamples)
+    return ia, ib, diff
 
 
 def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
@@ -132,8 +142,8 @@ def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part
                 name = f"{name_pair} at R={size}"
                 stat = _stat_for(deciding, base, other, size)
                 rows_at = deciding[deciding["stat"] == stat]
-                a = _units(rows_at, base, size, rules, (base, other, size, stat))
-                b = _units(rows_at, other, size, rules, (base, other, size, stat))
+                a = window_units(rows_at, base, size, rules, (base, other, size, stat))
+                b = window_units(rows_at, other, size, rules, (base, other, size, stat))
                 row = {"reading": f"{rules.rank_matrix}, {stat} (training runs)",
                        "outcome": label[base], "per-token": label[other], "R": size}
                 if size not in judged_group_sizes([size], rules.target):
@@ -148,10 +158,7 @@ def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part
                     rows.append(row | {"verdict": NOT_JUDGED})
                     parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
                     continue
-                (ia, ua), (ib, ub) = a, b
-                diff = bs.welch_interval([ub, ua], [1.0, -1.0], rules.confidence,
-                                         rng_for(rules, base, other, size, "difference"),
-                                         rules.resamples)
+                ia, ib, diff = pair_intervals(a, b, rules, (base, other, size))
                 part = judge_pair(f"{name} ({stat})", ia, ib, diff, rules)
                 rows.append(row | {"outcome rank": ia.text(2), "per-token rank": ib.text(2),
                                    "difference": diff.estimate, "difference low": diff.low,

@@ -129,3 +129,21 @@ def test_same_rollouts_probed_under_two_estimators_are_paired(tmp_path):
     assert list(probe["R"]) == [4, 8]
     assert probe["difference"].to_numpy() == pytest.approx([1.0, 1.0])
     assert (probe["verdict"] == "supported").all() and claim.verdict == "supported"
+
+
+def test_claim4_figure_draws_the_deciding_reading(tmp_path):
+    """claim4.png reads the claim's table: both ranks and the difference per judged R."""
+    from grpo_cli.analysis.plots_claims import claim4_figure
+    from grpo_cli.analysis.style import Styles
+
+    runs = _sweep(tmp_path, {"informative": 3.5, "zero_groups": 0, "batch": 3.5, "nonzero": 4})
+    claim = falsifier_claim(runs, Rules())
+    variants = sorted({run.variant for run in runs})
+    figure = claim4_figure(claim.table, Rules(), Styles(variants), "toy")
+    ranks, differences = figure.axes[:2]
+    # the difference line: R = 4, 8 (R = 2 capped, not drawn) at +1.3
+    assert list(differences.lines[-1].get_xdata()) == [4, 8]
+    assert list(differences.lines[-1].get_ydata()) == pytest.approx([1.3, 1.3])
+    drawn = [list(line.get_ydata()) for line in ranks.lines if list(line.get_xdata()) == [4, 8]]
+    # outcome (2.2 and 2.3 over the two groups) and per-token (3.5, 3.6) ranks at R = 4, 8
+    assert drawn == [pytest.approx([2.25, 2.25]), pytest.approx([3.55, 3.55])]

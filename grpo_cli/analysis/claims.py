@@ -92,12 +92,6 @@ def zero_sum_variants(runs: list[Run]) -> list[str]:
     return sorted(v for v, f in _facts(runs).items() if f["zero_sum_group"])
 
 
-def falsifier_variants(runs: list[Run]) -> list[str]:
-    """The outcome (grpo, dr_grpo, rloo) and per-token variants that claim 4 compares."""
-    return sorted(v for v, f in _facts(runs).items()
-                  if f["zero_sum_group"] or f["credit"] == "per_token")
-
-
 def _label(variant: str, estimator: str | None) -> str:
     return variant or str(estimator)
 

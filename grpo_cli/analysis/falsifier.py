@@ -52,6 +52,14 @@ SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups no
             "matrix's informative groups, those rows do not count")
 
 
+def interval_columns(outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval) -> dict:
+    """A deciding part's numbers, as the claim's table (and claim4.png) shows them."""
+    return {f"{name}{suffix}": value for name, iv in (("outcome rank", outcome),
+                                                       ("per-token rank", per_token),
+                                                       ("difference", diff))
+            for suffix, value in (("", iv.estimate), (" low", iv.low), (" high", iv.high))}
+
+
 def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval,
                rules: Rules) -> Part:
     """One deciding part: per-token minus outcome >= margin and per-token >= target + margin
@@ -160,10 +168,8 @@ def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part
                     continue
                 ia, ib, diff = pair_intervals(a, b, rules, (base, other, size))
                 part = judge_pair(f"{name} ({stat})", ia, ib, diff, rules)
-                rows.append(row | {"outcome rank": ia.text(2), "per-token rank": ib.text(2),
-                                   "difference": diff.estimate, "difference low": diff.low,
-                                   "difference high": diff.high, "verdict": part.verdict,
-                                   "flip": part.flip})
+                rows.append(row | interval_columns(ia, ib, diff)
+                            | {"verdict": part.verdict, "flip": part.flip})
                 parts.append(part)
             side += _side_sentences(window, base, other, name_pair, rules)
     return rows, parts, side
@@ -247,10 +253,8 @@ def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
                 diff = bs.mean_interval((per_unit[other] - per_unit[base]).to_numpy(float),
                                         rules.confidence, rng, rules.resamples)
                 part = judge_pair(name, ia, ib, diff, rules)
-                rows.append(row | {"outcome rank": ia.text(2), "per-token rank": ib.text(2),
-                                   "difference": diff.estimate, "difference low": diff.low,
-                                   "difference high": diff.high, "verdict": part.verdict,
-                                   "flip": part.flip})
+                rows.append(row | interval_columns(ia, ib, diff)
+                            | {"verdict": part.verdict, "flip": part.flip})
                 parts.append(part)
     return rows, parts
 

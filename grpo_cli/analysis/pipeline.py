@@ -31,7 +31,6 @@ from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis import rules as rules_module
 from grpo_cli.analysis.claims import (
     Claim,
-    falsifier_variants,
     judge_claims,
     zero_sum_variants,
 )
@@ -64,8 +63,9 @@ FIGURES = {
     "fitted over the judged R values.",
     "claim3": "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction "
     "(every step) over training, mean over seeds with a min-max band.",
-    "claim4": "Claim 4: outcome vs per-token estimators' rank on the falsifier matrix against R "
-    "(last part of training, with intervals); the verdict compares them at matched reward.",
+    "claim4": "Claim 4's deciding reading: outcome and per-token ranks on claim 2's matrix with "
+    "the same rows (informative groups; multi-step problems where recorded) against R, and their "
+    "difference (last part of training, seed-level intervals; dashed: the thresholds).",
     "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
     "end of training (or --steps), one colour per R, one line style per step.",
     "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
@@ -335,7 +335,8 @@ def _figures(
             styles, title,
         ),
         "claim4": plots_claims.claim4_figure(
-            result.summary, falsifier_variants(runs), rules, styles, title
+            next((c.table for c in result.claims if c.number == 4), pd.DataFrame()), rules, styles,
+            title,
         ),
         "spectra": plots.spectra_figure(runs, steps, styles, title),
         "effective_rank": plots.effective_rank_figure(

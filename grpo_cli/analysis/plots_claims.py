@@ -3,7 +3,8 @@
 - claim2: the headline rank against R with its intervals, the band around 2, the rank cap
   (a group of R rows has rank <= R) and the fitted slope over the judged R values.
 - claim3: gradient sparsity and the zero-advantage group fraction over training, per R.
-- claim4: outcome vs per-token estimators' rank on the falsifier matrix, with intervals.
+- claim4: claim 4's deciding reading: outcome and per-token ranks on claim 2's matrix (same
+  rows) and their difference against R, with intervals.
 """
 
 from __future__ import annotations
@@ -111,24 +112,39 @@ def claim3_figure(metrics_x: pd.DataFrame, styles: Styles, title: str) -> Figure
                        styles.legend_handles(sizes))
 
 
-def claim4_figure(summary: pd.DataFrame, variants: list[str], rules: Rules, styles: Styles,
-                  title: str) -> Figure:
-    sel = summary[(summary["matrix"] == rules.falsifier_matrix)
-                  & (summary["measure"] == rules.rank_measure)
-                  & summary["variant"].isin(variants)]
-    name = f"{rules.falsifier_matrix} / {rules.rank_measure}"
-    if sel["variant"].nunique() < 2:
-        return empty_figure(f"{title}: claim 4", f"no {name} ranks for an outcome and a "
+def claim4_figure(table: pd.DataFrame, rules: Rules, styles: Styles, title: str) -> Figure:
+    """Claim 4's deciding reading (its table, analysis/falsifier.py): per pair, the outcome and
+    per-token ranks against R with their intervals (left) and their difference (right), beside
+    the thresholds target + margin and margin."""
+    name = f"{rules.rank_matrix} / {rules.rank_measure}, same rows"
+    needed = {"difference", "difference low", "per-token rank"}
+    rows = table[table["difference"].notna()] if needed <= set(table.columns) else table[:0]
+    if rows.empty:
+        return empty_figure(f"{title}: claim 4", f"no judged {name} pair of an outcome and a "
                             "per-token estimator")
-    grid = new_figure(1, 1, width=5.0, height=3.6)
-    ax = grid.axes[0][0]
-    ax.axhline(rules.target + rules.margin, color="k", ls="--", lw=1)
-    for variant, rows in sel.groupby("variant"):
-        _interval_lines(ax, rows, styles.line(variant), styles.marker(variant), variant)
-    _r_axis(ax, sorted(int(r) for r in sel["group_size"].unique()))
-    ax.set_ylabel(f"{rules.rank_measure} (last {rules.last_fraction:.0%})")
-    ax.legend(fontsize=7)
-    handles = [Line2D([], [], color="k", ls="--", label=f"{rules.target:g} + {rules.margin:g}")]
-    if not ax.lines:
-        no_data(ax)
-    return grid.finish(f"{title}: claim 4, outcome vs per-token on {name}", handles)
+    grid = new_figure(1, 2, width=4.6, height=3.6)
+    ranks, differences = grid.axes[0]
+    ranks.axhline(rules.target + rules.margin, color="k", ls="--", lw=1)
+    differences.axhline(rules.margin, color="k", ls="--", lw=1)
+    differences.axhline(0, color="0.5", lw=0.8)
+    markers = iter("osD^v<>")
+    for (reading, outcome, per_token), pair in rows.groupby(["reading", "outcome", "per-token"]):
+        marker, where = next(markers, "o"), reading.split("(")[-1].rstrip(")")
+        for column, style, label in (("outcome rank", ":", outcome), ("per-token rank", "-",
+                                                                      per_token)):
+            _interval_lines(ranks, pair.rename(columns={
+                "R": "group_size", column: "mean", f"{column} low": "low",
+                f"{column} high": "high"}), style, marker, f"{label} ({where})")
+        _interval_lines(differences, pair.rename(columns={
+            "R": "group_size", "difference": "mean", "difference low": "low",
+            "difference high": "high"}), styles.line(per_token), marker,
+            f"{per_token} - {outcome} ({where})")
+    sizes = sorted(int(r) for r in rows["R"].unique())
+    for ax, ylabel in ((ranks, f"{rules.rank_measure} (last {rules.last_fraction:.0%})"),
+                       (differences, "per-token minus outcome")):
+        _r_axis(ax, sizes)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=6)
+    handles = [Line2D([], [], color="k", ls="--", label=f"{rules.target:g} + {rules.margin:g} "
+                      f"(left), {rules.margin:g} (right)")]
+    return grid.finish(f"{title}: claim 4 on {name}", handles)

@@ -47,6 +47,7 @@ def rollout_losses(net, x, weights):  # [N]
 
 def fsdp2_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
@@ -54,9 +55,12 @@ def fsdp2_worker(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=PROCESSES)
     try:
         net, x, weights = build()
+        # A CPU mesh by name: without it, fully_shard's default mesh takes cuda:0 wherever CUDA
+        # is visible (the H200 report of 2026-11-27), and the CPU inputs meet CUDA shards
+        mesh = init_device_mesh("cpu", (PROCESSES,))
         for name in LINEARS:
-            fully_shard(getattr(net, name))
-        fully_shard(net)
+            fully_shard(getattr(net, name), mesh=mesh)
+        fully_shard(net, mesh=mesh)
         inputs, outputs = {}, {}
         for name in LINEARS:
             def hook(module, args, output, name=name):

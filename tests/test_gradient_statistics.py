@@ -194,6 +194,31 @@ def test_probe_columns_equal_per_rollout_autograd(probed):
         assert recorded[layer] == pytest.approx(np.sqrt(squares), rel=1e-6, abs=1e-12), layer
 
 
+def mccandlish_estimates(examples: np.ndarray) -> tuple[float, float]:  # [n, P]
+    """(|G|^2, tr Sigma), McCandlish et al.'s unbiased estimators straight from the examples,
+    whose mean is the batch gradient."""
+    trace = examples.var(axis=0, ddof=1).sum()
+    return np.linalg.norm(examples.mean(0)) ** 2 - trace / examples.shape[0], trace
+
+
+def test_finite_noise_scales_equal_per_rollout_autograd(probed):
+    """Both groups informative (rewards 1, 0 | 0, 1): the signal is resolved over rollouts and over
+    prompts, so B_simple is a number in both units, not only the NaN of the test above."""
+    model, batch, _, suite, _ = probed
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    g = autograd_rows(model, batch, -(output.loss_weights * output.advantages), suite.gram_params)
+    rows, caught = record((model, batch, output, suite, g))
+    m = rows.metrics
+    n = g.shape[0]
+    signal, trace = mccandlish_estimates(n * g)  # x_i = N g_i
+    assert signal > 0 and m["grad_noise_scale"] == pytest.approx(trace / signal, rel=1e-5)
+    assert m["grad_snr"] == pytest.approx(n * signal / trace, rel=1e-5)
+    groups = g.reshape(2, 2, -1).sum(1)  # [B, P]: each prompt's summed gradient is one example
+    signal, trace = mccandlish_estimates(2 * groups)
+    assert signal > 0 and m["grad_noise_scale_groups"] == pytest.approx(trace / signal, rel=1e-5)
+    assert m["grad_norm_mismatch"] == 0.0 and not caught
+
+
 def test_the_alarm_fires_on_a_planted_partial_norm(probed):
     rows, caught = record(probed, planted_scale=1 / math.sqrt(2))  # one of two shards' norm
     assert rows.metrics["grad_norm_mismatch"] == 1.0

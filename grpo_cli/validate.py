@@ -236,6 +236,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     choice("probes.fused_gram", names["probes.fused_gram"])
     at_least("probes.sketch_dim", 1)
     at_least("probes.gram_row_chunk", 0)
+    at_least("probes.sparsity_every", 0)
     need("probes.rank_rtol", lambda v: 0 < v < 1, "in (0, 1)")
     need("probes.sparsity_rtol", lambda v: 0 < v < 1, "in (0, 1)")
     at_least("probes.max_groups_saved", 0)

@@ -225,3 +225,26 @@ def test_probes_off_runs_no_probe_although_the_preset_sets_every(tmp_path, cache
     out = run_dir(tmp_path, "R4-grpo-s0-probes=off,train.steps=1")
     assert pd.read_csv(out / "ranks.csv").empty
     assert (pd.read_csv(out / "timings.csv")["time_probes"].fillna(0) == 0).all()
+
+
+def test_sparsity_every_step_leaves_training_as_it_was(tmp_path, cache_dir):
+    """probes.sparsity_every=1 (the default) puts grad_sparsity / grad_hoyer on every metrics row,
+    not only the probe steps', and measuring it changes nothing else: with sparsity_every=0 the
+    same run has them on its probe steps only, equal there, and every other column identical."""
+    import glob
+
+    import pandas as pd
+
+    steps = ["train.steps=4", "probes.every=3", "eval.every=0"]
+    assert grpo_run(tmp_path / "each", cache_dir, *steps).exit_code == 0
+    assert grpo_run(tmp_path / "probe", cache_dir, *steps, "probes.sparsity_every=0").exit_code == 0
+    each, probe = (pd.read_csv(glob.glob(str(tmp_path / name / "smoke" / "*" / "metrics.csv"))[0])
+                   for name in ("each", "probe"))
+    assert each["grad_sparsity"].notna().all() and each["grad_hoyer"].notna().all()
+    assert list(probe.loc[probe["grad_sparsity"].notna(), "step"]) == [0, 3]
+    on_probe = each["step"].isin([0, 3])
+    pd.testing.assert_frame_equal(each.loc[on_probe, ["grad_sparsity", "grad_hoyer"]].reset_index(drop=True),
+                                  probe.loc[on_probe, ["grad_sparsity", "grad_hoyer"]].reset_index(drop=True))
+    timing = [c for c in each.columns if "time" in c or c.endswith("_s") or c.endswith("_ms")]
+    same = [c for c in each.columns if c not in ("grad_sparsity", "grad_hoyer", *timing)]
+    pd.testing.assert_frame_equal(each[same], probe[same])

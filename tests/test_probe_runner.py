@@ -317,8 +317,25 @@ def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_st
     probing = suite.step_capture(2, model, probe=True)
     layer_grads, grams = probing.before_update(None, None, None, fused=False)
     assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
-    without_sum = ProbeSuite(ProbesConfig(matrices=["layer"]), model, tmp_path / "w1.pt")
-    assert without_sum.step_capture(1, model, probe=False) is None
+    quiet_off = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=0), model, tmp_path / "w1.pt")
+    assert quiet_off.step_capture(1, model, probe=False) is None
+
+
+def test_off_probe_steps_measure_the_gradients_sparsity_in_closed_form(tmp_path):
+    """probes.sparsity_every=2: steps 0, 2, 4 ... measure grad_sparsity / grad_hoyer off probe
+    steps (claim 3's points), the others ask nothing. One 16 x 16 weight of ones among zeros: a
+    fraction 1 - 256/n is below the threshold, and Hoyer's measure is (sqrt(n) - 256/16) / (sqrt(n) - 1)."""
+    model = tiny_model()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
+    n = sum(p.numel() for p in model.parameters())
+    suite = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=2), model, tmp_path / "w0.pt")
+    assert suite.step_capture(3, model, probe=False) is None
+    capture = suite.step_capture(4, model, probe=False)
+    assert capture.before_update(None, None, None, fused=False) == ({}, {})
+    assert capture.metrics["grad_sparsity"] == pytest.approx(1 - 256 / n, abs=1e-12)
+    assert capture.metrics["grad_hoyer"] == pytest.approx((math.sqrt(n) - 16) / (math.sqrt(n) - 1), abs=1e-12)
 
 
 def test_non_zero_rows_same_groups_for_the_score_control_and_problem_steps(tmp_path):

@@ -70,6 +70,16 @@ def test_a_second_pass_adds_its_own_read(tmp_path):
     assert len(reads["own"]) == OWN_READS_PER_STEP + 1, sites(reads["own"])
 
 
+def test_off_probe_sparsity_adds_one_read(tmp_path):
+    """probes.sparsity_every=1 on a step that probes nothing else (step 1 of every=100): the
+    gradient's sparsity over every probed parameter costs one read, in probes/sparsity.py."""
+    measured = step_reads(tmp_path / "on", "probes.every=100", "probes.matrices=[layer]")
+    assert len(measured["own"]) == OWN_READS_PER_STEP + 1, sites(measured["own"])
+    assert sum("probes/sparsity.py" in site for site in sites(measured["own"])) == 1
+    off = step_reads(tmp_path / "off", "probes.every=100", "probes.matrices=[layer]", "probes.sparsity_every=0")
+    assert len(off["own"]) == OWN_READS_PER_STEP, sites(off["own"])
+
+
 @pytest.mark.parametrize("prompts", [3, 6])
 def test_process_rewards_add_two_reads_whatever_the_rows(tmp_path, prompts):
     """algorithm=process: `step_tensors` reads the batch once (not twice per row) and the

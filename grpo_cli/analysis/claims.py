@@ -321,7 +321,7 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
         return Claim(
             3,
             NOT_MEASURED,
-            "no grad_sparsity / grad_hoyer on probe steps of a grpo, dr_grpo or rloo run",
+            "no grad_sparsity / grad_hoyer in a grpo, dr_grpo or rloo run",
             frame,
             parts=parts,
         )

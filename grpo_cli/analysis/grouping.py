@@ -27,6 +27,7 @@ IGNORED_KEYS = frozenset(
         "keep_checkpoints",
         "task.path",
         "probes.gram_row_chunk",  # rollouts per Gram pass: memory only, the Gram is exact either way
+        "probes.sparsity_every",  # where sparsity is measured, not what training does (absent before it)
     }
 )
 IGNORED_PREFIXES = ("hydra.",)

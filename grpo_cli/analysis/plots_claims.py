@@ -18,7 +18,7 @@ from grpo_cli.analysis.rules import Rules, capped_group_sizes
 from grpo_cli.analysis.style import Styles, band, empty_figure, new_figure, no_data, r_color
 from grpo_cli.analysis.tables import curves
 
-CLAIM3_PANELS = {"grad_sparsity": "gradient sparsity (probe steps)",
+CLAIM3_PANELS = {"grad_sparsity": "gradient sparsity",
                  "zero_variance_frac": "zero-advantage groups (fraction)"}
 
 

@@ -224,7 +224,8 @@ class Rules:
             )
         if claim == 3:
             return (
-                "Per variant, R and measure (grad_sparsity, grad_hoyer on probe steps; steps "
+                "Per variant, R and measure (grad_sparsity, grad_hoyer on every step, or on probe steps "
+                "in results written before probes.sparsity_every; steps "
                 "with a zero gradient left out): per seed, the least-squares slope of the "
                 "measure against the step; a one-sided Student t-test of the mean per-seed "
                 "slope (n - 1 df: the seeds are the independent units, so the test holds its "

@@ -240,10 +240,27 @@ class ProbeSuite:
         every = self.cfg.every
         return every > 0 and (step % every == 0 or step == total_steps - 1)
 
-    def capture_layer_grads(self) -> dict[str, torch.Tensor]:
-        """Called after backward, before the optimizer step: batch gradients and sparsity."""
+    def sparsity_due(self, step: int) -> bool:
+        """Whether step `step` measures its gradient's sparsity off a probe step
+        (probes.sparsity_every; claim 3's trend test wants a point at every step)."""
+        every = self.cfg.sparsity_every
+        return every > 0 and step % every == 0
+
+    def measure_sparsity(self) -> dict[str, float]:
+        """After backward, before the optimizer step: grad_sparsity and grad_hoyer of the batch
+        gradient over the probed parameters (probes.param_regex), the measures claim 3 reads."""
         grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
         self._sparsity = combined_sparsity(grads, self.cfg.sparsity_rtol) if grads else {}
+        return self.sparsity_metrics()
+
+    def sparsity_metrics(self) -> dict[str, float]:
+        return {"grad_sparsity": self._sparsity.get("sparsity", float("nan")),
+                "grad_hoyer": self._sparsity.get("hoyer", float("nan"))}
+
+    def capture_layer_grads(self) -> dict[str, torch.Tensor]:
+        """Called after backward, before the optimizer step: batch gradients and sparsity."""
+        self.measure_sparsity()
+        grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
         squares = [g.detach().double().square().sum() for g in grads]  # no grad at all: 0
         # kept on the device: `record` reads it with the Grams (no host read here)
         self._probed_grad_norm = torch.stack(squares).sum().sqrt() if squares else 0.0
@@ -256,18 +273,16 @@ class ProbeSuite:
     def step_capture(self, step: int, model: torch.nn.Module, timer: PhaseTimer | None = None,
                      probe: bool = True) -> StepCapture | None:
         """What step `step` asks of the trainer's update (`GRPOTrainer.step(capture=...)`): on a
-        probe step the pre-update gradients, on every step grad_sum's running sum; None when
-        it asks nothing (not a probe step, no grad_sum)."""
-        if not probe and "grad_sum" not in self.matrices:
+        probe step the pre-update gradients, on every step grad_sum's running sum, off probe
+        steps the gradient's sparsity where `sparsity_due`; None when it asks nothing."""
+        sparsity = not probe and self.sparsity_due(step)
+        if not probe and not sparsity and "grad_sum" not in self.matrices:
             return None
-        return StepCapture(self, step, model, timer, probe=probe)
+        return StepCapture(self, step, model, timer, probe=probe, sparsity=sparsity)
 
     def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
-        rows.metrics = {
-            "grad_sparsity": self._sparsity.get("sparsity", float("nan")),
-            "grad_hoyer": self._sparsity.get("hoyer", float("nan")),
-        }
+        rows.metrics = self.sparsity_metrics()
         if self.matrices & set(PER_ROLLOUT_MATRICES):
             self._per_rollout(step, output, model, rows)
         if "layer" in self.matrices:
@@ -545,9 +560,11 @@ class StepCapture:
     """
 
     def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module,
-                 timer: PhaseTimer | None = None, probe: bool = True):
+                 timer: PhaseTimer | None = None, probe: bool = True, sparsity: bool = False):
         self.suite, self.step, self.model, self.timer = suite, step, model, timer
-        self.probe = probe  # False: a step that only adds to grad_sum
+        self.probe = probe  # False: a step that only adds to grad_sum and/or measures sparsity
+        self.sparsity = sparsity  # off a probe step: grad_sparsity / grad_hoyer (metrics)
+        self.metrics: dict[str, float] = {}  # what an off-probe step measured, for metrics.csv
         self.per_rollout = probe and bool(suite.matrices & set(PER_ROLLOUT_MATRICES))
         self.training_pass = suite._fuse and self.per_rollout
         self.unshare_prompts = suite.cfg.fused_gram == "always"
@@ -573,6 +590,8 @@ class StepCapture:
         """(layer batch gradients, per-rollout Grams) for `StepOutput` (empty off probe steps)."""
         suite = self.suite
         if not self.probe:
+            if self.sparsity:
+                self.metrics = suite.measure_sparsity()
             return {}, {}
         layer_grads = suite.capture_layer_grads()
         if not self.per_rollout:

@@ -42,17 +42,21 @@ def hoyer_sparsity(g: torch.Tensor) -> float:
 def combined_sparsity(tensors: Iterable[torch.Tensor], rtol: float = 1e-3) -> dict[str, float]:
     """{"sparsity", "hoyer"} of the concatenation of `tensors` (e.g. every parameter's gradient).
 
-    Two passes over the tensors, one float64 copy of a single tensor at a time.
+    Two passes over the tensors, one float64 copy of a single tensor at a time, and one host read
+    (the sums stay on the device until the end: it runs on every training step).
     """
-    tensors = [t.detach() for t in tensors]
-    peak = max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
-    size, below, l1, squares = 0, 0, 0.0, 0.0
+    tensors = [t.detach() for t in tensors if t.numel()]
+    if not tensors:
+        return {"sparsity": 1.0, "hoyer": 1.0}
+    peak = torch.stack([t.abs().max().double() for t in tensors]).max()  # 0-dim, on the device
+    below, l1, squares, size = 0, 0, 0, 0
     for tensor in tensors:
         values = tensor.reshape(-1).double().abs()  # [n_i]
         size += values.numel()
-        below += int((values < rtol * peak).sum())
-        l1 += float(values.sum())
-        squares += float((values**2).sum())
+        below = below + (values < rtol * peak).sum()
+        l1 = l1 + values.sum()
+        squares = squares + values.square().sum()
+    peak, below, l1, squares = torch.stack([peak, below.double(), l1, squares]).tolist()
     return {
         "sparsity": 1.0 if peak == 0 else below / size,
         "hoyer": hoyer_from_norms(l1, math.sqrt(squares), size),

@@ -78,6 +78,8 @@ class TrainingLoop:
                 with timer.phase("probes"):
                     probe_rows = self.probes.record(step, output, self.model)
                 output.metrics.update(probe_rows.metrics)
+            elif capture is not None:  # off a probe step: the gradient's sparsity (claim 3)
+                output.metrics.update(capture.metrics)
             # ---- held-out evaluation ----
             finished = step + 1
             if update and self.evaluation_due(finished):

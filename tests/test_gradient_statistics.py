@@ -173,25 +173,60 @@ def test_probe_columns_equal_per_rollout_autograd(probed):
     assert gradient_noise(groups @ groups.T)[0] == pytest.approx(0.0, abs=1e-9 * np.linalg.norm(groups) ** 2)
     assert math.isnan(m["grad_noise_scale_groups"])
     # the side file: every rollout, with its group, reward and advantage
-    every = [r for r in rows.grad_norms if r["layer"] == "all"]  # every probed parameter
+    per_rollout = [r for r in rows.grad_norms if "rollout" in r]  # then the batch's rows
+    every = [r for r in per_rollout if r["layer"] == "all"]  # every probed parameter
     assert [r["rollout"] for r in every] == [0, 1, 2, 3]
     assert [r["group"] for r in every] == [0, 0, 1, 1]
     assert [r["grad_norm"] for r in every] == pytest.approx(norms, rel=1e-6, abs=1e-12)
-    assert [r["advantage"] for r in rows.grad_norms][2:4] == [0.0, 0.0]
+    assert [r["advantage"] for r in per_rollout][2:4] == [0.0, 0.0]
     # per layer: a transformer block's parameters together, each other parameter on its own
-    layers = {}
-    start = 0
-    for name, p in suite.gram_params.items():
-        key = name.split(".layers.0.")[0] + ".layers.0" if ".layers.0." in name else name
-        layers[key] = layers.get(key, 0.0) + (g[:, start : start + p.numel()] ** 2).sum(1)
-        start += p.numel()
+    layers = per_layer_squares(g, suite.gram_params)
     assert set(layers) == {"model.embed_tokens.weight", "model.layers.0", "model.norm.weight", "lm_head.weight"}
     recorded = {}
-    for r in rows.grad_norms[4:]:
+    for r in per_rollout[4:]:
         recorded.setdefault(r["layer"], []).append(r["grad_norm"])
     assert set(recorded) == set(layers)
     for layer, squares in layers.items():
         assert recorded[layer] == pytest.approx(np.sqrt(squares), rel=1e-6, abs=1e-12), layer
+
+
+def per_layer_squares(g: np.ndarray, params: dict) -> dict[str, np.ndarray]:  # g [rows, P]
+    """{layer: each row's squared norm over the layer} with layer_squares' layers, by hand: the
+    one transformer block's parameters together, each other parameter on its own."""
+    layers, start = {}, 0
+    for name, p in params.items():
+        key = name.split(".layers.0.")[0] + ".layers.0" if ".layers.0." in name else name
+        layers[key] = layers.get(key, 0.0) + (g[:, start : start + p.numel()] ** 2).sum(1)
+        start += p.numel()
+    return layers
+
+
+def test_batch_norm_per_layer_equals_float64_autograd(probed):
+    """The trainer's backward of the whole batch's loss (one pass, float64) leaves G in .grad; the
+    probe's per-layer batch norms are those of the per-rollout autograd rows' sum, layer by layer,
+    with `all` = grad_norm_probed and the largest layer's share of ||G||^2 in metrics."""
+    model, batch, output, suite, g = probed
+    coeff = -(output.loss_weights * output.advantages)  # [N, L]
+    try:
+        (coeff * token_logprobs(model, batch.input_ids, batch.attention_mask)).sum().backward()
+        suite.capture_layer_grads()
+        rows = suite.record(0, output, model)
+    finally:
+        model.zero_grad(set_to_none=True)
+    expected = {layer: float(square[0]) for layer, square in per_layer_squares(g.sum(0, keepdims=True),
+                                                                                suite.gram_params).items()}
+    total = sum(expected.values())
+    assert total > 0 and len(expected) == 4
+    batch_rows = [r for r in rows.grad_norms if "rollout" not in r]  # after the per-rollout rows
+    assert [r["layer"] for r in batch_rows] == ["all", *expected]
+    assert batch_rows[0]["grad_norm"] == pytest.approx(math.sqrt(total), rel=1e-9)
+    assert batch_rows[0]["grad_norm"] == pytest.approx(rows.metrics["grad_norm_probed"], rel=1e-12)
+    for r in batch_rows[1:]:
+        assert r["grad_norm"] == pytest.approx(math.sqrt(expected[r["layer"]]), rel=1e-9), r["layer"]
+    share = rows.metrics["grad_norm_layer_max_share"]
+    assert share == pytest.approx(max(expected.values()) / total, rel=1e-9)
+    assert 1 / len(expected) < share < 1  # no layer holds the whole gradient here
+    assert "grad_norm_layer_max_share" in METRIC_COLUMNS and "grad_norm_layer_max_share" in PROBE_METRICS
 
 
 def mccandlish_estimates(examples: np.ndarray) -> tuple[float, float]:  # [n, P]
@@ -245,6 +280,11 @@ def test_grpo_run_writes_the_columns_and_its_gradient_adds_up(tmp_path, cache_di
     assert row.grad_norm_rollout_min <= row.grad_norm_rollout_median <= row.grad_norm_rollout_max
     norms = pd.read_csv(out / "grad_norms.csv")
     assert set(norms.layer) == {"all", "model.layers.0"}  # the probed block, one layer
+    batch = norms[norms.rollout.isna()]  # the trainer's batch gradient, per layer
+    assert list(batch.layer) == ["all", "model.layers.0"] and batch.group.isna().all()
+    assert batch.grad_norm.tolist() == pytest.approx([row.grad_norm_probed] * 2, rel=1e-12)
+    assert row.grad_norm_layer_max_share == 1.0  # one probed layer holds all of it
+    norms = norms[norms.rollout.notna()]
     assert list(norms[norms.layer == "all"].rollout) == list(range(16))  # 4 prompts x R = 4
     assert np.allclose(norms[norms.layer == "all"].grad_norm, norms[norms.layer != "all"].grad_norm)
     norms = norms[norms.layer == "all"]

@@ -193,6 +193,11 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert ((probed.grad_norm_batch_gram - probed.grad_norm).abs() <= 1e-4 * probed.grad_norm).all()
     assert ((probed.grad_norm_probed - probed.grad_norm).abs() <= 1e-6 * probed.grad_norm).all()
     norms = pd.read_csv(run.path / "grad_norms.csv")
+    batch = norms[norms.rollout.isna()].set_index("step")  # the batch gradient per layer: TRL's .grad
+    assert np.allclose(batch.grad_norm[batch.layer == "all"], probed.grad_norm, rtol=1e-6)
+    added = batch[batch.layer != "all"].grad_norm.pow(2).groupby(level="step").sum() ** 0.5
+    assert np.allclose(added, probed.grad_norm, rtol=1e-9) and probed.grad_norm_layer_max_share.between(0, 1).all()
+    norms = norms[norms.rollout.notna()]
     every = norms[norms.layer == "all"]  # then per layer, whose squares add up to these
     assert set(every.step) == {0, 2} and len(every) == 2 * 4 * (every.group.max() + 1)  # every rollout
     assert every.grad_norm[every.advantage == 0].eq(0.0).all() and every.grad_norm.gt(0).any()
@@ -509,6 +514,7 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     assert metrics.grad_norm_mismatch.eq(0.0).all()
     assert ((metrics.grad_norm_batch_gram - metrics.grad_norm).abs() <= 1e-4 * metrics.grad_norm).all()
     norms = pd.read_csv(out / "run" / "grad_norms.csv")
+    norms = norms[norms.rollout.notna()]  # the per-rollout rows (the others: the batch's, per layer)
     every = norms[norms.layer == "all"].set_index(["step", "rollout"]).grad_norm
     added = norms[norms.layer != "all"].assign(square=lambda f: f.grad_norm**2).groupby(["step", "rollout"]).square.sum() ** 0.5
     assert len(every) == 24 and np.allclose(added.loc[every.index].to_numpy(), every.to_numpy())

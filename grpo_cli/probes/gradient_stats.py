@@ -6,7 +6,8 @@ parameters wherever the loss is the rows' sum (`ProbedStep.row_sum_rtol`). The m
 grpo_cli/measures.py; this module turns one step's K into the metrics.csv columns and the
 grad_norms.csv rows, and compares the batch norm with the trainer's own (the partial-shard norm
 alarm). Per layer: the diagonals of the per-parameter Grams, [P, N], summed over each transformer
-block's parameters.
+block's parameters; and the trainer's batch gradient G over the same layers (grad_norms.csv rows
+with no rollout), with the largest layer's share of ||G||^2 in metrics.csv.
 """
 
 from __future__ import annotations
@@ -91,3 +92,20 @@ def rollout_rows(
                          "reward": rewards[i], "advantage": math.nan if advantages is None else advantages[i],
                          "grad_norm": norm})
     return rows
+
+
+def layer_batch_norms(
+    step: int,
+    names: Sequence[str],
+    squares: torch.Tensor,  # [P] ||G_p||^2 of the trainer's batch gradient, rows in `names` order
+) -> tuple[list[dict], dict[str, float]]:
+    """The batch gradient per layer: grad_norms.csv rows with no rollout, ||G_l|| over each
+    layer's probed parameters (the layers of `layer_squares`) and over all of them (`all`, which is
+    `grad_norm_probed`); and metrics.csv's grad_norm_layer_max_share = max_l ||G_l||^2 / ||G||^2
+    (NaN when G = 0)."""
+    layers = {layer: float(square) for layer, square in layer_squares(names, squares.unsqueeze(1)).items()}
+    total = float(squares.double().sum())
+    rows = [{"step": step, "layer": layer, "grad_norm": math.sqrt(max(square, 0.0))}
+            for layer, square in {"all": total, **layers}.items()]
+    share = max(layers.values()) / total if total > 0 else math.nan
+    return rows, {"grad_norm_layer_max_share": share}

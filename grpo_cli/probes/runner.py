@@ -52,6 +52,7 @@ from grpo_cli.probes.fused import (
 )
 from grpo_cli.probes.gradient_stats import (
     gradient_metrics,
+    layer_batch_norms,
     layer_squares,
     mismatch_message,
     rollout_rows,
@@ -175,8 +176,9 @@ class ProbeSuite:
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
         self._captured: dict[str, torch.Tensor] = {}
         self._sparsity: dict[str, float] = {}
-        # ||p.grad|| over gram_params, taken before the update (capture_layer_grads)
-        self._probed_grad_norm: torch.Tensor | float = math.nan
+        # (names, ||p.grad||^2 [P'] float64 on the device) over gram_params with a gradient, taken
+        # before the update (capture_layer_grads); None: not captured since the last record
+        self._probed_squares: tuple[list[str], torch.Tensor] | None = None
 
     def _initial_layers(self, path: Path) -> dict[str, torch.Tensor]:
         if "update" not in self.matrices:
@@ -260,10 +262,10 @@ class ProbeSuite:
     def capture_layer_grads(self) -> dict[str, torch.Tensor]:
         """Called after backward, before the optimizer step: batch gradients and sparsity."""
         self.measure_sparsity()
-        grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
-        squares = [g.detach().double().square().sum() for g in grads]  # no grad at all: 0
-        # kept on the device: `record` reads it with the Grams (no host read here)
-        self._probed_grad_norm = torch.stack(squares).sum().sqrt() if squares else 0.0
+        names = [name for name, p in self.gram_params.items() if p.grad is not None]
+        squares = [self.gram_params[name].grad.detach().double().square().sum() for name in names]
+        # kept on the device: `record` reads them with the Grams (no host read here)
+        self._probed_squares = (names, torch.stack(squares) if squares else torch.zeros(0, dtype=torch.float64))
         return {
             name: p.grad.detach().to(torch.float64, copy=True)
             for name, p in self.layer_params.items()
@@ -283,8 +285,16 @@ class ProbeSuite:
     def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
         rows.metrics = self.sparsity_metrics()
+        captured, self._probed_squares = self._probed_squares, None
+        names, squares = captured if captured is not None else ([], None)
+        squares = None if squares is None else squares.cpu()  # [P'] ||G_p||^2, one host read
         if self.matrices & set(PER_ROLLOUT_MATRICES):
-            self._per_rollout(step, output, model, rows)
+            probed = math.nan if squares is None else float(squares.sum().sqrt())  # no grad at all: 0
+            self._per_rollout(step, output, model, rows, probed)
+        if squares is not None and squares.numel():  # the batch gradient per layer (grad_norms.csv)
+            layer_rows, share = layer_batch_norms(step, names, squares)
+            rows.grad_norms.extend(layer_rows)
+            rows.metrics.update(share)
         if "layer" in self.matrices:
             for name, grad in output.layer_grads.items():
                 self._layer_row(step, "layer", name, grad, rows)
@@ -305,13 +315,14 @@ class ProbeSuite:
         return rows
 
     # ---- per-rollout matrices ------------------------------------------------------------------
-    def _per_rollout(self, step: int, output: ProbedStep, model, rows: ProbeRows) -> None:
+    def _per_rollout(self, step: int, output: ProbedStep, model, rows: ProbeRows,
+                     probed_norm: float) -> None:
         batch, weights = output.batch, output.loss_weights
         size = batch.group_size
         grams = output.rollout_grams or self.rollout_grams(step, batch, weights, output.advantages, model)
         full = grams["advantage"]  # [N, N]
         nonzero = nonzero_advantage_rows(output.advantages, batch.completion_mask)  # [N] bool
-        self._gradient_statistics(step, grams, nonzero, output, rows)
+        self._gradient_statistics(step, grams, nonzero, output, rows, probed_norm)
         if "rollout_batch" in self.matrices:
             self._add(rows, step, "rollout_batch", "all", singular_values_from_gram(full),
                       coherence=coherence(full), n_nonzero_rows=int(nonzero.sum()))
@@ -332,13 +343,12 @@ class ProbeSuite:
             self._groups(step, "score_group", score_blocks, output, rows, None, inverses)
 
     def _gradient_statistics(self, step: int, grams: dict, nonzero: torch.Tensor,
-                             output: ProbedStep, rows: ProbeRows) -> None:
+                             output: ProbedStep, rows: ProbeRows, probed: float) -> None:
         """The gradient columns of metrics.csv and the rows of grad_norms.csv, from K_adv and its
         per-parameter diagonals alone (grpo_cli/probes/gradient_stats.py). The trainer's norm
-        (read before the update) is compared where the trainer says it is the rows' sum
+        (`probed`, read before the update) is compared where the trainer says it is the rows' sum
         (`ProbedStep.row_sum_rtol`) and K is exact (not sketched)."""
         full = grams["advantage"]  # [N, N]
-        probed, self._probed_grad_norm = float(self._probed_grad_norm), math.nan
         rtol = None if self.cfg.gram_method == "sketch" else output.row_sum_rtol
         size = output.batch.group_size
         metrics = gradient_metrics(full, nonzero, size, probed, rtol)

@@ -68,6 +68,7 @@ METRIC_COLUMNS = (
     "grad_noise_scale",  # B_simple = tr Sigma / |G|^2 in rollouts (McCandlish et al. 2018)
     "grad_noise_scale_groups",  # ... with each group's summed gradient as one example, in prompts
     "grad_snr",  # |G|^2 / (tr Sigma / N) = N / B_simple
+    "grad_norm_layer_max_share",  # max over layers of ||G_l||^2 / ||G||^2, G the trainer's batch gradient
 )
 TIMING_COLUMNS = (
     "step",
@@ -103,7 +104,8 @@ RANK_COLUMNS = (
     + ("coherence", "pred_coherence", "score_cosine")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")
-# one row per probe step, rollout and probed layer ("all": every probed parameter)
+# one row per probe step, rollout and probed layer ("all": every probed parameter); rows with no
+# rollout (nor group, reward, advantage): the trainer's batch gradient over that layer
 GRAD_NORM_COLUMNS = ("step", "layer", "rollout", "group", "reward", "advantage", "grad_norm")
 
 

@@ -220,6 +220,38 @@ def test_trl_sweep_reads_like_a_grpo_run_sweep(policy_source, tmp_path):
     assert set(result.summary[result.summary.matrix == "rollout_batch"]["group_size"]) == {2, 4}
 
 
+def test_probe_metrics_reach_trls_loggers(policy_source, tmp_path):
+    """What `report_to`'s loggers receive (any callback's on_log, and state.log_history): each
+    training log carries the probe metrics of the steps since the last log, the mean of
+    metrics.csv's finite values over them (NaN ones left out), the last probe in the final log."""
+    from grpo_cli.results.rows import PROBE_METRICS
+
+    trainer = build_trainer(policy_source, tmp_path, steps=3, logging_steps=2, loss_type="dapo")
+    received = []
+
+    class Logger(trl.trainer.grpo_trainer.TrainerCallback):  # added before ours, as report_to's are
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            received.append(dict(logs))
+
+    trainer.add_callback(Logger())
+    SpectraCallback(tmp_path / "run", every=1, matrices=["rollout_batch", "layer"]).attach(trainer)
+    trainer.train()
+
+    metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")[list(PROBE_METRICS)]
+    assert len(metrics) == 3 and metrics.grad_norm_batch_gram.notna().all()  # every step probed
+    (window,) = [logs for logs in received if "loss" in logs]  # logging_steps=2: steps 0 and 1
+    (final,) = [logs for logs in received if "train_runtime" in logs]  # step 2, after the last window
+    for logs, expected in ((window, metrics.iloc[:2].mean()), (final, metrics.iloc[2])):
+        finite = expected.dropna()
+        assert {"grad_norm_batch_gram", "grad_noise_scale", "grad_norm_layer_max_share"} <= set(finite.index)
+        assert set(logs) & set(PROBE_METRICS) == set(finite.index)  # NaN columns left out
+        for column, value in finite.items():
+            assert logs[column] == pytest.approx(value, rel=1e-12), column
+    assert "update_changed_frac" not in window  # `update` not probed: NaN in metrics.csv
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert history[0]["grad_norm_batch_gram"] == window["grad_norm_batch_gram"]
+
+
 def test_grad_sum_is_the_running_sum_of_trls_batch_gradients(policy_source, tmp_path):
     """As in grpo run: grad_sum at step t is sum_{s<=t} G_s, G_s the batch gradient before
     clipping (lr = 0 keeps the weights, so TRL's compute_loss gives every G_s afterwards)."""

@@ -15,7 +15,7 @@ main process alone writes `out_dir`, and the per-rollout matrices cover the glob
 files a TRL run writes differently are listed there under "Runs recorded inside TRL").
 
 How it sees the batch. A transformers callback is handed no batch and no trainer, so `attach`
-wraps five methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
+wraps six methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
 calls the original and only records):
 
 - `_generate_and_score_completions`: the step's rollouts before TRL shuffles them (groups
@@ -26,7 +26,11 @@ calls the original and only records):
   `grad_sum` adds the step's gradient here (every step, as `grpo run` does before clipping), and
   on probe steps the probes run here, at the weights the batch's loss was computed at;
 - `train`: holds the run directory's lock (grpo_cli/results/lock.py, the one `grpo run` takes)
-  for the whole run, and records `failed` in run.json when training raises.
+  for the whole run, and records `failed` in run.json when training raises;
+- `log` (the Trainer's documented place to inject into the logs): a training log gets the probe
+  steps' metrics.csv columns measured since the last one (the scalars `grpo run` sends to its
+  trackers), so `report_to`'s loggers (TensorBoard, W&B, ...) and `state.log_history` have them.
+  A callback's `on_log` could not: it runs after the loggers, which were added first.
 
 The probes are grpo-cli's (`ProbeSuite`): the per-rollout rows are TRL's own per-rollout loss
 gradients (trl_batch.py says which settings make that exact and refuses the others), their Grams
@@ -133,6 +137,8 @@ class SpectraCallback(TrainerCallback):
         self._lock: RunLock | None = None  # held from on_train_begin until train returns or raises
         self._originals: dict[str, object] = {}
         self._record: dict = {}
+        # finite probe-step metrics.csv values since TRL's last training log: column -> values
+        self._unlogged: dict[str, list[float]] = {}
         self._reset_step()
 
     # ---- installation ---------------------------------------------------------------------------
@@ -151,6 +157,7 @@ class SpectraCallback(TrainerCallback):
             "_clip_grad_norm": self._around_clip_grad_norm,
         }
         wrappers["train"] = self._around_train
+        wrappers["log"] = self._around_log
         for name, around in wrappers.items():
             self._originals[name] = trainer.__dict__.get(name)  # None: the class's method
             setattr(trainer, name, _wrapped(around, getattr(trainer, name)))
@@ -209,6 +216,15 @@ class SpectraCallback(TrainerCallback):
                 self._lock.__exit__(None, None, None)
                 self._lock = None
             self._detach()
+
+    def _around_log(self, original, logs, *args, **kwargs):
+        """Add to a training log the mean of each probe metric over the probe steps since the
+        last one (TRL's own metrics are means over the logging window too); NaN values (a metric
+        not measured there) are left out, as `grpo run`'s trackers leave them out."""
+        if self.trainer.model.training and self._unlogged:
+            logs.update({column: sum(values) / len(values) for column, values in self._unlogged.items()})
+            self._unlogged = {}
+        return original(logs, *args, **kwargs)
 
     def _around_generation(self, original, *args, **kwargs):
         if not self.trainer.model.training:  # evaluation: not a training step
@@ -343,6 +359,9 @@ class SpectraCallback(TrainerCallback):
         metrics = self._metrics_row()
         if self._probe_rows is not None:
             metrics.update(self._probe_rows.metrics)
+            for column, value in self._probe_rows.metrics.items():  # for TRL's loggers (_around_log)
+                if math.isfinite(value):
+                    self._unlogged.setdefault(column, []).append(float(value))
         self.results.metrics.append([metrics])
         phases = self.timer.take()
         phases["other"] = time_step - sum(phases.values())  # TRL's backward included

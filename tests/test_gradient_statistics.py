@@ -313,3 +313,35 @@ def test_gradients_figure_marks_the_steps_whose_norms_disagree():
     assert sum(line.get_linestyle() == "--" for line in panel.lines) == 1  # the trainer's norm
     empty = gradients_figure(pd.DataFrame(columns=["metric", "x", "value"]), Styles(["grpo"]), "toy", "step")
     assert len(empty.axes) == 1  # one panel saying there is nothing to draw
+    titles = {ax.get_title(): ax for ax in figure.axes}
+    assert list(titles) == list(GRADIENTS)  # one panel each, the grid's spare one removed
+    assert titles["grad_norm_rollout_median_times_n"].get_ylabel().startswith("N x")
+    assert {name for name, ax in titles.items() if ax.get_yscale() == "log"} == {
+        "grad_noise_scale_running_median", "grad_noise_scale_groups_running_median"}
+
+
+def test_gradient_table_scales_norms_by_n_and_takes_running_medians_of_the_noise_scale(tmp_path):
+    """N x the per-rollout median (N = R x prompts per step = 8); the noise scale's centred
+    running median over 5 probe steps keeps a 22000 spike among values 2-6 off the drawn line."""
+    import pandas as pd
+
+    from grpo_cli.analysis.load import Run
+    from grpo_cli.analysis.plots_training import GRADIENT_COLUMNS, GRADIENTS
+    from grpo_cli.analysis.tables import gradient_table
+
+    metrics = pd.DataFrame({"step": range(7), "grad_norm_rollout_median": [0.1] * 7,
+                            "grad_noise_scale": [2.0, 3.0, 22000.0, 4.0, 5.0, math.nan, 6.0]})
+    empty = pd.DataFrame()
+    run = Run(tmp_path / "r0", "completed", None, {},
+              {"rollout.group_size": 4, "rollout.prompts_per_step": 2}, metrics, empty, empty, empty, None)
+    table = gradient_table([run], list(GRADIENT_COLUMNS))
+    scaled = table[table.metric == "grad_norm_rollout_median_times_n"]
+    assert scaled.value.tolist() == pytest.approx([0.8] * 7)
+    median = table[table.metric == "grad_noise_scale_running_median"]
+    assert median.step.tolist() == [0, 1, 2, 3, 4, 6]  # probe steps with a value
+    assert median.value.tolist() == pytest.approx([3.0, 3.5, 4.0, 5.0, 5.5, 5.0])
+    assert set(table.metric) & set(GRADIENTS) == {"grad_norm_rollout_median_times_n",
+                                                   "grad_noise_scale_running_median"}
+    unknown = Run(tmp_path / "r1", "completed", None, {}, {"rollout.group_size": 4}, metrics, empty,
+                  empty, empty, None)  # no prompts_per_step: N unknown, nothing scaled
+    assert not gradient_table([unknown], list(GRADIENT_COLUMNS)).metric.str.endswith("_times_n").any()

@@ -49,6 +49,7 @@ from grpo_cli.analysis.tables import (
     X_LABELS,
     X_NOTES,
     event_table,
+    gradient_table,
     group_table,
     measures_present,
     metric_table,
@@ -356,8 +357,8 @@ def _figures(
             metrics_x, alarms, styles, aligned_title, xlabel
         ),
         "gradients": plots_training.gradients_figure(
-            with_x(metric_table(runs, [*plots_training.GRADIENTS, *plots_training.GRADIENT_OVERLAYS]),
-                   runs, align, edges), styles, aligned_title, xlabel),
+            with_x(gradient_table(runs, list(plots_training.GRADIENT_COLUMNS)), runs, align, edges),
+            styles, aligned_title, xlabel),
         "composition": plots.composition_figure(comp_table, measures, styles, title),
         "collapse": plots_collapse.collapse_figure(
             result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,

@@ -17,7 +17,10 @@ from grpo_cli.analysis.style import (
     r_color,
 )
 from grpo_cli.analysis.tables import (
+    NOISE_WINDOW,
     REWARD_WINDOW,
+    RUNNING_MEDIAN,
+    SCALED_BY_ROLLOUTS,
     accuracy_curve,
     curves,
     reward_curve,
@@ -130,29 +133,39 @@ def dynamics_figure(
     return grid.finish(f"{title}: training dynamics (mean over seeds, band: min-max)", handles)
 
 
-# metrics.csv's gradient statistics (probe steps; docs/results.md "Gradient statistics")
+# metrics.csv's gradient statistics (probe steps; docs/results.md "Gradient statistics"), as
+# drawn: per-rollout norms times N, the noise scales as running medians on a log axis
+# (grpo_cli/analysis/tables.py gradient_table)
 GRADIENTS = {
-    "grad_norm_rollout_median": "per-rollout gradient norm, median",
+    "grad_norm_rollout_median_times_n": "N x per-rollout gradient norm, median",
     "grad_norm_rollout_cv": "per-rollout norm, coefficient of variation",
     "grad_norm_batch_gram": "batch gradient norm, sqrt(1'K1)",
     "grad_snr": "gradient SNR, N / B_simple",
-    "grad_noise_scale": "noise scale B_simple (rollouts)",
-    "grad_noise_scale_groups": "noise scale B_simple (prompts)",
+    "grad_noise_scale_running_median": f"B_simple (rollouts), median of {NOISE_WINDOW} probes",
+    "grad_noise_scale_groups_running_median": f"B_simple (prompts), median of {NOISE_WINDOW} probes",
+    "grad_norm_layer_max_share": "largest layer's share of ||G||^2",
 }
+LOG_PANELS = ("grad_noise_scale_running_median", "grad_noise_scale_groups_running_median")
 # drawn over grad_norm_batch_gram: the trainer's own norm; marked: steps flagged as disagreeing
 GRADIENT_OVERLAYS = ("grad_norm_probed", "grad_norm_mismatch")
+# the metrics.csv columns gradient_table reads for them
+GRADIENT_COLUMNS = (*SCALED_BY_ROLLOUTS, *RUNNING_MEDIAN, "grad_norm_rollout_cv", "grad_norm_batch_gram",
+                    "grad_snr", "grad_norm_layer_max_share", *GRADIENT_OVERLAYS)
 
 
 def gradients_figure(metrics_x: pd.DataFrame, styles: Styles, title: str, xlabel: str) -> Figure:
-    """The per-rollout Gram's gradient statistics vs step/progress (`metrics_x`: GRADIENTS and
-    GRADIENT_OVERLAYS rows); the trainer's norm dashed over the Gram's, steps where they disagree
-    beyond round-off marked x."""
+    """The per-rollout Gram's gradient statistics vs step/progress (`metrics_x`: gradient_table's
+    GRADIENTS and GRADIENT_OVERLAYS rows); the trainer's norm dashed over the Gram's, steps where
+    they disagree beyond round-off marked x; the noise scales on a log axis."""
     if metrics_x.empty or not metrics_x["metric"].isin(list(GRADIENTS)).any():
         return empty_figure(f"{title}: gradient statistics",
                             "no gradient statistics in metrics.csv (no per-rollout matrix probed)")
     data = curves(metrics_x, ["metric"])
-    grid = new_figure(3, 2, width=5.2, height=3.4)
-    for ax, (metric, ylabel) in zip([a for row in grid.axes for a in row], GRADIENTS.items(), strict=True):
+    grid = new_figure(4, 2, width=5.2, height=3.4)
+    axes = [a for row in grid.axes for a in row]
+    for ax in axes[len(GRADIENTS):]:
+        ax.remove()
+    for ax, (metric, ylabel) in zip(axes, GRADIENTS.items(), strict=False):
         panel = data[data["metric"] == metric]
         ax.set_title(metric, fontsize=10)
         if panel.empty:
@@ -160,6 +173,8 @@ def gradients_figure(metrics_x: pd.DataFrame, styles: Styles, title: str, xlabel
             continue
         for (size, variant), curve in panel.groupby(["group_size", "variant"]):
             band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+        if metric in LOG_PANELS:
+            ax.set_yscale("log")
         if metric == "grad_norm_batch_gram":
             for (size, _), curve in data[data["metric"] == "grad_norm_probed"].groupby(["group_size", "variant"]):
                 ax.plot(curve["x"], curve["mean"], color=r_color(size), ls="--", lw=1.0, alpha=0.8)

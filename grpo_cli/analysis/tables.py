@@ -41,6 +41,11 @@ X_NOTES = {  # said once in the figure title, too long for every axis
     "accuracy": "x: held-out accuracy (eval.csv) interpolated between eval steps",
 }
 META = ["run_id", "run", "group_size", "variant", "seed", "status"]
+# gradients.png: per-rollout norms carry the loss's 1/N (every `algorithm.loss_agg`), so they are
+# drawn times N; the noise scales, a ratio with single spikes 1000x the rest, as a running median
+SCALED_BY_ROLLOUTS = ("grad_norm_rollout_median",)
+RUNNING_MEDIAN = ("grad_noise_scale", "grad_noise_scale_groups")
+NOISE_WINDOW = 5  # probe steps in the running median (centred)
 
 
 def run_meta(run: Run) -> dict:
@@ -157,6 +162,33 @@ def metric_table(runs: list[Run], columns: list[str]) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*META, "step", "metric", "value"])
     return pd.concat(parts, ignore_index=True)
+
+
+def rollouts_per_step(run: Run) -> float:
+    """N = R x prompts per step, from config.yaml (NaN when either is missing)."""
+    prompts = run.config.get("rollout.prompts_per_step")
+    if run.group_size is None or prompts is None:
+        return float("nan")
+    return float(run.group_size * int(prompts))
+
+
+def gradient_table(runs: list[Run], columns: list[str]) -> pd.DataFrame:
+    """metric_table of `columns`, plus the rows gradients.png draws instead of some of them:
+    `<column>_times_n` (N x value, N = rollouts_per_step) for SCALED_BY_ROLLOUTS, and
+    `<column>_running_median` (each run's median over NOISE_WINDOW consecutive probe steps,
+    centred) for RUNNING_MEDIAN."""
+    table = metric_table(runs, columns)
+    if table.empty:
+        return table
+    rollouts = table["run_id"].map({str(run.path): rollouts_per_step(run) for run in runs})
+    scaled = table[table["metric"].isin(SCALED_BY_ROLLOUTS)]
+    scaled = scaled.assign(metric=scaled["metric"] + "_times_n",
+                           value=scaled["value"] * rollouts[scaled.index]).dropna(subset=["value"])
+    heavy = table[table["metric"].isin(RUNNING_MEDIAN)].sort_values(["run_id", "metric", "step"])
+    medians = heavy.groupby(["run_id", "metric"])["value"].transform(
+        lambda values: values.rolling(NOISE_WINDOW, center=True, min_periods=1).median())
+    heavy = heavy.assign(metric=heavy["metric"] + "_running_median", value=medians)
+    return pd.concat([table, scaled, heavy], ignore_index=True)
 
 
 def event_table(runs: list[Run]) -> pd.DataFrame:

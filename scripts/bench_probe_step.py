@@ -1,5 +1,5 @@
 """One probe step, configuration by configuration, interleaved on the same batch: where fusing
-the probes into the training pass moves time (docs/speed.md, "Probes against a faster step").
+the probes into the training pass moves time (docs/speed_log.md, "Probes against a faster step").
 
     python scripts/bench_probe_step.py [--repeats 8] [--after-steps 40] [--only "shared prompts"]
     python scripts/bench_probe_step.py --experiment cpu_smollm2_learn --group-size 4 --repeats 3 \

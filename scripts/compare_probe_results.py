@@ -2,7 +2,7 @@
 
     python scripts/compare_probe_results.py RUN_DIR_BEFORE RUN_DIR_AFTER [--rtol 1e-6]
 
-For checking that a change to the probes' code keeps what they record (docs/speed.md, "Probes
+For checking that a change to the probes' code keeps what they record (docs/speed_log.md, "Probes
 against a faster step"): run the same command at both commits and compare the two run folders.
 
 - ranks.csv: the same rows and columns; every numeric value within `rtol` relative, and the

@@ -16,7 +16,7 @@ from step_parity import setup_for
 from grpo_cli.train.loop import TrainingLoop
 from grpo_cli.train.trainer import GRPOTrainer, NonFiniteLossError
 
-# grpo-cli's own reads in a step of one pass (docs/speed.md): the token counts, the pass's
+# grpo-cli's own reads in a step of one pass (docs/speed_log.md): the token counts, the pass's
 # logged terms with its gradient norm (the non-finite checks), and the metrics row.
 OWN_READS_PER_STEP = 3
 

@@ -1,5 +1,5 @@
 """One process of a TRL GRPOTrainer run with the SpectraCallback, started by `accelerate launch`
-(tests/test_trl_spectra.py's DDP test, and docs/speed.md's overhead measurement).
+(tests/test_trl_spectra.py's DDP test, and docs/speed_log.md's overhead measurement).
 
 Each process saves its own generation outputs (`batches/rank{r}-step{s}.pt`) and what it wrote
 (`ranks/rank{r}.json`), so the test can rebuild the global batch and check who wrote the run.

@@ -23,7 +23,7 @@ chunks of that size, each updated with ~11-21 multi-tensor `torch._foreach_*` op
 over parameters launches ~15 kernels per tensor (SmolLM2-135M: 99 ops a step instead of 4,095).
 On CPU the loop is faster and is the default (`foreach`); the two agree bit for bit there (the
 same elementwise kernels; CPU random draws are serial, so one rounding draw per chunk equals one
-per slice). Timings: docs/speed.md.
+per slice). Timings: docs/speed_log.md.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         self.slice_elements = slice_elements
         # True: multi-tensor ops over chunks of parameters; False: a loop over parameters;
         # None: multi-tensor on CUDA, where the loop is bound by kernel launches, the loop
-        # elsewhere (torch's optimizers decide so too; CPU timings: docs/speed.md)
+        # elsewhere (torch's optimizers decide so too; CPU timings: docs/speed_log.md)
         self.foreach = foreach
         self._master_ids = {id(p) for p in master_params if p.dtype != torch.float32}
         self._generators: dict[str, torch.Generator] = {}

@@ -23,7 +23,7 @@ with a gradient are hooked, each with its own prompt forward, and the rows of ze
 shared and without autograd (their K_adv rows and columns are 0); the hooked forward then
 replaces the separate pass over the same rows, so each live row is computed once, not twice. The trade: fusing saves the separate pass over N (P + C)
 tokens but costs the unshared prompts, (N - U) P tokens, plus the rows of the groups below; on the
-CPU preset (prompts longer than completions, R = 8) the two cancel (docs/speed.md).
+CPU preset (prompts longer than completions, R = 8) the two cancel (docs/speed_log.md).
 
 The score rows G_score,i = grad sum_t w_it log pi(y_it) (score_group, and the |cos| of
 rollout_group) carry no A, and only their within-group blocks are ever read. With one advantage

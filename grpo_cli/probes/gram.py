@@ -56,7 +56,7 @@ Duplicate rollouts (`per_rollout_grams`, on by default): rows with the same toke
 mask and coefficients have the same objective f_i, hence the same gradient G_i. The pass runs
 on the distinct rows only and K [N, N] is read off their Gram by index, K_ij = K'_{u(i) u(j)}.
 A low-entropy policy repeats completions (the CPU preset: ~half of a group's R rows at R = 8,
-docs/speed.md), so this skips that share of the forward, backward and per-rollout gradients and
+docs/speed_log.md), so this skips that share of the forward, backward and per-rollout gradients and
 more of the Gram products. The values are the same up to rounding (the distinct rows run as a
 smaller batch); `naive_gram`, the reference, runs every row.
 

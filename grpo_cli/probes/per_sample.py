@@ -336,7 +336,7 @@ def materialized_gram(parts, rows: int, cols: int, chunk_elems: int = CHUNK_ELEM
     `parts`: the factor pairs of consecutive blocks of rollouts, each block over its own tokens
     (blocks of short rollouts are not padded to the longest). Each chunk's gradient rows and
     their Gram product stay in the factors' precision (as autograd's per-sample gradients would;
-    a float64 copy of every chunk cost more than the product on SmolLM2, docs/speed.md); the
+    a float64 copy of every chunk cost more than the product on SmolLM2, docs/speed_log.md); the
     chunks' products are summed in float64."""
     n = sum(terms[0][1].shape[0] for terms in parts)
     step = max(1, chunk_elems // max(n * cols, 1))

@@ -562,7 +562,7 @@ class StepCapture:
     backward (fused.py); the trainer says whether its loss allows it. `unshare_prompts`: it may
     also run each row's prompt forward where training shares prompts (probes.fused_gram=always;
     under `auto` such steps take the separate pass: on the CPU preset, whose prompts are longer
-    than its completions, the unshared forward costs what the separate pass saves, docs/speed.md).
+    than its completions, the unshared forward costs what the separate pass saves, docs/speed_log.md).
     `micro_batch(rows)` wraps one micro-batch's forward and backward of the batch rows `rows`
     (with train.backward_live_rows, only the rows that have a gradient); `before_update` runs after
     the last backward and before the optimizer: the batch gradients of the layer matrices and the

@@ -55,7 +55,7 @@ from grpo_cli.runtime.transformers_api import cache_argument
 CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple of this
 # A repack of the decode weights for fewer rows (MKL, fp32 on a CPU) costs about as much as
 # decoding this many row-tokens: on SmolLM2, one thread, a pack took 0.3-1.1 s in a rollout and a
-# row ~2.7 ms of matmul a token (docs/speed.md); packing and the matmuls both scale with the weights
+# row ~2.7 ms of matmul a token (docs/speed_log.md); packing and the matmuls both scale with the weights
 REPACK_ROW_TOKENS = 192
 
 

@@ -175,7 +175,8 @@ class ProbeSuite:
         self.initial = self._initial_layers(initial_path)
         self.grad_sum: dict[str, torch.Tensor] = {}  # name -> sum_t G_t, float32 on the device
         self._captured: dict[str, torch.Tensor] = {}
-        self._sparsity: dict[str, float] = {}
+        # grad_sparsity / grad_hoyer of the last measured batch gradient (NaN: none measured)
+        self._sparsity = dict.fromkeys(("grad_sparsity", "grad_hoyer"), math.nan)
         # (names, ||p.grad||^2 [P'] float64 on the device) over gram_params with a gradient, taken
         # before the update (capture_layer_grads); None: not captured since the last record
         self._probed_squares: tuple[list[str], torch.Tensor] | None = None
@@ -252,12 +253,10 @@ class ProbeSuite:
         """After backward, before the optimizer step: grad_sparsity and grad_hoyer of the batch
         gradient over the probed parameters (probes.param_regex), the measures claim 3 reads."""
         grads = [p.grad for p in self.gram_params.values() if p.grad is not None]
-        self._sparsity = combined_sparsity(grads, self.cfg.sparsity_rtol) if grads else {}
-        return self.sparsity_metrics()
-
-    def sparsity_metrics(self) -> dict[str, float]:
-        return {"grad_sparsity": self._sparsity.get("sparsity", float("nan")),
-                "grad_hoyer": self._sparsity.get("hoyer", float("nan"))}
+        measured = combined_sparsity(grads, self.cfg.sparsity_rtol) if grads else {}
+        self._sparsity = {"grad_sparsity": measured.get("sparsity", math.nan),
+                          "grad_hoyer": measured.get("hoyer", math.nan)}
+        return dict(self._sparsity)
 
     def capture_layer_grads(self) -> dict[str, torch.Tensor]:
         """Called after backward, before the optimizer step: batch gradients and sparsity."""
@@ -284,7 +283,7 @@ class ProbeSuite:
 
     def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
-        rows.metrics = self.sparsity_metrics()
+        rows.metrics = dict(self._sparsity)
         captured, self._probed_squares = self._probed_squares, None
         names, squares = captured if captured is not None else ([], None)
         squares = None if squares is None else squares.cpu()  # [P'] ||G_p||^2, one host read

@@ -9,6 +9,7 @@ from results_factory import write_sweep
 
 from grpo_cli.analysis import collapse
 from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.tables import rank_table
 
 SIZES = (4, 8, 16)
@@ -72,24 +73,24 @@ def test_stage_readings_judge_the_uncapped_sizes_per_stage(runs):
 
 def test_warning_when_the_rank_nears_2_as_distinct_completions_fall(runs):
     stages = collapse.stage_table(collapse.collapse_frame(runs, rank_table(runs, ["erank_entropy"])))
-    warnings = collapse.collapse_warnings(stages)
+    warnings = collapse.collapse_warnings(stages, Rules())
     # R=8 only: R=4's rank is flat, R=16's distinct completions fall but its rank stays at 3
     assert len(warnings) == 1
     assert warnings[0].startswith("Mode collapse (R=8): the per-group rank falls from 4.00")
     assert "from 4.00 to 3.00" in warnings[0]
     # a smaller fall in distinct completions than the threshold: no warning
-    assert collapse.collapse_warnings(stages, distinct_fall=0.3) == []
+    assert collapse.collapse_warnings(stages, Rules(distinct_fall=0.3)) == []
 
 
 def test_no_probe_rows_or_no_distinct_column_gives_no_warning(runs, tmp_path):
     empty = collapse.collapse_frame(runs, rank_table([], ["erank_entropy"]))
     assert empty.empty and collapse.stage_table(empty).empty
-    assert collapse.collapse_warnings(collapse.stage_table(empty)) == []
+    assert collapse.collapse_warnings(collapse.stage_table(empty), Rules()) == []
     for run in runs:
         run.metrics = run.metrics.drop(columns=["distinct_completions"])
     stages = collapse.stage_table(collapse.collapse_frame(runs, rank_table(runs, ["erank_entropy"])))
     assert stages["distinct_completions"].isna().all()
-    assert collapse.collapse_warnings(stages) == []
+    assert collapse.collapse_warnings(stages, Rules()) == []
 
 
 def test_analyze_warns_in_the_summary_and_draws_the_figure(runs, tmp_path):
@@ -103,3 +104,18 @@ def test_analyze_warns_in_the_summary_and_draws_the_figure(runs, tmp_path):
     assert result.figures["collapse"].is_file()
     stages = pd.read_csv(result.files["stages_csv"])
     assert len(stages) == 3 * 2 and set(stages["stage"]) == {"early", "late"}
+
+
+def test_the_tolerance_sets_the_collapse_warnings_band_too(runs, tmp_path):
+    """`grpo analyze --tolerance` is claim 2's band, and the warning reads "near 2" with the same
+    band (issue 43: it kept 0.5 whatever the option said, so one report used two bands). R=8's late
+    rank 2.205 is within 2 + 0.5 and outside 2 + 0.1."""
+    from grpo_cli.analysis.pipeline import analyze
+
+    wide = analyze([tmp_path / "sweep"], out=tmp_path / "wide", measure="erank_entropy", figures=False)
+    narrow = analyze([tmp_path / "sweep"], out=tmp_path / "narrow", measure="erank_entropy",
+                     tolerance=0.1, figures=False)
+    assert len(wide.collapse_warnings) == 1 and narrow.collapse_warnings == []
+    text = narrow.files["summary_md"].read_text()
+    assert "the late rank is at most 2 + 0.1 and lower than early" in text
+    assert "at most 2 + 0.5" not in text

@@ -18,7 +18,7 @@ each run's probe steps into an early and a late half, and
   (uncapped) R values;
 - `collapse_warnings`: one sentence per variant and R whose late rank is near the target or
   below it (within the claim-2 band above it) and lower than early, while distinct completions
-  fall by at least `DISTINCT_FALL` (relative).
+  fall by at least the rule book's `distinct_fall` (relative).
 
 Point estimates: the intervals and verdicts of the whole-run reading are the claims' (claims.py).
 """
@@ -30,7 +30,7 @@ import pandas as pd
 
 from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rules import DISTINCT_FALL, RANK_BAND, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.rules import RANK_TARGET, Rules, judged_group_sizes
 from grpo_cli.analysis.tables import metric_table
 
 STAGES = ("early", "late")  # first and second half of a run's probe steps
@@ -130,10 +130,11 @@ def stage_readings(stages: pd.DataFrame, target: float = RANK_TARGET) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def collapse_warnings(stages: pd.DataFrame, target: float = RANK_TARGET, band: float = RANK_BAND,
-                      distinct_fall: float = DISTINCT_FALL) -> list[str]:
-    """Per variant and R: the late rank is at most target + band and lower than early, while
-    distinct completions per informative group fall by at least `distinct_fall` (relative)."""
+def collapse_warnings(stages: pd.DataFrame, rules: Rules) -> list[str]:
+    """Per variant and R: the late rank is at most the rule book's target + band (claim 2's band,
+    `grpo analyze --tolerance`) and lower than early, while distinct completions per informative
+    group fall by at least `rules.distinct_fall` (relative)."""
+    target, band, distinct_fall = rules.target, rules.band, rules.distinct_fall
     out = []
     for (variant, size), part in stages.groupby(KEYS, sort=True):
         by_stage = part.set_index("stage")
@@ -162,22 +163,24 @@ def collapse_warnings(stages: pd.DataFrame, target: float = RANK_TARGET, band: f
     return out
 
 
-def blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str], matrix: str,
-           measure: str) -> list[tuple[str, object]]:
+def blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str], rules: Rules
+           ) -> list[tuple[str, object]]:
     """The report section (report.py blocks): warnings, claim 2 per stage, the stage table."""
     if stages.empty:
         return []
+    matrix, measure = rules.rank_matrix, rules.rank_measure
     return [
         ("h2", "Mode collapse beside the rank, and claim 2 per stage"),
         ("p", f"Each run's probe steps are split into an early and a late half. Per R: {matrix} / "
               f"{measure} (the claim-2 rank) beside metrics.csv distinct_completions (distinct "
               "completions per informative group: a group has at most that many independent "
               "rows) and entropy at the same steps, means over seeds. A warning is raised when "
-              f"the late rank is at most {RANK_TARGET:g} + {RANK_BAND:g} and lower than early "
-              f"while distinct completions fall by at least {DISTINCT_FALL:.0%}. Point estimates; "
+              f"the late rank is at most {rules.target:g} + {rules.band:g} and lower than early "
+              f"while distinct completions fall by at least {rules.distinct_fall:.0%}. Point "
+              "estimates; "
               "the intervals are the whole-run reading's (claims above)."),
         ("list", warnings or ["No mode-collapse warning: no R whose rank nears "
-                              f"{RANK_TARGET:g} while distinct completions fall."]),
+                              f"{rules.target:g} while distinct completions fall."]),
         ("table", readings),
         ("table", stages),
     ]

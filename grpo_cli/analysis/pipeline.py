@@ -288,7 +288,7 @@ def analyze(
         collapse=collapse_frame,
         stages=stages,
         stage_readings=collapse.stage_readings(stages),
-        collapse_warnings=collapse.collapse_warnings(stages),
+        collapse_warnings=collapse.collapse_warnings(stages, rules),
         credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
                                                           rules.target),
         matching_coverage=matching_coverage,

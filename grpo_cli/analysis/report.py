@@ -382,8 +382,7 @@ def blocks(result) -> list[Block]:
         ),
         ("table", result.composition.round(3)),
         ("list", composition_sentences(result.composition)),
-        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings,
-                         result.rules.rank_matrix, result.rules.rank_measure),
+        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
     ]
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if not median.empty:

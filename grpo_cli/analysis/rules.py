@@ -116,6 +116,9 @@ class Rules:
     rank_matrix: str = "rollout_group"  # claim 2's headline matrix ...
     rank_measure: str = "erank_entropy"  # ... and measure (also claim 4's measure)
     falsifier_matrix: str = "rollout_batch"  # claim 4's side reading (claim 4 decides on rank_matrix)
+    distinct_fall: float = DISTINCT_FALL  # collapse warning: relative fall of distinct completions
+    match_common_share: float = MATCH_COMMON_SHARE  # matching "reweights only"
+    min_checked_steps: int = MIN_CHECKED_STEPS  # claim 4: problems with at least this many steps
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1:

@@ -32,9 +32,12 @@ from grpo_cli.analysis.rules import (
     INCONCLUSIVE,
     NOT_JUDGED,
     NOT_MEASURED,
+    OUTCOME,
     SUPPORTED,
+    Families,
     Rules,
     combine,
+    estimator_family,
     holm,
 )
 from grpo_cli.analysis.tables import metric_table
@@ -89,7 +92,8 @@ def _facts(runs: list[Run]) -> dict[str, dict]:
 
 
 def zero_sum_variants(runs: list[Run]) -> list[str]:
-    return sorted(v for v, f in _facts(runs).items() if f["zero_sum_group"])
+    """The variants of zero-sum outcome estimators (rules.estimator_family, recorded facts)."""
+    return sorted(v for v, f in _facts(runs).items() if estimator_family(f) == OUTCOME)
 
 
 def _label(variant: str, estimator: str | None) -> str:
@@ -178,8 +182,8 @@ def rank_claim(
         return Claim(
             2,
             NOT_MEASURED,
-            f"no {rules.rank_matrix} / {rules.rank_measure} ranks from a grpo, dr_grpo or rloo "
-            "run (no probe step, or no informative group)",
+            f"no {rules.rank_matrix} / {rules.rank_measure} ranks from a zero-sum outcome "
+            "estimator's run (no such run, no probe step, or no informative group)",
             pd.DataFrame(),
         )
     parts = [p for v in primary.itertuples(index=False) for p in v.parts]
@@ -321,7 +325,7 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
         return Claim(
             3,
             NOT_MEASURED,
-            "no grad_sparsity / grad_hoyer in a grpo, dr_grpo or rloo run",
+            "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run",
             frame,
             parts=parts,
         )
@@ -364,8 +368,9 @@ def judge_claims(
         sparsity_claim(runs, rules),
         falsifier_claim(runs, rules),
     ]
+    families = Families.of(runs)
     for claim in claims:
-        claim.rule = rules.text(claim.number)
+        claim.rule = rules.text(claim.number, families)
     return claims
 
 

@@ -31,7 +31,14 @@ import pandas as pd
 
 from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rules import MIN_CHECKED_STEPS, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.rules import (
+    MIN_CHECKED_STEPS,
+    OUTCOME,
+    PER_TOKEN,
+    RANK_TARGET,
+    estimator_family,
+    judged_group_sizes,
+)
 from grpo_cli.analysis.summary import last_part_means, rank_summary
 from grpo_cli.analysis.tables import LAYER_MEAN, META, run_meta
 
@@ -113,14 +120,6 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[columns]
 
 
-def _family(facts: dict) -> str | None:
-    """"outcome" for zero-sum outcome estimators (grpo, dr_grpo, rloo), the estimator's name for
-    per-token ones (each its own row), None for the rest (run.json estimator_facts)."""
-    if facts["zero_sum_group"] and facts["credit"] == "outcome":
-        return "outcome"
-    return facts["name"] if facts["credit"] == "per_token" else None
-
-
 def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
                      target: float = RANK_TARGET) -> pd.DataFrame:
     """One row per matrix x measure x outcome variant x per-token variant: the reading, the
@@ -128,8 +127,8 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     difference per R and on average (empty without both kinds of estimator)."""
     facts = {run.variant: run.estimator_facts for run in runs}
     estimators = {variant: f["name"] for variant, f in facts.items()}
-    outcome = sorted(v for v, f in facts.items() if _family(f) == "outcome")
-    per_token = sorted(v for v, f in facts.items() if _family(f) not in (None, "outcome"))
+    outcome = sorted(v for v, f in facts.items() if estimator_family(f) == OUTCOME)
+    per_token = sorted(v for v, f in facts.items() if estimator_family(f) == PER_TOKEN)
     summary = rank_summary(last_part_means(same_rows_table(runs, measures), last_fraction))
     if summary.empty or not outcome or not per_token:
         return pd.DataFrame()

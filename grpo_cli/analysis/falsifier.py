@@ -38,16 +38,20 @@ from grpo_cli.analysis.rules import (
     INCONCLUSIVE,
     NOT_JUDGED,
     NOT_MEASURED,
+    OUTCOME,
+    PER_TOKEN,
     SUPPORTED,
+    Families,
     Rules,
     combine,
+    estimator_family,
     judged_group_sizes,
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
 
 SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
-            "advantages (ppo's critic) has more non-zero rows in the batch matrix, and more rows "
+            "advantages (a learned critic) has more non-zero rows in the batch matrix, and more rows "
             "raise its rank without any per-token credit; per non-zero row, and on the per-group "
             "matrix's informative groups, those rows do not count")
 
@@ -98,8 +102,8 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
 def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
     """(outcome variants: zero-sum outcome credit; per-token variants; variant -> label)."""
     facts = {run.variant: run.estimator_facts for run in runs}
-    outcome = sorted(v for v, f in facts.items() if f["zero_sum_group"] and f["credit"] == "outcome")
-    per_token = sorted(v for v, f in facts.items() if f["credit"] == "per_token")
+    outcome = sorted(v for v, f in facts.items() if estimator_family(f) == OUTCOME)
+    per_token = sorted(v for v, f in facts.items() if estimator_family(f) == PER_TOKEN)
     return outcome, per_token, {v: v or str(f["name"]) for v, f in facts.items()}
 
 
@@ -266,9 +270,11 @@ def falsifier_reading(runs: list[Run], rules: Rules
     reading in the evidence."""
     outcome, per_token, _ = _families(runs)
     if not outcome or not per_token:
+        families = Families.of(runs)
         return (NOT_MEASURED, "the results do not hold both an outcome estimator (zero-sum "
-                "outcome credit: grpo, dr_grpo, rloo) and a per-token one (ppo, process, otb); "
-                "`make reproduce-cpu` runs both", pd.DataFrame(), [])
+                f"outcome credit; {families.named(families.zero_sum)}) and a per-token one "
+                f"({families.named(families.per_token)}); `make reproduce-cpu` runs both",
+                pd.DataFrame(), [])
     training = [r for r in runs if not is_probe(r)]
     rows, parts, side = training_parts(training, rules) if training else ([], [], [])
     probe_rows, probe = probe_parts(runs, rules)

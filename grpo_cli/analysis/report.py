@@ -286,9 +286,9 @@ def credit_comparison_blocks(table: pd.DataFrame, measure: str) -> list[Block]:
               "Per-group matrices use informative groups only for every estimator (column "
               "'rows'), and of those the problems with at least two checked steps, on both "
               "sides and for every estimator alike: claim 4's verdict is read on these rows of "
-              "claim 2's matrix. Batch matrices are also read per non-zero row (ppo's critic "
-              "gives zero-variance groups non-zero rows); they are claim 4's side reading. ppo "
-              "and process are separate rows. `grpo probe CHECKPOINT algorithm.name=process` "
+              "claim 2's matrix. Batch matrices are also read per non-zero row (a learned "
+              "critic gives zero-variance groups non-zero rows); they are claim 4's side reading. "
+              "Each per-token estimator is its own row. `grpo probe CHECKPOINT algorithm.name=process` "
               "beside a grpo probe of the same checkpoint gives the very same rollouts, which "
               "claim 4 compares group by group. Every measure: credit_comparison.csv."),
         ("table", table),
@@ -372,7 +372,7 @@ def blocks(result) -> list[Block]:
         (
             "p",
             "Over every informative per-group row (group g<b>) whose advantages fit the closed "
-            "form (c (r_i - mean r), binary r: grpo, dr_grpo, rloo), per R: the prediction from "
+            "form (c (r_i - mean r), binary r: a zero-sum outcome estimator), per R: the prediction from "
             "the composition (R orthonormal rows, singular values M (m times) and m (M times)), "
             "the prediction over distinct completions (sqrt(n_u) |a_u| per distinct completion "
             "u with n_u copies), and the measurement. gap_duplicates = predicted - predicted "

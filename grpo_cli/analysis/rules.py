@@ -12,7 +12,7 @@ reading of "~2", "independent of R" and "well above 2", printed with every verdi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +97,45 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - i) * p[k]))
         out[k] = running
     return out.tolist()
+
+
+OUTCOME, PER_TOKEN = "outcome", "per_token"  # estimator families (run.json estimator_facts)
+
+
+def estimator_family(facts: Mapping[str, object]) -> str | None:
+    """OUTCOME for a zero-sum outcome estimator (one advantage per rollout, summing to zero over
+    its group: the paper's setting, claims 2-4), PER_TOKEN for credit that varies along a
+    completion (claim 4's falsifier), None for the rest (e.g. a batch-mean baseline). Read from
+    the facts a run recorded, never from the estimator's name."""
+    if facts.get("credit") == "outcome" and facts.get("zero_sum_group"):
+        return OUTCOME
+    return PER_TOKEN if facts.get("credit") == "per_token" else None
+
+
+@dataclass(frozen=True)
+class Families:
+    """The estimators the analysed results hold, by family (`estimator_family`), as the rule
+    texts name them."""
+
+    zero_sum: tuple[str, ...] = ()  # zero-sum outcome estimators (claims 2, 3, 4's outcome side)
+    per_token: tuple[str, ...] = ()  # per-token credit (claim 4; claim 1's contrast)
+    outcome: tuple[str, ...] = ()  # every outcome-credit estimator (claim 1 judges them)
+
+    @classmethod
+    def of(cls, runs: Iterable) -> Families:
+        """From runs' recorded facts (anything with `estimator_facts`: analysis/load.Run)."""
+        facts = [run.estimator_facts for run in runs]
+
+        def names(keep) -> tuple[str, ...]:
+            return tuple(sorted({str(f["name"]) for f in facts if keep(f)}))
+
+        return cls(zero_sum=names(lambda f: estimator_family(f) == OUTCOME),
+                   per_token=names(lambda f: estimator_family(f) == PER_TOKEN),
+                   outcome=names(lambda f: f.get("credit") == "outcome"))
+
+    @staticmethod
+    def named(names: tuple[str, ...]) -> str:
+        return "here: " + ", ".join(names) if names else "none in these results"
 
 
 @dataclass(frozen=True)
@@ -207,8 +246,9 @@ class Rules:
             f"+-{tol}. " + self.interval_text()
         )
 
-    def text(self, claim: int) -> str:
-        """Claim `claim`'s rule in words, from the thresholds above."""
+    def text(self, claim: int, families: Families) -> str:
+        """Claim `claim`'s rule in words, from the thresholds above; `families` names the
+        estimators of the analysed results (recorded facts)."""
         target = f"{self.target:g}"
         if claim == 1:
             return (
@@ -216,13 +256,16 @@ class Rules:
                 "completion tokens all got the same advantage) at every step of every run. "
                 "For outcome estimators this is true by construction (one scalar advantage is "
                 "broadcast over the tokens): it checks the wiring, not the paper. Supported iff "
-                f">= 1 - {self.credit_tolerance:g} at every step, contradicted otherwise; ppo "
-                "and process (per-token credit) are shown for contrast, not judged."
+                f">= 1 - {self.credit_tolerance:g} at every step, contradicted otherwise. Judged: "
+                f"every outcome-credit estimator ({families.named(families.outcome)}); per-token "
+                f"estimators ({families.named(families.per_token)}) are shown for contrast, not "
+                "judged."
             )
         if claim == 2:
             return (
                 f"{self.rank_matrix} / {self.rank_measure} (the group's R x P gradient that the "
-                "paper's zero-sum argument is about), for every grpo, dr_grpo or rloo variant. "
+                "paper's zero-sum argument is about), for every variant of a zero-sum outcome "
+                f"estimator ({families.named(families.zero_sum)}). "
                 + self.rank_text()
             )
         if claim == 3:
@@ -250,13 +293,14 @@ class Rules:
         return (
             f"Decided on claim 2's own matrix, {self.rank_matrix} / {self.rank_measure}, with "
             "the same rows on both sides: informative groups only (the rewards differ), and "
-            f"where ranks.csv records checked steps only problems with >= {MIN_CHECKED_STEPS} "
+            f"where ranks.csv records checked steps only problems with >= {self.min_checked_steps} "
             "of them, for every estimator alike (a step-reward estimator gives a one-step "
             "problem uniform credit). This is the matrix the paper's zero-sum argument is "
             "about, and on the same rows a higher rank can only come from different credit. "
             f"Per run, the mean over its last {self.last_fraction:.0%} of probe steps; per R, "
-            "the mean over seeds. Per pair of an outcome variant (zero-sum outcome credit: "
-            "grpo, dr_grpo, rloo) and a per-token variant (ppo, process, otb) at each R > "
+            "the mean over seeds. Per pair of an outcome variant (zero-sum outcome credit; "
+            f"{families.named(families.zero_sum)}) and a per-token variant "
+            f"({families.named(families.per_token)}) at each R > "
             f"{target} (R <= {target} is capped: a group of R rows has rank <= R): supported iff "
             f"the intervals of per-token minus outcome and of the per-token rank lie above "
             f"{self.margin:g} and {target} + {self.margin:g}; contradicted iff either lies "
@@ -264,7 +308,7 @@ class Rules:
             "checkpoint, seed and R (the very same rollouts), their latest checkpoint is read "
             "group by group (paired differences) and decides too. "
             f"{self.falsifier_matrix} is a side reading, not in the verdict: an estimator "
-            "that gives zero-variance groups non-zero advantages (ppo's critic) has more "
+            "that gives zero-variance groups non-zero advantages (a learned critic) has more "
             "non-zero rows there, and more rows raise a rank without any per-token credit; "
             "its rank per non-zero row is shown beside it. " + self.interval_text()
         )

@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rules import RANK_TARGET, Rules, judged_group_sizes
+from grpo_cli.analysis.over_r import reading_over_r
+from grpo_cli.analysis.rules import RANK_TARGET, Rules
 from grpo_cli.analysis.tables import metric_table
 
 STAGES = ("early", "late")  # first and second half of a run's probe steps
@@ -117,15 +117,13 @@ def stage_readings(stages: pd.DataFrame, target: float = RANK_TARGET) -> pd.Data
     sizes = sorted(int(r) for r in stages["group_size"].unique()) if not stages.empty else []
     for (variant, stage), part in stages.groupby(["variant", "stage"], observed=True, sort=True):
         means = dict(zip(part["group_size"].astype(int), part["rank"], strict=True))
-        judged = judged_group_sizes(means, target)
-        values = [means[r] for r in judged]
+        reading = reading_over_r(means, target)
         rows.append({
             "variant": variant, "stage": stage,
-            "judged R": ",".join(str(r) for r in judged),
+            "judged R": reading.judged_text,
             **{f"R={r}": means.get(r, np.nan) for r in sizes},
-            "slope / doubling": slope_per_doubling(judged, values),
-            "max dev. from 2": float(np.nanmax(np.abs(np.array(values) - target)))
-            if np.isfinite(values).any() else np.nan,
+            "slope / doubling": reading.slope,
+            "max dev. from 2": reading.max_deviation,
         })
     return pd.DataFrame(rows)
 

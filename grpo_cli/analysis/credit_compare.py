@@ -29,15 +29,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.over_r import reading_over_r
 from grpo_cli.analysis.rules import (
     MIN_CHECKED_STEPS,
     OUTCOME,
     PER_TOKEN,
     RANK_TARGET,
     estimator_family,
-    judged_group_sizes,
 )
 from grpo_cli.analysis.summary import last_part_means, rank_summary
 from grpo_cli.analysis.tables import LAYER_MEAN, META, run_meta
@@ -138,8 +137,7 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     for (variant, matrix, stat, measure), base in means.items():
         if variant not in outcome:
             continue
-        judged = judged_group_sizes(base, target)
-        slope = slope_per_doubling(judged, [base[r] for r in judged])
+        slope = reading_over_r(base, target).slope
         for other in per_token:
             # every selection on per-group matrices (claim 4 decides on deciding_stat's);
             # whole matrices as they are

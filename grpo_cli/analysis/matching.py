@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.bootstrap import slope_per_doubling
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.over_r import reading_over_r
 from grpo_cli.analysis.rules import MATCH_COMMON_SHARE, RANK_TARGET, judged_group_sizes
 from grpo_cli.analysis.tables import progress_at
 
@@ -108,14 +108,14 @@ def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, target: float =
         sizes = sorted(int(r) for r in part["group_size"].unique())
         for b in sorted({int(b) for b, _ in means.index}):
             here = {int(r): float(v) for r, v in means.loc[b].items()}
-            judged = [r for r in judged_group_sizes(sizes, target) if r in here]
-            if len(judged) < 2:
+            reading = reading_over_r(here, target)
+            if len(reading.judged) < 2:
                 continue
             rows.append({
                 "variable": variable, "variant": variant,
                 "bin": f"{edges[b]:.3g}-{edges[b + 1]:.3g}",
                 **{f"R={r}": here.get(r, np.nan) for r in sizes},
-                "slope / doubling": slope_per_doubling(judged, [here[r] for r in judged]),
+                "slope / doubling": reading.slope,
             })
     return pd.DataFrame(rows)
 

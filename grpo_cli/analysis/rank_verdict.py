@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
+from grpo_cli.analysis.over_r import reading_over_r
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -315,7 +316,7 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
             "slope": slope_iv.estimate if slope_iv else math.nan,
             "slope_low": slope_iv.low if slope_iv else math.nan,
             "slope_high": slope_iv.high if slope_iv else math.nan,
-            "max_deviation": max((abs(means[r] - rules.target) for r in judged), default=math.nan),
+            "max_deviation": reading_over_r({r: means[r] for r in judged}, rules.target).max_deviation,
             "verdict_slope_zero": parts[0].verdict,
             "verdict_growth": parts[1].verdict,
             "verdict_level": parts[2].verdict,
@@ -342,15 +343,10 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
 def point_reading(means: dict[int, float], rules: Rules) -> tuple[str, float, float]:
     """(reading, max deviation, slope) of point estimates with no interval (matched progress):
     "inside" / "outside" the rule's region, on the judged R values."""
-    means = {r: m for r, m in means.items() if np.isfinite(m)}
-    judged = judged_group_sizes(means, rules.target)
-    if not judged:
-        return NOT_JUDGED, math.nan, math.nan
-    deviation = max(abs(means[r] - rules.target) for r in judged)
-    if len(judged) < 2:
+    reading = reading_over_r(means, rules.target)
+    deviation, slope = reading.max_deviation, reading.slope
+    if len(reading.judged) < 2:
         return NOT_JUDGED, deviation, math.nan
-    x = np.log2(np.array(judged, dtype=float))
-    slope = float(bs.slope(x, np.array([means[r] for r in judged])))
     inside = deviation <= rules.band and abs(slope) <= rules.growth_tolerance
     return ("inside" if inside else "outside"), deviation, slope
 

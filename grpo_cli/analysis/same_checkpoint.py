@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.bootstrap import mean_interval, slope, slope_per_doubling
+from grpo_cli.analysis.bootstrap import mean_interval, slope
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rules import CONFIDENCE, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.over_r import reading_over_r
+from grpo_cli.analysis.rules import CONFIDENCE, RANK_TARGET
 
 PROBE_TRAINER = "grpo-probe"
 
@@ -67,17 +68,16 @@ def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollou
     for (source, variant, step), part in picked.groupby(["source", "variant", "step"], sort=True):
         means = part.groupby("group_size")["value"].mean()
         means = {int(r): float(v) for r, v in means.items()}
-        judged = judged_group_sizes(means, target)
-        values = [means[r] for r in judged]
-        low, high = _slope_interval(part, judged, confidence)
+        reading = reading_over_r(means, target)
+        low, high = _slope_interval(part, list(reading.judged), confidence)
         rows.append({
             "source": source, "variant": variant, "checkpoint step": int(step),
             "seeds": int(part["seed"].nunique()),
             **{f"R={r}": means.get(r, np.nan) for r in sizes},
-            "judged R": ",".join(map(str, judged)),
-            "slope / doubling": slope_per_doubling(judged, values),
+            "judged R": reading.judged_text,
+            "slope / doubling": reading.slope,
             "slope low": low, "slope high": high,
-            "max dev. from 2": float(np.max(np.abs(np.array(values) - target))) if values else np.nan,
+            "max dev. from 2": reading.max_deviation,
         })
     return pd.DataFrame(rows)
 

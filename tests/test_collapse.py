@@ -61,7 +61,7 @@ def test_stages_split_each_runs_probe_steps_in_halves(runs):
 
 def test_stage_readings_judge_the_uncapped_sizes_per_stage(runs):
     stages = collapse.stage_table(collapse.collapse_frame(runs, rank_table(runs, ["erank_entropy"])))
-    readings = collapse.stage_readings(stages).set_index("stage")
+    readings = collapse.stage_readings(stages, Rules()).set_index("stage")
     # early: 2.205, 4.005, 3.005 at log2 R = 2, 3, 4: slope = sum (x - 3)(y - ybar) / 2 = 0.4
     assert readings.loc["early", "slope / doubling"] == pytest.approx(0.4)
     assert readings.loc["early", "max dev. from 2"] == pytest.approx(2.005)

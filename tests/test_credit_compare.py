@@ -10,6 +10,7 @@ from results_factory import write_run
 
 from grpo_cli.analysis import credit_compare
 from grpo_cli.analysis.load import load_runs
+from grpo_cli.analysis.rules import Rules
 
 STEPS = (0, 5, 10, 15)
 # (group, minority, problem_steps, erank_entropy) per-group rows of rollout_group
@@ -52,7 +53,7 @@ def runs(tmp_path):
 
 
 def test_same_rows_leave_out_zero_variance_groups_and_one_step_problems(runs):
-    table = credit_compare.same_rows_table(runs, ["erank_entropy"])
+    table = credit_compare.same_rows_table(runs, ["erank_entropy"], Rules())
     group = table[(table["matrix"] == "rollout_group") & (table["group_size"] == 4)]
     informative = group[group["stat"] == "informative groups"].groupby("variant")["value"].mean()
     assert informative["grpo"] == pytest.approx(2.2)
@@ -66,7 +67,7 @@ def test_same_rows_leave_out_zero_variance_groups_and_one_step_problems(runs):
 
 
 def test_comparison_puts_outcome_rank_slope_and_difference_on_each_matrix(runs):
-    table = credit_compare.comparison_table(runs, ["erank_entropy"], last_fraction=0.25)
+    table = credit_compare.comparison_table(runs, ["erank_entropy"], Rules(last_fraction=0.25))
     rows = {(r["matrix"], r["measure"], r["per-token"], r["rows"]): r
             for r in table.to_dict("records")}
     group = rows[("rollout_group", "erank_entropy", "ppo", "informative groups")]
@@ -93,7 +94,7 @@ def test_comparison_puts_outcome_rank_slope_and_difference_on_each_matrix(runs):
 
 def test_no_comparison_without_both_kinds_of_estimator(runs):
     grpo_only = [run for run in runs if run.variant == "grpo"]
-    assert credit_compare.comparison_table(grpo_only, ["erank_entropy"], 0.25).empty
+    assert credit_compare.comparison_table(grpo_only, ["erank_entropy"], Rules(last_fraction=0.25)).empty
 
 
 def test_analyze_shows_the_table_in_the_claims_section(runs, tmp_path):

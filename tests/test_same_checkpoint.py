@@ -10,6 +10,7 @@ from results_factory import write_run
 
 from grpo_cli.analysis.load import load_runs
 from grpo_cli.analysis.pipeline import analyze
+from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.same_checkpoint import checkpoint_table, is_probe
 from grpo_cli.analysis.tables import rank_table
 
@@ -39,7 +40,7 @@ def test_each_checkpoint_gets_its_own_reading_on_the_uncapped_r(probe_dir):
     for run in runs:
         run.variant = ""
     assert all(is_probe(run) for run in runs)
-    table = checkpoint_table(runs, rank_table(runs, ["erank_entropy"])).set_index("checkpoint step")
+    table = checkpoint_table(runs, rank_table(runs, ["erank_entropy"]), Rules()).set_index("checkpoint step")
     assert table.loc[0, "judged R"] == "4,8,16"  # R=2 is capped
     assert table.loc[0, "slope / doubling"] == pytest.approx(0.0, abs=1e-12)
     assert table.loc[10, "slope / doubling"] == pytest.approx(0.5)
@@ -64,7 +65,7 @@ def test_training_runs_have_no_same_checkpoint_table(tmp_path):
     write_run(tmp_path / "sweep", group_size=4, seed=0, matrices=("rollout_group",))
     runs = load_runs([tmp_path / "sweep"])
     assert not is_probe(runs[0])
-    assert checkpoint_table(runs, rank_table(runs, ["erank_entropy"])).empty
+    assert checkpoint_table(runs, rank_table(runs, ["erank_entropy"]), Rules()).empty
 
 
 def test_same_checkpoint_slope_interval_is_the_t_interval_of_per_seed_slopes():

@@ -30,7 +30,7 @@ import pandas as pd
 
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import reading_over_r
-from grpo_cli.analysis.rules import RANK_TARGET, Rules
+from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.tables import metric_table
 
 STAGES = ("early", "late")  # first and second half of a run's probe steps
@@ -110,14 +110,14 @@ def stage_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values([*KEYS, "stage"])[columns].reset_index(drop=True)
 
 
-def stage_readings(stages: pd.DataFrame, target: float = RANK_TARGET) -> pd.DataFrame:
+def stage_readings(stages: pd.DataFrame, rules: Rules) -> pd.DataFrame:
     """Claim 2 per stage: variant, stage, judged R, one `R=<r>` mean rank column per R, the slope
     per doubling and the largest |rank - target| over the judged (uncapped) R values."""
     rows = []
     sizes = sorted(int(r) for r in stages["group_size"].unique()) if not stages.empty else []
     for (variant, stage), part in stages.groupby(["variant", "stage"], observed=True, sort=True):
         means = dict(zip(part["group_size"].astype(int), part["rank"], strict=True))
-        reading = reading_over_r(means, target)
+        reading = reading_over_r(means, rules.target)
         rows.append({
             "variant": variant, "stage": stage,
             "judged R": reading.judged_text,

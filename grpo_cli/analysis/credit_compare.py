@@ -32,10 +32,9 @@ import pandas as pd
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import reading_over_r
 from grpo_cli.analysis.rules import (
-    MIN_CHECKED_STEPS,
     OUTCOME,
     PER_TOKEN,
-    RANK_TARGET,
+    Rules,
     estimator_family,
 )
 from grpo_cli.analysis.summary import last_part_means, rank_summary
@@ -56,15 +55,15 @@ READINGS = {  # which reading of the paper a matrix covers
 INFORMATIVE, MULTI_STEP, WHOLE_MATRIX = "informative groups", "multi-step problems", "all"
 
 
-def group_selections(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def group_selections(rows: pd.DataFrame, rules: Rules) -> dict[str, pd.DataFrame]:
     """Per-group rows of groups whose rewards differ (`INFORMATIVE`), and of those the groups
-    whose problem has at least MIN_CHECKED_STEPS checked steps (`MULTI_STEP`, where a
+    whose problem has at least `rules.min_checked_steps` checked steps (`MULTI_STEP`, where a
     step-reward estimator's credit can differ from uniform; absent without `problem_steps`)."""
     if "minority" in rows:
         rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
     out = {INFORMATIVE: rows}
     if "problem_steps" in rows and rows["problem_steps"].notna().any():
-        out[MULTI_STEP] = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= MIN_CHECKED_STEPS]
+        out[MULTI_STEP] = rows[pd.to_numeric(rows["problem_steps"], errors="coerce") >= rules.min_checked_steps]
     return out
 
 
@@ -76,7 +75,7 @@ def deciding_stat(available: set[str]) -> str:
     return MULTI_STEP if MULTI_STEP in available else INFORMATIVE
 
 
-def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
+def same_rows_table(runs: list[Run], measures: list[str], rules: Rules) -> pd.DataFrame:
     """Long table (META + step, matrix, layer, stat, measure, value) of every run's ranks read
     on the same rows for every estimator (module docstring): per-group matrices with `stat`
     INFORMATIVE and MULTI_STEP, whole matrices with `stat` "all" and `<measure> per non-zero
@@ -95,7 +94,7 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
             if matrix in PER_GROUP:
                 selections = {stat: picked.groupby("step", as_index=False)[have].mean()
                               for stat, picked in group_selections(
-                                  rows[rows["group"].str.startswith("g")]).items()}
+                                  rows[rows["group"].str.startswith("g")], rules).items()}
             elif matrix in WHOLE:
                 rows = rows[rows["group"].isin(["all", ""])]
                 wide = rows[["step", *have]].copy()
@@ -119,8 +118,7 @@ def same_rows_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[columns]
 
 
-def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
-                     target: float = RANK_TARGET) -> pd.DataFrame:
+def comparison_table(runs: list[Run], measures: list[str], rules: Rules) -> pd.DataFrame:
     """One row per matrix x measure x outcome variant x per-token variant: the reading, the
     outcome rank per R and its slope per doubling (judged R), the per-token rank per R, and the
     difference per R and on average (empty without both kinds of estimator)."""
@@ -128,7 +126,7 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     estimators = {variant: f["name"] for variant, f in facts.items()}
     outcome = sorted(v for v, f in facts.items() if estimator_family(f) == OUTCOME)
     per_token = sorted(v for v, f in facts.items() if estimator_family(f) == PER_TOKEN)
-    summary = rank_summary(last_part_means(same_rows_table(runs, measures), last_fraction))
+    summary = rank_summary(last_part_means(same_rows_table(runs, measures, rules), rules.last_fraction))
     if summary.empty or not outcome or not per_token:
         return pd.DataFrame()
     means = {key: dict(zip(part["group_size"].astype(int), part["mean"], strict=True))
@@ -137,7 +135,7 @@ def comparison_table(runs: list[Run], measures: list[str], last_fraction: float,
     for (variant, matrix, stat, measure), base in means.items():
         if variant not in outcome:
             continue
-        slope = reading_over_r(base, target).slope
+        slope = reading_over_r(base, rules.target).slope
         for other in per_token:
             # every selection on per-group matrices (claim 4 decides on deciding_stat's);
             # whole matrices as they are

@@ -3,7 +3,7 @@
 The deciding reading is on claim 2's own matrix (`rules.rank_matrix`, rollout_group: the R x P
 matrix of the zero-sum argument) with the same rows on both sides (analysis/credit_compare.py):
 informative groups only (the rewards differ), and, where ranks.csv records checked steps, only
-problems with >= MIN_CHECKED_STEPS of them (a step-reward estimator gives a one-step problem
+problems with >= the rule book's min_checked_steps of them (a step-reward estimator gives a one-step problem
 uniform credit, so those groups cannot show what per-token credit does; the restriction is the
 same for every estimator, never chosen by name). Per run the window mean over its last probe
 steps, per R the seed-level t-interval and per-token minus outcome Welch's interval: the same
@@ -141,7 +141,7 @@ def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part
     the side reading's sentences."""
     outcome, per_token, label = _families(runs)
     measure = rules.rank_measure
-    table = cc.same_rows_table(runs, [measure])
+    table = cc.same_rows_table(runs, [measure], rules)
     window = last_part(table, rules.last_fraction)
     deciding = window[(window["matrix"] == rules.rank_matrix) & (window["measure"] == measure)]
     rows, parts, side = [], [], []
@@ -199,10 +199,12 @@ def _side_sentences(window: pd.DataFrame, base: str, other: str, name: str, rule
     return out
 
 
-def same_rollout_differences(runs: list[Run], matrix: str, measure: str) -> pd.DataFrame:
+def same_rollout_differences(runs: list[Run], rules: Rules) -> pd.DataFrame:
     """Per-group values of `grpo probe` runs, one row per (source, seed, step, R, group) with a
     column per variant that probed it: the same rollouts under each estimator. Groups kept by
-    the same selection on every side (credit_compare: informative, multi-step where recorded)."""
+    the same selection on every side (credit_compare: informative, multi-step where recorded), on
+    the rule book's matrix and measure."""
+    matrix, measure = rules.rank_matrix, rules.rank_measure
     frames = []
     for run in runs:
         if not is_probe(run) or run.ranks.empty or measure not in run.ranks:
@@ -210,7 +212,7 @@ def same_rollout_differences(runs: list[Run], matrix: str, measure: str) -> pd.D
         ranks = run.ranks[(run.ranks["matrix"] == matrix)
                           & run.ranks["group"].astype(str).str.startswith("g")]
         ranks = ranks.assign(value=pd.to_numeric(ranks[measure], errors="coerce"))
-        selections = cc.group_selections(ranks)
+        selections = cc.group_selections(ranks, rules)
         picked = selections[cc.deciding_stat(set(selections))]
         frames.append(picked.assign(source=probe_source(run), seed=run.seed,
                                     group_size=run.group_size, variant=run.variant)[
@@ -224,7 +226,7 @@ def same_rollout_differences(runs: list[Run], matrix: str, measure: str) -> pd.D
 
 def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
     """Deciding parts from `grpo probe` pairs: the very same rollouts, group by group."""
-    paired = same_rollout_differences(runs, rules.rank_matrix, rules.rank_measure)
+    paired = same_rollout_differences(runs, rules)
     if paired.empty:
         return [], []
     outcome, per_token, label = _families([r for r in runs if is_probe(r)])

@@ -24,7 +24,7 @@ import pandas as pd
 
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import reading_over_r
-from grpo_cli.analysis.rules import MATCH_COMMON_SHARE, RANK_TARGET, judged_group_sizes
+from grpo_cli.analysis.rules import Rules, judged_group_sizes
 from grpo_cli.analysis.tables import progress_at
 
 VARIABLES = {  # name -> what it is, in words
@@ -59,26 +59,25 @@ def _bins(progress: pd.Series, bins: int) -> tuple[np.ndarray, np.ndarray]:
     return edges, index
 
 
-def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
-                   common_share: float = MATCH_COMMON_SHARE) -> pd.DataFrame:
+def coverage_table(frame: pd.DataFrame, variable: str, bins: int, rules: Rules) -> pd.DataFrame:
     """Per variant and R: the variable's range on probe steps, the bins reached, the share of
     the R's probe steps in bins that every R reaches (`in common bins`), the mean rank over those
     bins (`matched mean`, each bin weighted equally) beside the mean over all probe steps, and
     `matching`: "not possible" (no bin every R reaches), "reweights only" (every R has at least
-    `common_share` of its probe steps in common bins: the R values cover the same progress, so
+    `rules.match_common_share` of its probe steps in common bins: the R values cover the same progress, so
     the matched mean is a reweighted whole-run average) or "possible". Common bins are those
-    every judged (uncapped) R reaches (rules.judged_group_sizes)."""
+    every judged (uncapped) R reaches (rules.judged_group_sizes, at rules.target)."""
     rows = []
     for variant, part in frame.groupby("variant", sort=True):
         edges, index = _bins(part["progress"], bins)
         part = part.assign(bin=index)
         reached = {int(r): set(p["bin"]) for r, p in part.groupby("group_size")}
-        judged = judged_group_sizes(reached)  # capped R (R=2: 2 distinct at most) do not decide
+        judged = judged_group_sizes(reached, rules.target)  # capped R (R=2: 2 distinct at most) do not decide
         common = set.intersection(*(reached[r] for r in judged)) if judged else set()
         shares = {int(r): float(p["bin"].isin(common).mean()) for r, p in part.groupby("group_size")}
         if len(judged) < 2 or not common:
             matching = "not possible"
-        elif min(shares[r] for r in judged) >= common_share:
+        elif min(shares[r] for r in judged) >= rules.match_common_share:
             matching = "reweights only"
         else:
             matching = "possible"
@@ -96,7 +95,7 @@ def coverage_table(frame: pd.DataFrame, variable: str, bins: int,
     return pd.DataFrame(rows)
 
 
-def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, target: float = RANK_TARGET) -> pd.DataFrame:
+def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, rules: Rules) -> pd.DataFrame:
     """Per variant and bin shared by two or more judged R values: the bin's range, the rank per
     R (per run first, then over seeds) and its slope per doubling of R."""
     rows = []
@@ -108,7 +107,7 @@ def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, target: float =
         sizes = sorted(int(r) for r in part["group_size"].unique())
         for b in sorted({int(b) for b, _ in means.index}):
             here = {int(r): float(v) for r, v in means.loc[b].items()}
-            reading = reading_over_r(here, target)
+            reading = reading_over_r(here, rules.target)
             if len(reading.judged) < 2:
                 continue
             rows.append({
@@ -150,8 +149,8 @@ def sentences(coverage: pd.DataFrame) -> list[str]:
     return out
 
 
-def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int,
-                    target: float = RANK_TARGET) -> tuple[pd.DataFrame, pd.DataFrame]:
+def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int, rules: Rules
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """coverage_table and per_bin_table over every variable with data (held-out accuracy only
     when some run has eval.csv rows); `frame`: collapse.collapse_frame."""
     coverage, per_bin = [], []
@@ -162,8 +161,8 @@ def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int,
         progress = with_progress(runs, frame, variable)
         if progress.empty:
             continue
-        coverage.append(coverage_table(progress, variable, bins))
-        per_bin.append(per_bin_table(progress, variable, bins, target))
+        coverage.append(coverage_table(progress, variable, bins, rules))
+        per_bin.append(per_bin_table(progress, variable, bins, rules))
     return _concat(coverage), _concat(per_bin)
 
 

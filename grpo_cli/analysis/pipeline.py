@@ -259,7 +259,7 @@ def analyze(
     collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
     matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
-                                                                progress_bins, rules.target)
+                                                                progress_bins, rules)
     experiments = sorted({r.experiment for r in runs})
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
@@ -287,15 +287,12 @@ def analyze(
         notes=notes,
         collapse=collapse_frame,
         stages=stages,
-        stage_readings=collapse.stage_readings(stages),
+        stage_readings=collapse.stage_readings(stages, rules),
         collapse_warnings=collapse.collapse_warnings(stages, rules),
-        credit_comparison=credit_compare.comparison_table(analysed, measures, last_fraction,
-                                                          rules.target),
+        credit_comparison=credit_compare.comparison_table(analysed, measures, rules),
         matching_coverage=matching_coverage,
         matching_bins=matching_bins,
-        same_checkpoint=same_checkpoint.checkpoint_table(
-            analysed, ranks, rules.rank_matrix, rules.rank_measure, rules.target,
-            rules.confidence),
+        same_checkpoint=same_checkpoint.checkpoint_table(analysed, ranks, rules),
         token_weights=token_weight_table,
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)

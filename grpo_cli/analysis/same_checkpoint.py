@@ -21,7 +21,7 @@ import pandas as pd
 from grpo_cli.analysis.bootstrap import mean_interval, slope
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import reading_over_r
-from grpo_cli.analysis.rules import CONFIDENCE, RANK_TARGET
+from grpo_cli.analysis.rules import Rules
 
 PROBE_TRAINER = "grpo-probe"
 
@@ -51,12 +51,13 @@ def _slope_interval(part: pd.DataFrame, judged: list[int], confidence: float
     return iv.low, iv.high
 
 
-def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, matrix: str = "rollout_group",
-                     measure: str = "erank_entropy", target: float = RANK_TARGET,
-                     confidence: float = CONFIDENCE) -> pd.DataFrame:
+def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, rules: Rules) -> pd.DataFrame:
     """One row per probed source x variant x checkpoint step: the rank per R (mean over seeds of
     the step's value), the judged R values, the slope per doubling and the largest |rank -
-    target| over them. Empty without `grpo probe` runs. `ranks`: tables.rank_table."""
+    target| over them, on the rule book's matrix and measure. Empty without `grpo probe` runs.
+    `ranks`: tables.rank_table."""
+    matrix, measure, target, confidence = (rules.rank_matrix, rules.rank_measure, rules.target,
+                                           rules.confidence)
     probes = {str(run.path): run for run in runs if is_probe(run)}
     if not probes or ranks.empty:
         return pd.DataFrame()

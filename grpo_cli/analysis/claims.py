@@ -51,7 +51,6 @@ STATEMENTS = {
     3: "Gradient sparsity grows over training.",
     4: "Per-token credit raises the rank well above 2.",
 }
-FIGURES = {2: "claim2", 3: "claim3", 4: "claim4"}  # the one figure beside each verdict
 
 
 @dataclass

@@ -18,21 +18,16 @@ from grpo_cli.analysis import (
     collapse,
     credit_compare,
     matching,
-    plots,
-    plots_claims,
-    plots_collapse,
-    plots_training,
     report,
     same_checkpoint,
-    style,
     token_weights,
 )
 from grpo_cli.analysis import composition as comp
+from grpo_cli.analysis import figures as figures_module
 from grpo_cli.analysis import rules as rules_module
 from grpo_cli.analysis.claims import (
     Claim,
     judge_claims,
-    zero_sum_variants,
 )
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
@@ -46,60 +41,12 @@ from grpo_cli.analysis.summary import (
 )
 from grpo_cli.analysis.tables import (
     ALIGNS,
-    X_LABELS,
-    X_NOTES,
-    event_table,
-    gradient_table,
     group_table,
     measures_present,
-    metric_table,
     progress_edges,
     rank_table,
     with_x,
 )
-
-FIGURES = {
-    "claim2": "Claim 2: the headline rank against R with its seed-level intervals (bars), the "
-    "band around 2 (grey), the cap rank <= R (dotted; hatched: R <= 2, forced) and the slope "
-    "fitted over the judged R values.",
-    "claim3": "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction "
-    "(every step) over training, mean over seeds with a min-max band.",
-    "claim4": "Claim 4's deciding reading: outcome and per-token ranks on claim 2's matrix with "
-    "the same rows (informative groups; multi-step problems where recorded) against R, and their "
-    "difference (last part of training, seed-level intervals; dashed: the thresholds).",
-    "spectra": "Normalised singular values sigma_k/sigma_1 per matrix at the start, middle and "
-    "end of training (or --steps), one colour per R, one line style per step.",
-    "effective_rank": "Effective rank over training per matrix and measure; band = min-max over seeds; "
-    "triangles = training-health alarms (events.csv).",
-    "rank_vs_R": "Effective rank (mean over the last part of training) against R, with its "
-    "seed-level interval (bar); dashed line at 2, grey band = the rule's band; hatched = R <= 2, "
-    "where a group's rank is capped at R; hollow markers = matched-progress means.",
-    "accuracy": "Held-out accuracy (eval.csv) and training reward (metrics.csv) over training.",
-    "dynamics": "Gradient sparsity, token entropy, zero-variance group fraction (dashed: expected, "
-    "mean over prompts of p_b^R + (1-p_b)^R with p_b a running per-problem estimate; dotted: "
-    "p^R + (1-p)^R at the batch success rate, a lower bound), KL, and the shares of all-wrong and "
-    "all-right groups (the rest are mixed), with alarms.",
-    "gradients": "Gradient statistics from the per-rollout Gram on probe steps: per-rollout "
-    "norms (median, coefficient of variation), the batch gradient's norm sqrt(1'K1) (dashed: the "
-    "trainer's own over the probed parameters; x: steps where they disagree beyond round-off), "
-    "the SNR and McCandlish et al.'s noise scale per rollout and per prompt.",
-    "composition": "rollout_group per-group rank against the minority fraction m/R, with the "
-    "closed-form prediction for m = 1..R/2.",
-    "collapse": "The claim-2 rank over probe steps beside distinct completions per informative "
-    "group and token entropy, per R; dotted: each R's cap (R rows, R distinct completions), "
-    "densely dotted: the closed form over each group's distinct completions, dashed: the "
-    "claimed rank 2.",
-}
-DYNAMICS_COLUMNS = [
-    "grad_sparsity",
-    "entropy",
-    "zero_variance_frac",
-    "expected_zero_variance_frac",
-    "expected_zero_variance_frac_batch",
-    "kl",
-    "groups_all_wrong",
-    "groups_all_right",
-]
 
 
 @dataclass
@@ -297,71 +244,10 @@ def analyze(
     )
     result.out_dir.mkdir(parents=True, exist_ok=True)
     if figures:
-        result.figures = _figures(result, ranks, comp_table, steps)
+        result.figures = figures_module.draw_figures(
+            figures_module.figure_inputs(result, ranks, comp_table, steps), result.out_dir)
     _write(result)
     return result
-
-
-def _figures(
-    result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame, steps: list[int] | None
-) -> dict[str, Path]:
-    runs, align, title = result.analysed, result.align, result.title
-    if any(run.status == "incomplete" for run in runs):
-        title = f"{title} (provisional: includes incomplete runs)"
-    styles = style.Styles([r.variant for r in runs])
-    edges = progress_edges(runs, align, result.progress_bins)
-    alarms = with_x(event_table(runs), runs, align, edges)
-    alarms["x"] = alarms["progress"]  # alarms sit at their exact progress, not a bin centre
-    xlabel, aligned_title = X_LABELS[align], title
-    if align != "step":
-        aligned_title = (
-            f"{title} [{X_NOTES[align]}, {result.progress_bins} equal-width bins, "
-            "each run averaged within a bin]"
-        )
-    ranks_x = with_x(ranks, runs, align, edges)
-    metrics_x = with_x(metric_table(runs, DYNAMICS_COLUMNS), runs, align, edges)
-    per_run = last_part_means(ranks, result.last_fraction)
-    measures, rules = result.measures, result.rules
-    made = {
-        "claim2": plots_claims.claim2_figure(
-            result.summary, result.verdicts, zero_sum_variants(runs), rules, styles, title
-        ),
-        "claim3": plots_claims.claim3_figure(
-            with_x(metric_table(
-                [r for r in runs if r.variant in zero_sum_variants(runs)],
-                [*plots_claims.CLAIM3_PANELS, "grad_norm"]), runs, "step", None),
-            styles, title,
-        ),
-        "claim4": plots_claims.claim4_figure(
-            next((c.table for c in result.claims if c.number == 4), pd.DataFrame()), rules, styles,
-            title,
-        ),
-        "spectra": plots.spectra_figure(runs, steps, styles, title),
-        "effective_rank": plots.effective_rank_figure(
-            ranks_x, alarms, measures, styles, aligned_title, xlabel
-        ),
-        "rank_vs_R": plots.rank_vs_r_figure(
-            per_run,
-            result.summary,
-            result.matched,
-            measures,
-            styles,
-            title,
-            rules,
-        ),
-        "accuracy": plots_training.accuracy_figure(runs, styles, title),
-        "dynamics": plots_training.dynamics_figure(
-            metrics_x, alarms, styles, aligned_title, xlabel
-        ),
-        "gradients": plots_training.gradients_figure(
-            with_x(gradient_table(runs, list(plots_training.GRADIENT_COLUMNS)), runs, align, edges),
-            styles, aligned_title, xlabel),
-        "composition": plots.composition_figure(comp_table, measures, styles, title),
-        "collapse": plots_collapse.collapse_figure(
-            result.collapse, styles, title, result.rules.rank_matrix, result.rules.rank_measure,
-            result.rules.target),
-    }
-    return {name: style.save(fig, result.out_dir / f"{name}.png") for name, fig in made.items()}
 
 
 def _write(result: AnalysisResult) -> None:
@@ -369,7 +255,7 @@ def _write(result: AnalysisResult) -> None:
     report.summary_frame(result).to_csv(out / "summary.csv", index=False)
     content = report.blocks(result)
     (out / "summary.md").write_text(report.render_markdown(content))
-    (out / "report.html").write_text(report.render_html(content, result.figures, FIGURES))
+    (out / "report.html").write_text(report.render_html(content, result.figures, figures_module.CAPTIONS))
     result.files = {
         "summary_csv": out / "summary.csv",
         "summary_md": out / "summary.md",

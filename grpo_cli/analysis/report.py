@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import collapse, credit_compare, matching, same_checkpoint, token_weights
-from grpo_cli.analysis.claims import FIGURES as FIGURE_OF_CLAIM
 from grpo_cli.analysis.claims import claims_table
+from grpo_cli.analysis.figures import figure_of_claim
 
 Block = tuple[str, object]  # (kind, payload): "h1" | "h2" | "h3" | "p" | "quote" | "list" |
 # "table" | "details" (summary line, list of lines: folded away in HTML) | "claim" (dict)
@@ -263,7 +263,7 @@ def claim_blocks(result) -> list[Block]:
         out.append(("claim", {
             "heading": f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
                        + (f" ({claim.parts_text})" if claim.parts_text else ""),
-            "figure": FIGURE_OF_CLAIM.get(claim.number),
+            "figure": figure_of_claim(claim.number),
             "sentences": sentences,
             "rule": claim.rule,
             "table": claim.table,

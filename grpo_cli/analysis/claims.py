@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
-from grpo_cli.analysis import trend
+from grpo_cli.analysis import token_weights, trend
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import Part, rng_for, settle_text
@@ -100,8 +100,27 @@ def _label(variant: str, estimator: str | None) -> str:
 
 
 # ---- claim 1: uniform credit -------------------------------------------------------------------
-def credit_claim(runs: list[Run], rules: Rules) -> Claim:
-    """True by construction for outcome estimators (a check of the wiring, not of the paper)."""
+def credit_claim(runs: list[Run], rules: Rules, weights: pd.DataFrame | None = None) -> Claim:
+    """Claim 1 in two parts: 1a, the advantages (true by construction for outcome estimators: a
+    check of the wiring, not of the paper), and 1b, the loss gradient's token weights where the
+    runs recorded them (`weights`: token_weights.token_weight_table, computed when None); the
+    verdict combines them."""
+    if weights is None:
+        weights = token_weights.token_weight_table(runs)
+    verdict, evidence, frame = _advantages_reading(runs, rules)
+    rule = rules.text(1, Families.of(runs))
+    first = Part("1a", "does every token of a rollout get the same advantage? (true by "
+                 "construction for outcome estimators)", verdict,
+                 f"1a (the advantages; true by construction for outcome estimators): {evidence}")
+    empirical = token_weights.empirical_parts(weights)
+    if empirical:
+        verdict = combine([first.verdict, *(p.verdict for p in empirical)])
+        rule = f"1a: {rule} 1b: {rules.token_weight_text()}"
+    return Claim(1, verdict, evidence, frame, parts=[first, *empirical], rule=rule)
+
+
+def _advantages_reading(runs: list[Run], rules: Rules) -> tuple[str, str, pd.DataFrame]:
+    """Claim 1a: (verdict, evidence, table) of credit_uniform_frac per variant."""
     table = metric_table(runs, ["credit_uniform_frac"])
     estimators = _estimators(runs)
     facts = _facts(runs)
@@ -140,7 +159,7 @@ def credit_claim(runs: list[Run], rules: Rules) -> Claim:
         ". For outcome estimators this holds by construction (one advantage per rollout)."
         if judged else ""
     )
-    return Claim(1, verdict, evidence, frame)
+    return verdict, evidence, frame
 
 
 # ---- claim 2: rank ~2 whatever R -------------------------------------------------------------
@@ -351,24 +370,18 @@ def falsifier_claim(runs: list[Run], rules: Rules) -> Claim:
     return Claim(4, verdict, evidence, table, parts=parts)
 
 
-def judge_claims(
-    runs: list[Run],
-    verdicts: pd.DataFrame,
-    matched: pd.DataFrame,
-    ranks: pd.DataFrame,
-    rules: Rules,
-    progress_bins: int,
-) -> list[Claim]:
-    """The four claims, in order, each with its rule text filled in. `ranks` and `progress_bins`
-    are no longer read (claim 4 reads each run's ranks.csv on the same rows since issue 46)."""
+def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules,
+                 weights: pd.DataFrame) -> list[Claim]:
+    """The four claims, in order, each with its rule text filled in (`weights`: claim 1b's
+    token_weights.token_weight_table)."""
+    families = Families.of(runs)
     claims = [
-        credit_claim(runs, rules),
+        credit_claim(runs, rules, weights),
         rank_claim(runs, verdicts, matched, rules),
         sparsity_claim(runs, rules),
         falsifier_claim(runs, rules),
     ]
-    families = Families.of(runs)
-    for claim in claims:
+    for claim in claims[1:]:
         claim.rule = rules.text(claim.number, families)
     return claims
 

@@ -200,9 +200,8 @@ def analyze(
         with_x(ranks, analysed, matched_progress, edges), rules, matched_progress
     )
     comp_table = comp.composition_table(analysed, measures)
-    claims = judge_claims(analysed, verdicts, matched, ranks, rules, progress_bins)
     token_weight_table = token_weights.token_weight_table(analysed)
-    claims[0] = token_weights.with_empirical_part(claims[0], token_weight_table)  # claim 1b
+    claims = judge_claims(analysed, verdicts, matched, rules, token_weight_table)
     collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapse_frame)
     matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,

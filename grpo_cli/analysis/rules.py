@@ -246,6 +246,13 @@ class Rules:
             f"+-{tol}. " + self.interval_text()
         )
 
+    def token_weight_text(self) -> str:
+        """Claim 1's part 1b (analysis/token_weights.py)."""
+        return ("per outcome variant, metrics.csv token_weight_uniform_frac (informative "
+                "rollouts whose d loss / d log pi(y_t) is uniform to a relative 1e-6); supported "
+                "iff it is 1 at every step with an informative rollout, contradicted otherwise. "
+                "The claim's verdict combines 1a and 1b.")
+
     def text(self, claim: int, families: Families) -> str:
         """Claim `claim`'s rule in words, from the thresholds above; `families` names the
         estimators of the analysed results (recorded facts)."""

@@ -9,21 +9,18 @@ weights are uniform to a relative 1e-6 (grpo_cli/algorithm/loss.py `token_loss_w
 
 Per variant: the steps recorded, the mean and the smallest fraction, and a reading: "uniform"
 when every informative rollout of every step had uniform weights, "not uniform" otherwise, with
-the share of steps where some rollout's weights varied. `with_empirical_part` makes it claim 1's
-part 1b beside the advantages check (1a).
+the share of steps where some rollout's weights varied. `empirical_parts` are claim 1's part 1b
+beside the advantages check (1a; analysis/claims.py credit_claim).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.claims import Claim
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import Part
-from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED, combine
+from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED
 from grpo_cli.analysis.tables import metric_table
 
 COLUMN = "token_weight_uniform_frac"
@@ -93,26 +90,15 @@ def blocks(table: pd.DataFrame) -> list[tuple[str, object]]:
     ]
 
 
-def with_empirical_part(claim: Claim, table: pd.DataFrame) -> Claim:
-    """Claim 1 with two parts: 1a, the advantages check (true by construction for outcome
-    estimators), and 1b, this module's reading for each outcome variant that recorded it
-    (supported: uniform at every step; contradicted: not). The claim's verdict combines them;
-    without a recorded 1b it stays 1a's."""
-    first = Part("1a", "does every token of a rollout get the same advantage? (true by "
-                 "construction for outcome estimators)", claim.verdict,
-                 f"1a (the advantages; true by construction for outcome estimators): {claim.evidence}")
-    empirical = [
+def empirical_parts(table: pd.DataFrame) -> list[Part]:
+    """Claim 1's part 1b for each outcome variant that recorded this reading (supported: uniform
+    at every step; contradicted: not); none without a recorded reading."""
+    if table.empty:
+        return []
+    return [
         Part("1b", "is the loss gradient's weight d loss / d log pi(y_t) uniform over each "
              "rollout's tokens?", SUPPORTED if r["reading"] == UNIFORM else CONTRADICTED,
              f"1b (the loss gradient's token weights, can fail): {sentence}")
         for r, sentence in zip(table.to_dict("records"), sentences(table), strict=True)
         if r["credit"] == "outcome" and r["reading"] != NOT_RECORDED
-    ] if not table.empty else []
-    if not empirical:
-        return replace(claim, parts=[first])
-    verdict = combine([first.verdict, *(p.verdict for p in empirical)])
-    rule = (f"1a: {claim.rule} 1b: per outcome variant, metrics.csv {COLUMN} (informative "
-            "rollouts whose d loss / d log pi(y_t) is uniform to a relative 1e-6); supported iff "
-            "it is 1 at every step with an informative rollout, contradicted otherwise. The "
-            "claim's verdict combines 1a and 1b.")
-    return replace(claim, verdict=verdict, parts=[first, *empirical], rule=rule)
+    ]

@@ -9,7 +9,8 @@ and the diff of the golden files is then the change, for review.
 
 Scenarios: `sweep` (grpo, ppo and process at R = 2, 4, 8 x 3 seeds; grpo's rank grows a little
 with R, the per-token estimators' more, and their per-group rows sit above the closed form, ppo's
-by more than claim 4's margin; one incomplete run with absurd ranks, one failed run)
+by more than claim 4's margin; the loss gradient's token weights
+recorded (ppo's vary at R = 8); one incomplete run with absurd ranks, one failed run)
 and `probe` (a `grpo probe` directory: two checkpoints, R = 2..16)."""
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def build_sweep(root: Path) -> list[Path]:
             for seed in (0, 1, 2):
                 write_run(root, group_size=group_size, seed=seed, estimator=estimator, rank=rank,
                           composition_offset=offset + 0.01 * seed)
+    for run_dir in root.iterdir():  # claim 1b: the loss gradient's token weights, as the loop records them
+        metrics = pd.read_csv(run_dir / "metrics.csv")
+        varied = run_dir.name.startswith("R8-ppo")  # ppo's clipped weights vary at R = 8
+        metrics["token_weight_uniform_frac"] = [0.75 if varied and s % 4 == 1 else 1.0 for s in metrics["step"]]
+        metrics["token_weight_spread"] = [0.03 if varied and s % 4 == 1 else 0.0 for s in metrics["step"]]
+        metrics.to_csv(run_dir / "metrics.csv", index=False)
     write_run(root, group_size=8, seed=3, status="running", rank=50.0, steps_done=12)
     write_run(root, group_size=4, seed=3, status="failed", rank=40.0, steps_done=7,
               error="RuntimeError: CUDA out of memory")

@@ -156,6 +156,7 @@ def analyze(
         raise ValueError(f"align must be one of {', '.join(ALIGNS)}, not {align!r}")
     rules = Rules(band=tolerance, growth_tolerance=trend_threshold,
                   last_fraction=last_fraction, confidence=confidence)
+    # load: the run directories, and which of them enter the analysis
     runs = load_runs(paths)
     notes: list[str] = []
     analysed, include_incomplete = _select(runs, include_incomplete, notes)
@@ -163,16 +164,48 @@ def analyze(
     if rehearsals:
         notes.insert(0, REHEARSAL_NOTE.format(runs=", ".join(rehearsals)))
     if not analysed:
-        states = ", ".join(
-            f"{r.name} {r.status}" + (f" ({r.error})" if r.error else "")
-            + (" (files contradict themselves)" if r.contradictions else "")
-            for r in runs
-        )
-        raise NoUsableRuns(f"no run to analyse among {len(runs)}: {states}")
+        raise NoUsableRuns(f"no run to analyse among {len(runs)}: {_states(runs)}")
+    # frames: tidy tables of the analysed runs, labelled by variant (group_runs sets run.variant)
     grouping = group_runs(runs, basis=analysed, follows_r=follows_r)
     measures = measures_present(analysed, measure)
-
     ranks = rank_table(analysed, measures)
+    notes += _rank_notes(analysed, ranks)
+    matched_progress = align if align != "step" else "reward"
+    experiments = sorted({r.experiment for r in runs})
+    result = AnalysisResult(
+        out_dir=Path(out) if out is not None else paths[0] / "analysis",
+        runs=runs, analysed=analysed, grouping=grouping, measures=measures, rules=rules,
+        summary=pd.DataFrame(), verdicts=pd.DataFrame(), matched=pd.DataFrame(),
+        composition=pd.DataFrame(), accuracy=accuracy_summary(analysed),
+        title=("REHEARSAL (not science): " if rehearsals else "") + ", ".join(experiments),
+        align=align, matched_progress=matched_progress, progress_bins=progress_bins,
+        last_fraction=last_fraction, include_incomplete=include_incomplete,
+        variant_columns={k: display_name(k) for k in grouping.variant_keys},
+        variant_values={r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs},
+        notes=notes,
+    )
+    comp_table = _judge(result, ranks)
+    result.out_dir.mkdir(parents=True, exist_ok=True)
+    if figures:
+        result.figures = figures_module.draw_figures(
+            figures_module.figure_inputs(result, ranks, comp_table, steps), result.out_dir)
+    _write(result)
+    return result
+
+
+def _states(runs: list[Run]) -> str:
+    """Each run's name and status, for the error when none can be analysed."""
+    return ", ".join(
+        f"{r.name} {r.status}" + (f" ({r.error})" if r.error else "")
+        + (" (files contradict themselves)" if r.contradictions else "")
+        for r in runs
+    )
+
+
+def _rank_notes(analysed: list[Run], ranks: pd.DataFrame) -> list[str]:
+    """What the rank table leaves out, in words: zero matrices, matrices without a finite value,
+    non-numeric cells, or no rank at all."""
+    notes = []
     if ranks.attrs.get("zero_rows"):
         notes.append(
             f"{ranks.attrs['zero_rows']} ranks.csv rows of zero matrices (every measure 0: "
@@ -189,64 +222,34 @@ def analyze(
     if ranks.empty:
         notes.append("no rank value in any ranks.csv (no probe step, or no informative group): "
                      "claims 2 and 4 cannot be judged")
+    return notes
+
+
+def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
+    """Readings and verdicts into `result`, in data order; returns the composition table (the
+    composition figure reads it)."""
+    analysed, measures, rules = result.analysed, result.measures, result.rules
     probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
     verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules, probes)
-    summary = rank_summary(last_part_means(ranks, last_fraction)).merge(
-        intervals, on=[*SUMMARY_KEYS, "group_size"], how="left"
-    )
-    matched_progress = align if align != "step" else "reward"
-    edges = progress_edges(analysed, matched_progress, progress_bins)
-    matched = matched_readings(
-        with_x(ranks, analysed, matched_progress, edges), rules, matched_progress
-    )
+    result.verdicts = verdicts
+    result.summary = rank_summary(last_part_means(ranks, rules.last_fraction)).merge(
+        intervals, on=[*SUMMARY_KEYS, "group_size"], how="left")
+    progress = result.matched_progress
+    edges = progress_edges(analysed, progress, result.progress_bins)
+    result.matched = matched_readings(with_x(ranks, analysed, progress, edges), rules, progress)
     comp_table = comp.composition_table(analysed, measures)
-    token_weight_table = token_weights.token_weight_table(analysed)
-    claims = judge_claims(analysed, verdicts, matched, rules, token_weight_table)
-    collapse_frame = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
-    stages = collapse.stage_table(collapse_frame)
-    matching_coverage, matching_bins = matching.matching_tables(analysed, collapse_frame,
-                                                                progress_bins, rules)
-    experiments = sorted({r.experiment for r in runs})
-    result = AnalysisResult(
-        out_dir=Path(out) if out is not None else paths[0] / "analysis",
-        runs=runs,
-        analysed=analysed,
-        grouping=grouping,
-        measures=measures,
-        rules=rules,
-        summary=summary,
-        verdicts=verdicts,
-        matched=matched,
-        composition=comp.departure(comp_table),
-        accuracy=accuracy_summary(analysed),
-        title=("REHEARSAL (not science): " if rehearsals else "") + ", ".join(experiments),
-        align=align,
-        matched_progress=matched_progress,
-        progress_bins=progress_bins,
-        last_fraction=last_fraction,
-        include_incomplete=include_incomplete,
-        variant_columns={k: display_name(k) for k in grouping.variant_keys},
-        variant_values={
-            r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs
-        },
-        claims=claims,
-        notes=notes,
-        collapse=collapse_frame,
-        stages=stages,
-        stage_readings=collapse.stage_readings(stages, rules),
-        collapse_warnings=collapse.collapse_warnings(stages, rules),
-        credit_comparison=credit_compare.comparison_table(analysed, measures, rules),
-        matching_coverage=matching_coverage,
-        matching_bins=matching_bins,
-        same_checkpoint=same_checkpoint.checkpoint_table(analysed, ranks, rules),
-        token_weights=token_weight_table,
-    )
-    result.out_dir.mkdir(parents=True, exist_ok=True)
-    if figures:
-        result.figures = figures_module.draw_figures(
-            figures_module.figure_inputs(result, ranks, comp_table, steps), result.out_dir)
-    _write(result)
-    return result
+    result.composition = comp.departure(comp_table)
+    result.token_weights = token_weights.token_weight_table(analysed)
+    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights)
+    result.collapse = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
+    result.stages = collapse.stage_table(result.collapse)
+    result.stage_readings = collapse.stage_readings(result.stages, rules)
+    result.collapse_warnings = collapse.collapse_warnings(result.stages, rules)
+    result.matching_coverage, result.matching_bins = matching.matching_tables(
+        analysed, result.collapse, result.progress_bins, rules)
+    result.credit_comparison = credit_compare.comparison_table(analysed, measures, rules)
+    result.same_checkpoint = same_checkpoint.checkpoint_table(analysed, ranks, rules)
+    return comp_table
 
 
 def _write(result: AnalysisResult) -> None:

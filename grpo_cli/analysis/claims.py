@@ -261,75 +261,17 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     """Claim 3: per variant x measure x R, the seed-level trend test (trend.seed_trend); the
     sparsity parts' p-values Holm-adjusted together, the zero-advantage reading beside them
     (its own family)."""
-    variants = zero_sum_variants(runs)
-    table = metric_table(runs, [*SPARSITY_METRICS, ZERO_ADVANTAGE_METRIC, "grad_norm"])
-    table = table[table["variant"].isin(variants)]
-    # a zero gradient (every group had equal rewards) is fully sparse by definition: left out
-    zero = table.loc[(table["metric"] == "grad_norm") & (table["value"] == 0), ["run_id", "step"]]
-    keep = ~table.set_index(["run_id", "step"]).index.isin(pd.MultiIndex.from_frame(zero))
-    sparse = table[keep & table["metric"].isin(SPARSITY_METRICS)]
-    table = pd.concat([sparse, table[table["metric"] == ZERO_ADVANTAGE_METRIC]])
-    rows, tests = [], []
+    table = _sparsity_table(runs)
     zero_at = table[table["metric"] == ZERO_ADVANTAGE_METRIC].set_index(["run_id", "step"])[
         "value"]
     zero_at = zero_at[~zero_at.index.duplicated()]
+    estimators = _estimators(runs)
+    rows, tests = [], []
     for (variant, metric, size), part in table.groupby(["variant", "metric", "group_size"]):
-        by_run = {run_id: r.sort_values("step") for run_id, r in part.groupby("run_id")}
-        series = [(r["step"].to_numpy(float), r["value"].to_numpy(float))
-                  for r in by_run.values()]
-        rng = rng_for(rules, variant, metric, size)
-        test = trend.seed_trend(series, rules.confidence, rng, rules.resamples)
-        controlled = {"slope": bs.no_interval(math.nan, 0), "p_up": math.nan}
-        if metric != ZERO_ADVANTAGE_METRIC:  # the trend that zero-advantage groups leave
-            with_zero = []  # (steps, values, zero_variance_frac at those steps) per run
-            for (steps, values), (run_id, r) in zip(series, by_run.items(), strict=True):
-                keys = [(run_id, step) for step in r["step"]]
-                if all(k in zero_at.index for k in keys):
-                    with_zero.append((steps, values, zero_at.loc[keys].to_numpy(float)))
-            controlled = trend.seed_trend(with_zero, rules.confidence, rng, rules.resamples)
-        held = controlled["slope"]
-        described = trend.mann_kendall(series, rules.trend_level)
-        first, last = part["step"].min(), part["step"].max()
-        iv = test["slope"]
-        per_100 = bs.Interval(100 * iv.estimate, 100 * iv.low, 100 * iv.high, iv.n)
-        sen = (f"{100 * described['sen']:+.3f} [{100 * described['sen_low']:+.3f}, "
-               f"{100 * described['sen_high']:+.3f}]")
-        rows.append(
-            {
-                "variant": _label(variant, _estimators(runs).get(variant)),
-                "label": bool(variant),
-                "reading": ("zero-advantage groups" if metric == ZERO_ADVANTAGE_METRIC
-                            else "sparsity"),
-                "measure": metric,
-                "R": int(size),
-                "seeds": test["seeds"],
-                "points": described["n_points"],
-                "first": part.loc[part["step"] == first, "value"].mean(),
-                "last": part.loc[part["step"] == last, "value"].mean(),
-                "slope / 100 steps": per_100.text(3, sign=True),
-                "p (growth)": test["p_up"],
-                "p (decline)": test["p_down"],
-                "slope given zero-adv. / 100 steps": "-" if held.n == 0 else bs.Interval(
-                    100 * held.estimate, 100 * held.low, 100 * held.high, held.n).text(3, True),
-                "p (growth given zero-adv.)": controlled["p_up"],
-                "S": described["S"],
-                "Sen slope / 100 steps": sen,
-                "lag-1 autocorr.": described["lag1"],
-                "test": "seed-level t on per-seed slopes",
-            }
-        )
+        row, test = _trend_row(variant, metric, size, part, zero_at, rules)
+        rows.append({"variant": _label(variant, estimators.get(variant)), **row})
         tests.append(test)
-    for reading in ("sparsity", "zero-advantage groups"):  # Holm within each reading
-        family = [i for i, r in enumerate(rows) if r["reading"] == reading]
-        up = holm([rows[i]["p (growth)"] for i in family])
-        down = holm([rows[i]["p (decline)"] for i in family])
-        tested = sum(np.isfinite(rows[i]["p (growth)"]) for i in family)
-        for i, u, d in zip(family, up, down, strict=True):
-            rows[i] |= {"p (growth, Holm)": u, "p (decline, Holm)": d, "family": int(tested)}
-    sparsity_rows = [r for r in rows if r["reading"] == "sparsity"]
-    held_p = holm([r["p (growth given zero-adv.)"] for r in sparsity_rows])
-    for r, p_held in zip(sparsity_rows, held_p, strict=True):
-        r["p (growth given zero-adv., Holm)"] = p_held
+    held_p = _holm_columns(rows)
     parts = []
     for row, test in zip(rows, tests, strict=True):
         verdict = _trend_verdict(test, row["p (growth, Holm)"], row["p (decline, Holm)"],
@@ -340,27 +282,104 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
                           verdict, sentence, flip, seeds))
     frame = pd.DataFrame(rows).drop(columns=["label", "family"], errors="ignore")
     if frame.empty or not (frame["reading"] == "sparsity").any():
-        return Claim(
-            3,
-            NOT_MEASURED,
-            "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run",
-            frame,
-            parts=parts,
-        )
+        return Claim(3, NOT_MEASURED,
+                     "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run",
+                     frame, parts=parts)
     judged = [p for p in parts if p.name == "3"]
-    zero_adv = [p for p in parts if p.name == "3z"]
-    evidence = " ".join(p.sentence for p in judged)
-    if zero_adv:
-        evidence += (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step; more "
-                     "zero-advantage groups means fewer informative rollouts, which alone can "
-                     f"make the gradient sparser): {combine(p.verdict for p in zero_adv)}.")
-        tested = [p_held for p_held in held_p if np.isfinite(p_held)]
-        if tested:
-            evidence += (f" Controlling for them ({ZERO_ADVANTAGE_METRIC} as a covariate of "
-                         "each seed's regression on the step; descriptive): growth stays "
-                         f"significant in {sum(p <= rules.trend_level for p in tested)} of "
-                         f"{len(tested)} parts after Holm (column 'slope given zero-adv.').")
+    evidence = " ".join(p.sentence for p in judged) + _zero_advantage_evidence(
+        [p for p in parts if p.name == "3z"], held_p, rules)
     return Claim(3, combine(p.verdict for p in judged), evidence, frame, parts=parts)
+
+
+def _sparsity_table(runs: list[Run]) -> pd.DataFrame:
+    """metric_table of the sparsity measures and zero_variance_frac for the zero-sum variants;
+    a step with a zero gradient (every group had equal rewards) is fully sparse by definition,
+    so its sparsity is left out."""
+    table = metric_table(runs, [*SPARSITY_METRICS, ZERO_ADVANTAGE_METRIC, "grad_norm"])
+    table = table[table["variant"].isin(zero_sum_variants(runs))]
+    zero = table.loc[(table["metric"] == "grad_norm") & (table["value"] == 0), ["run_id", "step"]]
+    keep = ~table.set_index(["run_id", "step"]).index.isin(pd.MultiIndex.from_frame(zero))
+    sparse = table[keep & table["metric"].isin(SPARSITY_METRICS)]
+    return pd.concat([sparse, table[table["metric"] == ZERO_ADVANTAGE_METRIC]])
+
+
+def _trend_row(variant, metric: str, size, part: pd.DataFrame, zero_at: pd.Series, rules: Rules
+               ) -> tuple[dict, dict]:
+    """One claim-3 part's row (without the variant label) and its seed-level trend test: the
+    test, the trend left with zero_variance_frac as a covariate, Mann-Kendall and Sen."""
+    by_run = {run_id: r.sort_values("step") for run_id, r in part.groupby("run_id")}
+    series = [(r["step"].to_numpy(float), r["value"].to_numpy(float)) for r in by_run.values()]
+    rng = rng_for(rules, variant, metric, size)
+    test = trend.seed_trend(series, rules.confidence, rng, rules.resamples)
+    controlled = {"slope": bs.no_interval(math.nan, 0), "p_up": math.nan}
+    if metric != ZERO_ADVANTAGE_METRIC:  # the trend that zero-advantage groups leave
+        with_zero = []  # (steps, values, zero_variance_frac at those steps) per run
+        for (steps, values), (run_id, r) in zip(series, by_run.items(), strict=True):
+            keys = [(run_id, step) for step in r["step"]]
+            if all(k in zero_at.index for k in keys):
+                with_zero.append((steps, values, zero_at.loc[keys].to_numpy(float)))
+        controlled = trend.seed_trend(with_zero, rules.confidence, rng, rules.resamples)
+    held = controlled["slope"]
+    described = trend.mann_kendall(series, rules.trend_level)
+    first, last = part["step"].min(), part["step"].max()
+    iv = test["slope"]
+    per_100 = bs.Interval(100 * iv.estimate, 100 * iv.low, 100 * iv.high, iv.n)
+    sen = (f"{100 * described['sen']:+.3f} [{100 * described['sen_low']:+.3f}, "
+           f"{100 * described['sen_high']:+.3f}]")
+    row = {
+        "label": bool(variant),
+        "reading": "zero-advantage groups" if metric == ZERO_ADVANTAGE_METRIC else "sparsity",
+        "measure": metric,
+        "R": int(size),
+        "seeds": test["seeds"],
+        "points": described["n_points"],
+        "first": part.loc[part["step"] == first, "value"].mean(),
+        "last": part.loc[part["step"] == last, "value"].mean(),
+        "slope / 100 steps": per_100.text(3, sign=True),
+        "p (growth)": test["p_up"],
+        "p (decline)": test["p_down"],
+        "slope given zero-adv. / 100 steps": "-" if held.n == 0 else bs.Interval(
+            100 * held.estimate, 100 * held.low, 100 * held.high, held.n).text(3, True),
+        "p (growth given zero-adv.)": controlled["p_up"],
+        "S": described["S"],
+        "Sen slope / 100 steps": sen,
+        "lag-1 autocorr.": described["lag1"],
+        "test": "seed-level t on per-seed slopes",
+    }
+    return row, test
+
+
+def _holm_columns(rows: list[dict]) -> list[float]:
+    """Holm-adjusted p-values into `rows`, within each reading (sparsity; zero-advantage groups);
+    returns the sparsity parts' Holm-adjusted p of growth given zero-advantage groups."""
+    for reading in ("sparsity", "zero-advantage groups"):
+        family = [i for i, r in enumerate(rows) if r["reading"] == reading]
+        up = holm([rows[i]["p (growth)"] for i in family])
+        down = holm([rows[i]["p (decline)"] for i in family])
+        tested = sum(np.isfinite(rows[i]["p (growth)"]) for i in family)
+        for i, u, d in zip(family, up, down, strict=True):
+            rows[i] |= {"p (growth, Holm)": u, "p (decline, Holm)": d, "family": int(tested)}
+    sparsity_rows = [r for r in rows if r["reading"] == "sparsity"]
+    held_p = holm([r["p (growth given zero-adv.)"] for r in sparsity_rows])
+    for r, p_held in zip(sparsity_rows, held_p, strict=True):
+        r["p (growth given zero-adv., Holm)"] = p_held
+    return held_p
+
+
+def _zero_advantage_evidence(zero_adv: list[Part], held_p: list[float], rules: Rules) -> str:
+    """The zero-advantage reading and the trend left after it, in words (empty without it)."""
+    if not zero_adv:
+        return ""
+    evidence = (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step; more "
+                "zero-advantage groups means fewer informative rollouts, which alone can "
+                f"make the gradient sparser): {combine(p.verdict for p in zero_adv)}.")
+    tested = [p_held for p_held in held_p if np.isfinite(p_held)]
+    if tested:
+        evidence += (f" Controlling for them ({ZERO_ADVANTAGE_METRIC} as a covariate of "
+                     "each seed's regression on the step; descriptive): growth stays "
+                     f"significant in {sum(p <= rules.trend_level for p in tested)} of "
+                     f"{len(tested)} parts after Holm (column 'slope given zero-adv.').")
+    return evidence
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------

@@ -1,5 +1,6 @@
 """Golden outputs of `grpo analyze` (issue 43): fixed results from the test factory in, and
-summary.csv and every side CSV compared value by value, summary.md byte for byte, with the
+summary.csv and every side CSV compared value by value, summary.md and report.html (no figures)
+byte for byte, with the
 files under tests/golden/analysis/. A pure move of analysis/ code leaves them as they are; an
 intended change of behaviour rewrites them in its own commit (with its own test), by
 
@@ -79,9 +80,9 @@ SCENARIOS = {"sweep": build_sweep, "probe": build_probe}
 
 
 def outputs(out: Path, root: Path) -> dict[str, str]:
-    """What the golden files hold: the CSVs and summary.md, with the run root's path made
+    """What the golden files hold: the CSVs, summary.md and report.html, with the run root's path made
     relative (tmp_path differs between runs)."""
-    files = sorted(out.glob("*.csv")) + [out / "summary.md"]
+    files = sorted(out.glob("*.csv")) + [out / "summary.md", out / "report.html"]
     return {path.name: path.read_text().replace(str(root), "<root>") for path in files}
 
 

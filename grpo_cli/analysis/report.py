@@ -90,49 +90,9 @@ def summary_frame(result) -> pd.DataFrame:
                 .assign(kind=kind)
             )
     if not result.composition.empty:
-        comp = result.composition
-        parts.append(
-            comp.rename(columns={"mean_abs_departure": "mean", "n_groups": "n_obs"})
-            .assign(
-                kind="composition",
-                matrix="rollout_group",
-                layer="",
-                stat="per group",
-                detail=[
-                    f"mean |measured - pred_{r.measure}|; measured {r.mean_measured:.3f}, "
-                    f"predicted {r.mean_predicted:.3f}, predicted over distinct completions "
-                    f"{r.mean_predicted_distinct:.3f} (mean distinct {r.mean_distinct:.2f})"
-                    for r in comp.itertuples(index=False)
-                ],
-            )
-            .drop(
-                columns=[
-                    c
-                    for c in comp.columns
-                    if c.startswith(("mean_", "gap_")) and c != "mean_abs_departure"
-                ]
-            )
-        )
-    acc = result.accuracy
-    if not acc.empty:
-        parts.append(
-            acc.rename(columns={"final_mean": "mean", "final_std": "std"})
-            .assign(
-                kind="accuracy",
-                measure="heldout_accuracy",
-                detail="held-out accuracy at the last eval (start_mean: at the first eval)",
-            )
-            .drop(columns=["final_reward_mean"])
-        )
-        parts.append(
-            acc.rename(columns={"final_reward_mean": "mean"})[
-                ["variant", "group_size", "mean", "n_seeds", "n_incomplete"]
-            ].assign(
-                kind="accuracy",
-                measure="training_reward",
-                detail="reward_mean, rolling mean at the last step",
-            )
-        )
+        parts.append(_composition_rows(result.composition))
+    if not result.accuracy.empty:
+        parts += _accuracy_rows(result.accuracy)
     frame = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     frame = frame.reindex(columns=SUMMARY_COLUMNS)
     for column in ("claim", "group_size", "n_seeds", "n_incomplete", "n_obs"):
@@ -142,6 +102,47 @@ def summary_frame(result) -> pd.DataFrame:
             2, label, frame["variant"].map(lambda v, k=key: result.variant_values.get(v, {}).get(k))
         )
     return frame
+
+
+def _composition_rows(comp: pd.DataFrame) -> pd.DataFrame:
+    """summary.csv's `composition` rows: mean |measured - predicted| per variant, R and measure."""
+    return (
+        comp.rename(columns={"mean_abs_departure": "mean", "n_groups": "n_obs"})
+        .assign(
+            kind="composition",
+            matrix="rollout_group",
+            layer="",
+            stat="per group",
+            detail=[
+                f"mean |measured - pred_{r.measure}|; measured {r.mean_measured:.3f}, "
+                f"predicted {r.mean_predicted:.3f}, predicted over distinct completions "
+                f"{r.mean_predicted_distinct:.3f} (mean distinct {r.mean_distinct:.2f})"
+                for r in comp.itertuples(index=False)
+            ],
+        )
+        .drop(columns=[c for c in comp.columns
+                       if c.startswith(("mean_", "gap_")) and c != "mean_abs_departure"])
+    )
+
+
+def _accuracy_rows(acc: pd.DataFrame) -> list[pd.DataFrame]:
+    """summary.csv's `accuracy` rows: held-out accuracy, then the training reward."""
+    return [
+        acc.rename(columns={"final_mean": "mean", "final_std": "std"})
+        .assign(
+            kind="accuracy",
+            measure="heldout_accuracy",
+            detail="held-out accuracy at the last eval (start_mean: at the first eval)",
+        )
+        .drop(columns=["final_reward_mean"]),
+        acc.rename(columns={"final_reward_mean": "mean"})[
+            ["variant", "group_size", "mean", "n_seeds", "n_incomplete"]
+        ].assign(
+            kind="accuracy",
+            measure="training_reward",
+            detail="reward_mean, rolling mean at the last step",
+        ),
+    ]
 
 
 def _cell(lookup: dict, key: tuple, size: int) -> str:
@@ -310,10 +311,8 @@ def data_problem_blocks(runs) -> list[Block]:
 
 
 def blocks(result) -> list[Block]:
-    """The content of summary.md and report.html."""
-    counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
-    incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
-    out: list[Block] = [
+    """The content of summary.md and report.html, section by section."""
+    return [
         ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
         *claim_blocks(result),
         *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
@@ -321,76 +320,94 @@ def blocks(result) -> list[Block]:
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
         *same_checkpoint.blocks(result.same_checkpoint, result.rules.rank_matrix,
                                 result.rules.rank_measure),
+        *run_blocks(result),
+        *verdict_blocks(result),
+        *matched_blocks(result),
+        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
+        ("h2", "Held-out accuracy"),
+        ("table", result.accuracy.round(3)),
+        *composition_blocks(result.composition),
+        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
+        *median_blocks(result),
+    ]
+
+
+def run_blocks(result) -> list[Block]:
+    """The runs: what differs between them, their states, notes, the run table, data problems."""
+    counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
+    incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
+    variants = (f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
+                if result.variant_columns else "")
+    return [
         ("h2", "Runs"),
-        (
-            "p",
-            f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
-            "x-axis of the claim: rollout.group_size (R)."
-            + (
-                f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
-                if result.variant_columns
-                else ""
-            ),
-        ),
-        (
-            "p",
-            f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
-            f"{counts.get('failed', 0)} failed (excluded from every average), "
-            f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
-            f"Figures use align={result.align}.",
-        ),
+        ("p", f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
+              "x-axis of the claim: rollout.group_size (R)." + variants),
+        ("p", f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
+              f"{counts.get('failed', 0)} failed (excluded from every average), "
+              f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
+              f"Figures use align={result.align}."),
         *[("p", f"Note: {note}") for note in result.notes],
         ("table", run_table(result.runs)),
         *data_problem_blocks(result.runs),
+    ]
+
+
+def verdict_blocks(result) -> list[Block]:
+    """Claim 2's rule, and its verdict per matrix x measure."""
+    return [
         ("h2", "Verdict rule"),
         ("quote", result.rules.rank_text()),
-        (
-            "p",
-            "For layer/update the rank is first averaged over layers at each step (per-layer "
-            "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
-            "group == 'mean' rows (median below).",
-        ),
+        ("p", "For layer/update the rank is first averaged over layers at each step (per-layer "
+              "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
+              "group == 'mean' rows (median below)."),
         ("h2", "Verdicts"),
         ("table", verdict_table(result, result.verdicts)),
         ("details", (f"One sentence per matrix x measure ({len(result.verdicts)})",
                      list(result.verdicts["sentence"]))),
-        ("h2", f"Point readings at matched progress ({result.matched_progress})"),
-        (
-            "p",
-            f"Claim 2's thresholds on point estimates, no interval (descriptive only): each R's "
-            f"rank is averaged over the {result.matched_progress} bins "
-            f"({result.progress_bins} equal-width bins over the pooled range of all runs) that "
-            "every R of the variant reaches; 'inside' / 'outside' the rule's region.",
-        ),
-        ("table", matched_table(result.matched)),
-        ("details", (f"One sentence per matrix x measure ({len(result.matched)})",
-                     list(result.matched["sentence"]) if not result.matched.empty else [])),
-        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
-        ("h2", "Held-out accuracy"),
-        ("table", result.accuracy.round(3)),
-        ("h2", "rollout_group vs the composition prediction"),
-        (
-            "p",
-            "Over every informative per-group row (group g<b>) whose advantages fit the closed "
-            "form (c (r_i - mean r), binary r: a zero-sum outcome estimator), per R: the prediction from "
-            "the composition (R orthonormal rows, singular values M (m times) and m (M times)), "
-            "the prediction over distinct completions (sqrt(n_u) |a_u| per distinct completion "
-            "u with n_u copies), and the measurement. gap_duplicates = predicted - predicted "
-            "over distinct: what duplicate completions (low entropy) take away; gap_rest = "
-            "predicted over distinct - measured: what the distinct completions' correlated "
-            "score vectors take away.",
-        ),
-        ("table", result.composition.round(3)),
-        ("list", composition_sentences(result.composition)),
-        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
     ]
+
+
+def matched_blocks(result) -> list[Block]:
+    """Claim 2's thresholds on point estimates at matched progress."""
+    matched = result.matched
+    return [
+        ("h2", f"Point readings at matched progress ({result.matched_progress})"),
+        ("p", f"Claim 2's thresholds on point estimates, no interval (descriptive only): each R's "
+              f"rank is averaged over the {result.matched_progress} bins "
+              f"({result.progress_bins} equal-width bins over the pooled range of all runs) that "
+              "every R of the variant reaches; 'inside' / 'outside' the rule's region."),
+        ("table", matched_table(matched)),
+        ("details", (f"One sentence per matrix x measure ({len(matched)})",
+                     list(matched["sentence"]) if not matched.empty else [])),
+    ]
+
+
+def composition_blocks(composition: pd.DataFrame) -> list[Block]:
+    """rollout_group's per-group rank against the closed-form prediction."""
+    return [
+        ("h2", "rollout_group vs the composition prediction"),
+        ("p", "Over every informative per-group row (group g<b>) whose advantages fit the closed "
+              "form (c (r_i - mean r), binary r: a zero-sum outcome estimator), per R: the "
+              "prediction from the composition (R orthonormal rows, singular values M (m times) "
+              "and m (M times)), the prediction over distinct completions (sqrt(n_u) |a_u| per "
+              "distinct completion u with n_u copies), and the measurement. gap_duplicates = "
+              "predicted - predicted over distinct: what duplicate completions (low entropy) take "
+              "away; gap_rest = predicted over distinct - measured: what the distinct "
+              "completions' correlated score vectors take away."),
+        ("table", composition.round(3)),
+        ("list", composition_sentences(composition)),
+    ]
+
+
+def median_blocks(result) -> list[Block]:
+    """The per-group matrices' verdict table read on the median over groups."""
     median = result.verdicts[result.verdicts["stat"] == "mean"]
-    if not median.empty:
-        out += [
-            ("h2", "Per-group matrices: median over groups (last-part mean)"),
-            ("table", verdict_table(result, median, stat="median")),
-        ]
-    return out
+    if median.empty:
+        return []
+    return [
+        ("h2", "Per-group matrices: median over groups (last-part mean)"),
+        ("table", verdict_table(result, median, stat="median")),
+    ]
 
 
 def _md_table(table: pd.DataFrame) -> str:

@@ -1,13 +1,15 @@
 """grpo_cli/probes/step_metrics.py: the one builder of metrics.csv's values, for grpo-cli's loop
-and the TRL callback alike; closed-form readings of a hand-made batch."""
+and the TRL callback alike; closed-form readings of a hand-made batch, then both trainers' rows."""
 
 from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from host_reads import HostReads
+from step_parity import TINY, parity_reward, setup_for
 
 from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
@@ -67,3 +69,44 @@ def test_a_missing_reward_counts_in_no_mean_and_as_zero_in_spreads():
     assert readings.reward_std == pytest.approx(math.sqrt(0.1875))  # of [0, 1, 0, 0]
     assert readings.zero_variance_frac == 0.5 and readings.accuracy == 0.25
     assert math.isnan(readings.logprob_diff_mean) and math.isnan(readings.token_weight_spread)  # not measured
+
+
+def nan_columns(row) -> set[str]:
+    return {column for column, value in row.items() if column not in PROBE_METRICS and pd.isna(value)}
+
+
+def test_both_trainers_rows_leave_nan_only_what_they_do_not_measure(tmp_path):
+    """grpo-cli's loop (no KL term, no value head here) and the TRL callback, one step each on
+    the same tiny model: the same columns, in order, and NaN only where a trainer measures nothing."""
+    trl = pytest.importorskip("trl")
+    setup = setup_for(tmp_path / "cache")
+    ours = setup.trainer.step(0).metrics
+    assert list(ours) == list(METRIC_COLUMNS)
+    assert nan_columns(ours) == {"kl", "value_loss"}
+
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.integrations.trl_setup import (
+        grpo_config_kwargs,
+        load_trl_policy,
+        task_dataset,
+        task_reward,
+    )
+    from grpo_cli.integrations.trl_spectra import SpectraCallback
+    from grpo_cli.models.policy import load_policy
+    from grpo_cli.tasks import build_task
+
+    cfg = compose_config(TINY + [f"cache_dir={tmp_path / 'cache'}"])
+    task = build_task(cfg.task)
+    source = load_policy(cfg, task, torch.device("cpu"), log=lambda message: None).source_path
+    task.reward = parity_reward
+    model, tokenizer = load_trl_policy(source, "cpu", dtype=torch.float64)
+    kwargs = grpo_config_kwargs(cfg, steps=1, output_dir=str(tmp_path / "trl"), device_type="cpu")
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=task_reward(task), args=trl.GRPOConfig(**kwargs),
+                              train_dataset=task_dataset(task), processing_class=tokenizer)
+    SpectraCallback(tmp_path / "run", every=1, matrices=["rollout_batch"]).attach(trainer)
+    trainer.train()
+    (theirs,) = pd.read_csv(tmp_path / "run" / "metrics.csv").to_dict("records")
+    assert list(theirs) == list(METRIC_COLUMNS)
+    # no sampler log-probs, KL, value head or problem ids inside TRL
+    assert nan_columns(theirs) == {"kl", "value_loss", "logprob_diff_mean", "logprob_diff_max",
+                                   "expected_zero_variance_frac"}

@@ -54,7 +54,9 @@ def test_host_reads_do_not_grow_with_micro_batches_or_rows(tmp_path, rows):
     reads = step_reads(tmp_path, *rows)
     own = sites(reads["own"])
     assert len(reads["own"]) == OWN_READS_PER_STEP, own
-    assert all("grpo_cli/train/trainer.py" in site for site in own), own
+    # the metrics row's one read is the batch readings' (probes/step_metrics.py), the others the trainer's
+    assert sum("probes/step_metrics.py" in site and "(read_batch)" in site for site in own) == 1, own
+    assert all("grpo_cli/train/trainer.py" in site or "(read_batch)" in site for site in own), own
     assert len(reads["rollout"]) > 0  # the counter sees the sampler's reads, set apart here
     # transformers' SDPA mask builder checks each forward's padding (masking_utils
     # `_ignore_causal_mask_sdpa`): one read per model call, the training forward's only ones

@@ -36,11 +36,6 @@ def credit_uniform_share(advantages: torch.Tensor, completion_mask: torch.Tensor
     return uniform.float().mean()
 
 
-def credit_uniform_fraction(advantages: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """`credit_uniform_share` as a float."""
-    return credit_uniform_share(advantages, completion_mask).item()
-
-
 def expected_zero_variance_fraction(success_rate: float, group_size: int) -> float:
     """P(all R rewards equal) for i.i.d. binary rewards: p^R + (1 - p)^R."""
     if not 0.0 <= success_rate <= 1.0:

@@ -56,20 +56,14 @@ from transformers import TrainerCallback
 
 from grpo_cli.algorithm.advantages import get_estimator
 from grpo_cli.algorithm.logprobs import accepts_logits_to_keep
-from grpo_cli.algorithm.loss import token_weight_readings, uniform_weight_rollouts
-from grpo_cli.algorithm.scored import (
-    ScoredBatch,
-    credit_uniform_fraction,
-    expected_zero_variance_fraction,
-    group_outcome_shares,
-    zero_variance_groups,
-)
+from grpo_cli.algorithm.loss import uniform_weight_rollouts
+from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_rows, trl_step, unsupported_settings
 from grpo_cli.integrations.trl_distributed import gather_rows, shared_grams
-from grpo_cli.probes.composition import informative_distinct_mean
 from grpo_cli.probes.runner import PER_ROLLOUT_MATRICES, ProbeSuite, check_matrices
 from grpo_cli.probes.step import ProbedStep
+from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults
@@ -437,45 +431,19 @@ class SpectraCallback(TrainerCallback):
         return 5e-2 if low else 1e-4
 
     def _metrics_row(self) -> dict:
+        """The step's metrics.csv row (grpo_cli/probes/step_metrics.py): no sampler log-probs, KL,
+        value head or problem ids here (NaN)."""
         data, rewards = self._step_data, self._rewards
-        size = data.batch.group_size
-        finite = rewards.nan_to_num(0.0)
-        accuracy = float((rewards > self.success_threshold).float().mean())
-        lengths = data.batch.completion_mask.sum(dim=1)  # [N] loss tokens per rollout
+        correct = (rewards > self.success_threshold).float()  # NaN reward: not correct
         trl = {key: (sum(v) / len(v) if v else math.nan) for key, v in self._trl_metrics.items()}
         # at ratio 1 with no KL (what unsupported_settings admits) d loss / d log pi = -w A exactly
-        weight_uniform, weight_spread = token_weight_readings(uniform_weight_rollouts(
-            -(data.loss_weights * data.advantages), data.advantages, data.batch.completion_mask)).tolist()
-        return metrics_row({
-            "step": self._step,
-            "reward_mean": float(rewards.nanmean()),
-            "reward_std": float(finite.std(correction=0)),
-            "accuracy_train": accuracy,
-            "zero_variance_frac": float(zero_variance_groups(finite, size).float().mean()),
-            "expected_zero_variance_frac": math.nan,  # needs problem ids, which TRL does not pass
-            # the batch-rate lower bound
-            "expected_zero_variance_frac_batch": expected_zero_variance_fraction(accuracy, size),
-            "loss": self._loss,
-            "pg_loss": self._loss,  # unsupported_settings admits no other loss term
-            "kl": math.nan,
-            "value_loss": math.nan,
-            "entropy": trl["entropy"],
-            "clip_frac": trl["clip_frac"],
-            "grad_norm": self._grad_norm,
-            "completion_len_mean": float(lengths.float().mean()),
-            "completion_len_max": int(lengths.max()),
-            "tokens": int(lengths.sum()),
-            "logprob_diff_mean": math.nan,
-            "logprob_diff_max": math.nan,
-            "groups_dropped": 0,
-            "credit_uniform_frac": credit_uniform_fraction(data.advantages, data.batch.completion_mask),
-            **dict(zip(("groups_all_wrong", "groups_all_right", "groups_mixed"),
-                       group_outcome_shares((rewards > self.success_threshold).float(), size).tolist(), strict=True)),
-            "distinct_completions": float(informative_distinct_mean(
-                data.batch.input_ids, data.batch.completion_mask, finite, size)),
-            "token_weight_uniform_frac": weight_uniform,
-            "token_weight_spread": weight_spread,
-        })
+        token_weight_counts = uniform_weight_rollouts(
+            -(data.loss_weights * data.advantages), data.advantages, data.batch.completion_mask)
+        readings = read_batch(data.batch, ScoredBatch(rewards=rewards, correct=correct), data.advantages,
+                              token_weight_counts)
+        losses = LossTotals(loss=self._loss, pg_loss=self._loss,  # unsupported_settings admits no other term
+                            kl=math.nan, value_loss=math.nan, entropy=trl["entropy"], clip_frac=trl["clip_frac"])
+        return metrics_row(step_metrics(self._step, readings, losses, self._grad_norm))
 
     def _config(self, args, state) -> dict:
         """config.yaml: grpo-cli's keys for what TRL sets (R, B, sampling, loss), plus the probes."""

@@ -1,9 +1,10 @@
 """The rows of a results directory, built in one place for every trainer (docs/results.md).
 
 grpo-cli's loop (grpo_cli/train/) and the TRL callback (grpo_cli/integrations/trl_spectra.py)
-both build run.json with `run_record`, each metrics.csv row with `metrics_row` and each
-timings.csv row with `timing_row`, so their columns cannot drift apart. What one trainer cannot
-measure it passes as NaN (an empty cell), by name; a key outside the contract is an error.
+both build run.json with `run_record`, each metrics.csv row with `metrics_row` (its values from
+grpo_cli/probes/step_metrics.py, shared too) and each timings.csv row with `timing_row`, so their
+columns cannot drift apart. What one trainer cannot measure it passes as NaN (an empty cell), by
+name; a key outside the contract is an error.
 No torch here: a future trainer's hook, and `grpo analyze`, can import it alone.
 """
 

@@ -22,21 +22,17 @@ from grpo_cli.algorithm.loss import (
     actor_loss,
     aggregation_weights,
     token_loss_weights,
-    token_weight_readings,
     uniform_weight_rollouts,
     value_loss,
 )
 from grpo_cli.algorithm.optim import build_optimizer, master_params
 from grpo_cli.algorithm.scored import (
     ScoredBatch,
-    credit_uniform_share,
-    expected_zero_variance_fraction,
-    group_outcome_shares,
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
-from grpo_cli.probes.composition import informative_distinct_mean
 from grpo_cli.probes.step import ProbedStep
+from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
 from grpo_cli.results.rows import metrics_row
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
@@ -87,9 +83,9 @@ class Targets:
     single_pass: bool  # one pass at ratio 1, no value head, no TIS
 
 
-@dataclass
-class Update:
-    """One step's update: what every pass shares (fixed before the first), and what it logs."""
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What every pass of one step's update shares, fixed before the first (`_plan_update`)."""
 
     micro: list[slice]  # the micro-batches' row ranges
     shares: list[float]  # each micro-batch's share of the batch's completion tokens
@@ -102,15 +98,31 @@ class Update:
     prompt_keys: list[tuple[int, ...]] | None  # [N] each row's prompt tokens
     widths: list[int] | None  # [N] each row's completion columns through its last token (buckets > 1)
     live: list[bool] | None  # [N] rows whose loss has a gradient (train.backward_live_rows), else None
+    nan_loss: bool  # fault.kind=nan_loss: the last micro-batch's loss becomes NaN (fault.py)
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one step's update returns: its first pass's readings, what every pass adds to the
+    token-weight counts, and on probe steps what the probes captured before the optimizer."""
+
+    grad_norm: float  # the first pass's gradient norm, before clipping
+    losses: LossTotals  # the first pass's logged terms (`logged_totals`)
     policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
-    grad_norm: float = 0.0  # the first pass's gradient norm, before clipping
-    nan_loss: bool = False  # fault.kind=nan_loss: the last micro-batch's loss becomes NaN (fault.py)
-    totals: dict[str, float] = field(default_factory=lambda: logged_totals([], [], 0.0))  # first pass
-    layer_grads: dict[str, torch.Tensor] = field(default_factory=dict)  # probe steps: batch gradients
-    rollout_grams: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and per-rollout Grams
     # every pass: (informative rollouts with uniform token loss weights, informative rollouts,
-    # their summed relative weight spread) [3]
-    uniform_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
+    # their summed relative weight spread) [3], `uniform_weight_rollouts` summed
+    token_weight_counts: torch.Tensor
+    layer_grads: dict[str, torch.Tensor]  # probe steps: batch gradients (else empty)
+    rollout_grams: dict[str, torch.Tensor]  # ... and per-rollout Grams
+
+
+@dataclass(frozen=True)
+class MicroBatchOutput:
+    """What one micro-batch's forward and backward give its pass (no host read)."""
+
+    terms: torch.Tensor  # [6] LOGGED_TERMS, float64
+    logprobs: torch.Tensor  # [n, L] the policy's log-probs of its rows, detached
+    token_weight_counts: torch.Tensor  # [3] `uniform_weight_rollouts` of its rows
 
 
 class ProbeCapture(Protocol):
@@ -209,9 +221,9 @@ class GRPOTrainer:
         1. rollout (`collect`): sample a group per prompt and score it (rollout, reward);
         2. advantages (`_advantages`): the pre-update log-probs the update needs, then each token's
            advantage (old_log_prob, advantage);
-        3. update (`_update`): forward, backward and optimizer per micro-batch and pass (forward,
-           backward, optimizer and the probes' hook inside update), then the sampler's copy of
-           the new weights (sync_weights);
+        3. update (`_plan_update`, then `_update`): what every pass shares, then forward,
+           backward and optimizer per micro-batch and pass (forward, backward, optimizer and the
+           probes' hook inside update), then the sampler's copy of the new weights (sync_weights);
         4. metrics (`_metrics`): the metrics.csv row (the loop's `other`).
 
         Host reads (device syncs on CUDA; tests/test_trainer_syncs.py counts them): the token
@@ -228,14 +240,15 @@ class GRPOTrainer:
         targets = self._advantages(batch, scored)
         # 3. update: the passes over the batch, then the sampler gets the new weights
         with self.timer.phase("update"):
-            passes = self._update(step, batch, targets, capture, apply=update)
+            plan = self._plan_update(step, batch, targets, capture)  # host read: the token counts
+            result = self._update(step, batch, targets, plan, capture, apply=update)
         if update:
             with self.timer.phase("sync_weights"):
                 self.backend.sync_weights(self.model)
         # 4. metrics: the metrics.csv row, in one host read
-        metrics = self._metrics(step, batch, scored, dropped, targets, passes)
-        return StepOutput(batch, targets.advantages, scored, passes.weights, passes.layer_grads,
-                          passes.rollout_grams, row_sum_rtol=self.row_sum_rtol(targets.single_pass),
+        metrics = self._metrics(step, batch, scored, dropped, targets, plan, result)
+        return StepOutput(batch, targets.advantages, scored, plan.weights, result.layer_grads,
+                          result.rollout_grams, row_sum_rtol=self.row_sum_rtol(targets.single_pass),
                           metrics=metrics)
 
     # ---- 1. rollout and reward -------------------------------------------------------------------
@@ -385,38 +398,41 @@ class GRPOTrainer:
             )
 
     # ---- 3. update -------------------------------------------------------------------------------
-    def _update(self, step: int, batch: RolloutBatch, targets: Targets,
-                capture: ProbeCapture | None, apply: bool = True) -> Update:
+    def _update(self, step: int, batch: RolloutBatch, targets: Targets, plan: UpdatePlan,
+                capture: ProbeCapture | None, apply: bool = True) -> UpdateResult:
         """Forward, backward and optimizer per micro-batch, for each of algorithm.num_iterations
-        passes (`apply=False`: the first pass's forward, backward and probes only, no optimizer). No host read per micro-batch: the logged terms stay tensors until one read per pass
+        passes (`apply=False`: the first pass's forward, backward and probes only, no optimizer).
+        No host read per micro-batch: the logged terms stay tensors until one read per pass
         (`_read_pass`), which stops the run on a non-finite loss or norm before any update."""
         algorithm, timer = self.cfg.algorithm, self.timer
-        update = self._plan_update(batch, targets, capture)  # host read: the token counts
-        update.nan_loss = self.fault.nan_loss(step)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.model.train()
+        counts = batch.completion_mask.new_zeros(3, dtype=torch.float64)  # token weights, every pass
+        layer_grads, rollout_grams = {}, {}  # probe steps: what the probes capture before the optimizer
         for iteration in range(algorithm.num_iterations):
             first = iteration == 0
             self.optimizer.zero_grad(set_to_none=True)
-            logged = []  # per micro-batch: LOGGED_TERMS [6]
-            for rows, share in zip(update.micro, update.shares, strict=True):
-                hooks = capture if update.fused and first else None
-                logged.append(self._micro_batch(batch, rows, share, targets, update, first, hooks))
-            if update.live is not None and not any(update.live):  # no backward ran: the zero
+            outputs = [self._micro_batch(batch, rows, share, targets, plan, capture if plan.fused and first else None)
+                       for rows, share in zip(plan.micro, plan.shares, strict=True)]
+            for output in outputs:
+                counts = counts + output.token_weight_counts
+            if plan.live is not None and not any(plan.live):  # no backward ran: the zero
                 for p in params:  # gradients it would have left, so AdamW steps as it would
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
             with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
                 norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            values, norm = self._read_pass(step, logged, norm_tensor)  # host read, once per pass
+            values, norm = self._read_pass(step, [output.terms for output in outputs], norm_tensor)  # host read
             if first:
-                update.grad_norm = norm
-                update.totals = logged_totals(values, update.shares, update.batch_tokens)
+                grad_norm, losses = norm, logged_totals(
+                    values, plan.shares, plan.batch_tokens,
+                    kl_term=targets.ref_logprobs is not None, value_term=self.value_head is not None)
+                policy_logprobs = torch.cat([output.logprobs for output in outputs]).to(batch.completion_mask.dtype)
             if capture is not None:
                 with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
                     if first:
-                        update.layer_grads, update.rollout_grams = capture.before_update(
-                            batch, targets.advantages, update.weights, update.fused)
+                        layer_grads, rollout_grams = capture.before_update(
+                            batch, targets.advantages, plan.weights, plan.fused)
                     if apply:
                         capture.after_backward()
             if not apply:  # grpo probe: no optimizer step, no gradient sums
@@ -426,10 +442,11 @@ class GRPOTrainer:
                 max_norm = max_norm if max_norm > 0 else math.inf
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
                 self.optimizer.step()
-        return update
+        return UpdateResult(grad_norm=grad_norm, losses=losses, policy_logprobs=policy_logprobs,
+                            token_weight_counts=counts, layer_grads=layer_grads, rollout_grams=rollout_grams)
 
-    def _plan_update(self, batch: RolloutBatch, targets: Targets,
-                     capture: ProbeCapture | None) -> Update:
+    def _plan_update(self, step: int, batch: RolloutBatch, targets: Targets,
+                     capture: ProbeCapture | None) -> UpdatePlan:
         """What every pass shares: micro-batches, token counts (one host read), loss weights, and
         whether the probes take their per-rollout factors from this update's forward and backward."""
         algorithm = self.cfg.algorithm
@@ -460,7 +477,7 @@ class GRPOTrainer:
         live = [flag > 0 for flag in rest[-batch.num_rollouts:]] if prune else None
         batch_tokens = float(token_counts[0])
         constant = algorithm.loss_constant or self.settings.max_new_tokens
-        return Update(
+        return UpdatePlan(
             micro=micro,
             shares=[count / max(batch_tokens, 1.0) for count in token_counts[1:-1]],
             batch_tokens=batch_tokens,
@@ -473,21 +490,20 @@ class GRPOTrainer:
             prompt_keys=self.prompt_keys(batch),
             widths=widths,
             live=live,
-            policy_logprobs=torch.zeros_like(mask),
-            uniform_counts=mask.new_zeros(3, dtype=torch.float64),
+            nan_loss=self.fault.nan_loss(step),
         )
 
     def _micro_batch(self, batch: RolloutBatch, rows: slice, share: float, targets: Targets,
-                     update: Update, first: bool, hooks: ProbeCapture | None = None) -> torch.Tensor:
-        """One micro-batch's forward, loss terms and backward; its LOGGED_TERMS [6] (no host read).
-        `hooks`: the probe capture around the forward and backward of the rows with a gradient."""
+                     plan: UpdatePlan, hooks: ProbeCapture | None = None) -> MicroBatchOutput:
+        """One micro-batch's forward, loss terms and backward (no host read). `hooks`: the probe
+        capture around the forward and backward of the rows with a gradient."""
         with ExitStack() as stack:
             def hook(hooked: list[int]) -> None:
                 if hooks is not None:
                     stack.enter_context(hooks.micro_batch(hooked))
-            return self._micro_batch_terms(batch, rows, share, targets, update, first, hook)
+            return self._micro_batch_terms(batch, rows, share, targets, plan, hook)
 
-    def _micro_batch_terms(self, batch, rows, share, targets, update, first, hook) -> torch.Tensor:
+    def _micro_batch_terms(self, batch, rows, share, targets, plan, hook) -> MicroBatchOutput:
         """`_micro_batch`'s work; `hook(batch_rows)` opens the probe capture (if any) just before
         the forward whose backward gives gradients, and `_micro_batch` closes it after backward."""
         algorithm, timer = self.cfg.algorithm, self.timer
@@ -495,18 +511,16 @@ class GRPOTrainer:
         part_mask = part.completion_mask  # [n, L]
         zero = part_mask.new_zeros(())
         with timer.phase("forward"):  # the policy's forward and the loss terms
-            logprobs, entropy, hidden = self._policy_forward(part, update, rows, hook)  # [n, L] each
-            if first:
-                update.policy_logprobs[rows] = logprobs.detach()
+            logprobs, entropy, hidden = self._policy_forward(part, plan, rows, hook)  # [n, L] each
             old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
             advantages = targets.advantages[rows] * targets.tis[rows]  # [n, L]
             loss_terms = dict(
                 ref_logprobs=None if targets.ref_logprobs is None else targets.ref_logprobs[rows],
-                kl_coef=algorithm.kl_coef, kl_weights=update.weights[rows],
+                kl_coef=algorithm.kl_coef, kl_weights=plan.weights[rows],
                 epsilon=algorithm.epsilon, epsilon_high=algorithm.epsilon_high,
-                agg=algorithm.loss_agg, constant=update.constant,
+                agg=algorithm.loss_agg, constant=plan.constant,
                 importance_sampling_level=algorithm.importance_sampling_level,
-                batch_tokens=update.batch_tokens, batch_sequences=batch.num_rollouts,
+                batch_tokens=plan.batch_tokens, batch_sequences=batch.num_rollouts,
             )
             loss, pg_loss, kl_tokens, stats = actor_loss(logprobs, old, advantages, part_mask, **loss_terms)
             kl_sum, v_loss = zero, zero
@@ -514,37 +528,37 @@ class GRPOTrainer:
                 kl_sum = (kl_tokens * part_mask).sum()
             # claim 1's empirical reading, every pass (later passes are off policy): d loss / d log pi(y_t)
             token_weights = token_loss_weights(logprobs, old, advantages, part_mask, **loss_terms)
-            update.uniform_counts = update.uniform_counts + uniform_weight_rollouts(
-                token_weights, advantages, part_mask)
+            token_weight_counts = uniform_weight_rollouts(token_weights, advantages, part_mask)  # [3]
             if self.value_head is not None:
                 v_loss = value_loss(self.value_head(hidden), targets.returns[rows], part_mask)
                 loss = loss + algorithm.value_coef * v_loss * share
-            if update.nan_loss and rows == update.micro[-1]:  # a failure on purpose (fault.py)
+            if plan.nan_loss and rows == plan.micro[-1]:  # a failure on purpose (fault.py)
                 loss = loss * math.nan
         with timer.phase("backward"):
             if loss.requires_grad:  # else every row of the micro-batch is idle (backward_live_rows)
                 loss.backward()
-        return torch.stack([
+        terms = torch.stack([
             loss.detach(), pg_loss.detach(), stats["clip_frac"],
             (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
         ]).double()  # exact: .item() would give the same doubles
+        return MicroBatchOutput(terms=terms, logprobs=logprobs.detach(), token_weight_counts=token_weight_counts)
 
-    def _policy_forward(self, part: RolloutBatch, update: Update, rows: slice, hook):
-        """`forward_policy` over a micro-batch; with `update.live`, its idle rows (no loss
+    def _policy_forward(self, part: RolloutBatch, plan: UpdatePlan, rows: slice, hook):
+        """`forward_policy` over a micro-batch; with `plan.live`, its idle rows (no loss
         gradient) under no_grad first, then its live rows with autograd, outputs in row order.
         `hook(batch_rows)` is called just before each forward whose backward gives gradients.
         Where the live rows take the plain forward (a fused probe step, the value head, or
         `train.shared_prompt_forward=false`) and `train.completion_buckets` > 1, they run in up to
         that many forwards over rows of similar width, each stopping at its widest row's last
         column, under one backward (a probe hooks each bucket's rows in turn)."""
-        def forward(subset: RolloutBatch, keep: list[int] | None, shared: bool = update.shared_prompt_forward):
+        def forward(subset: RolloutBatch, keep: list[int] | None, shared: bool = plan.shared_prompt_forward):
             def pick(values: list | None) -> list | None:  # the subset's entries of a per-row list
                 if values is None:
                     return None
                 part_values = values[rows]
                 return part_values if keep is None else [part_values[row] for row in keep]
 
-            keys, widths = pick(update.prompt_keys), pick(update.widths)
+            keys, widths = pick(plan.prompt_keys), pick(plan.widths)
             with self.forward_autocast():
                 return forward_policy(
                     self.model, subset, want_hidden=self.value_head is not None,
@@ -552,7 +566,7 @@ class GRPOTrainer:
                     prompt_keys=keys, buckets=self.buckets, widths=widths,
                 )
 
-        live = None if update.live is None else update.live[rows]
+        live = None if plan.live is None else plan.live[rows]
         every = list(range(rows.start, rows.stop))  # the micro-batch's batch rows
         if live is not None and not any(live):  # no gradient, nothing hooked; the prompts may be shared
             with torch.no_grad():
@@ -561,9 +575,9 @@ class GRPOTrainer:
         active = [row for row, flag in enumerate(flags) if flag]
         idle = [row for row, flag in enumerate(flags) if not flag]
         buckets = [active]
-        plain = not update.shared_prompt_forward or self.value_head is not None
-        if self.buckets > 1 and plain and update.widths is not None:
-            widths = update.widths[rows]  # the plain forward's cost: prompt and completion columns
+        plain = not plan.shared_prompt_forward or self.value_head is not None
+        if self.buckets > 1 and plain and plan.widths is not None:
+            widths = plan.widths[rows]  # the plain forward's cost: prompt and completion columns
             buckets = [[active[i] for i in bucket] for bucket in length_buckets(
                 [part.prompt_length + widths[row] for row in active], self.buckets)]
         if not idle and len(buckets) == 1:
@@ -635,82 +649,52 @@ class GRPOTrainer:
 
     # ---- 4. metrics ------------------------------------------------------------------------------
     def _metrics(self, step: int, batch: RolloutBatch, scored: ScoredBatch, dropped: int,
-                 targets: Targets, update: Update) -> dict:
-        """The metrics.csv row: every scalar computed on the device, then one host read."""
-        mask = batch.completion_mask  # [N, L]
-        lengths = batch.completion_lengths()  # [N]
-        # the sampler's and the policy's log-probs on completion tokens, in row-major order
-        # (what boolean-mask indexing gives, without sizing the result by reading the mask)
-        positions = torch.nonzero_static((mask > 0).flatten(), size=update.completion_positions)  # [T, 1]
-        logprob_diff = (batch.sampler_logprobs - update.policy_logprobs).abs().flatten()[positions[:, 0]]  # [T]
-        if not update.completion_positions:
-            logprob_diff = mask.new_zeros(1)  # both logged as 0.0
-        summary = [
-            scored.correct.mean(), scored.rewards.mean(), scored.rewards.std(correction=0),
-            zero_variance_groups(scored.rewards, batch.group_size).float().mean(),
-            lengths.float().mean(), lengths.max(), logprob_diff.mean(), logprob_diff.max(),
-            credit_uniform_share(targets.advantages, mask),
-            *group_outcome_shares(scored.correct, batch.group_size),  # all wrong, all right, mixed
-            informative_distinct_mean(batch.input_ids, mask, scored.rewards, batch.group_size),
-            *token_weight_readings(update.uniform_counts),  # over passes: uniform share, mean spread
-        ]
-        read = torch.cat([torch.stack([value.double() for value in summary]), scored.correct.double()]).tolist()
-        (batch_rate, reward_mean, reward_std, zero_variance, length_mean, length_max, diff_mean,
-         diff_max, credit_uniform, all_wrong, all_right, mixed, distinct, weight_uniform,
-         weight_spread), correct = (
-            read[: len(summary)], read[len(summary):])
-        prompt_rates = self.problem_success.estimate(batch.problem_indices, batch_rate)  # [B]
+                 targets: Targets, plan: UpdatePlan, result: UpdateResult) -> dict:
+        """The metrics.csv row (grpo_cli/probes/step_metrics.py): the batch's readings in one host
+        read, then each problem's success so far."""
+        readings = read_batch(batch, scored, targets.advantages, result.token_weight_counts,
+                              logprob_gap=self._logprob_gap(batch, plan, result))
+        prompt_rates = self.problem_success.estimate(batch.problem_indices, readings.accuracy)  # [B]
+        size = batch.group_size
         self.problem_success.update(
             batch.problem_indices,
-            [correct[start : start + batch.group_size] for start in range(0, len(correct), batch.group_size)],
+            [list(readings.correct[start : start + size]) for start in range(0, len(readings.correct), size)],
         )
-        totals = update.totals
-        return metrics_row({
-            "step": step,
-            "reward_mean": reward_mean,
-            "reward_std": reward_std,
-            "accuracy_train": batch_rate,
-            "zero_variance_frac": zero_variance,
-            "expected_zero_variance_frac": mean_expected_zero_variance_fraction(
-                prompt_rates, batch.group_size
-            ),
-            "expected_zero_variance_frac_batch": expected_zero_variance_fraction(
-                batch_rate, batch.group_size
-            ),  # a lower bound when difficulty varies (grpo_cli/train/problem_success.py)
-            "loss": totals["loss"],
-            "pg_loss": totals["pg_loss"],
-            "kl": totals["kl"] if targets.ref_logprobs is not None else math.nan,
-            "value_loss": totals["value_loss"] if self.value_head is not None else math.nan,
-            "entropy": totals["entropy"],
-            "clip_frac": totals["clip"],
-            "grad_norm": update.grad_norm,
-            "completion_len_mean": length_mean,
-            "completion_len_max": int(length_max),
-            "tokens": int(update.batch_tokens),
-            "logprob_diff_mean": diff_mean,
-            "logprob_diff_max": diff_max,
-            "groups_dropped": dropped,
-            "credit_uniform_frac": credit_uniform,
-            "groups_all_wrong": all_wrong,
-            "groups_all_right": all_right,
-            "groups_mixed": mixed,
-            "distinct_completions": distinct,  # mean over informative groups (NaN: none)
-            "token_weight_uniform_frac": weight_uniform,  # every pass (NaN: no informative rollout)
-            "token_weight_spread": weight_spread,  # mean over informative rollouts and passes
-        })
+        return metrics_row(step_metrics(
+            step, readings, result.losses, result.grad_norm, groups_dropped=dropped,
+            expected_zero_variance_frac=mean_expected_zero_variance_fraction(prompt_rates, size),
+        ))
+
+    @staticmethod
+    def _logprob_gap(batch: RolloutBatch, plan: UpdatePlan, result: UpdateResult) -> torch.Tensor:  # [T]
+        """|sampler - policy| log-prob on each completion token, in row-major order (what
+        boolean-mask indexing gives, without sizing the result by reading the mask); [0.0] when
+        the batch has no completion token."""
+        if not plan.completion_positions:
+            return batch.completion_mask.new_zeros(1)
+        positions = torch.nonzero_static((batch.completion_mask > 0).flatten(),
+                                         size=plan.completion_positions)  # [T, 1]
+        return (batch.sampler_logprobs - result.policy_logprobs).abs().flatten()[positions[:, 0]]
 
 
-def logged_totals(values: list[list[float]], shares: list[float],
-                  batch_tokens: float) -> dict[str, float]:
+def logged_totals(values: list[list[float]], shares: list[float], batch_tokens: float, *,
+                  kl_term: bool, value_term: bool) -> LossTotals:
     """The first pass's logged terms, from each micro-batch's LOGGED_TERMS: losses summed,
     clip_frac and value loss weighted by token share, entropy and kl per completion token; summed
-    in micro-batch order, as the per-micro-batch reads did."""
-    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clip": 0.0, "entropy": 0.0}
-    for (loss_v, pg_v, clip_v, entropy_v, kl_v, value_v), share in zip(values, shares, strict=True):
-        totals["loss"] += loss_v
-        totals["pg_loss"] += pg_v
-        totals["clip"] += clip_v * share
-        totals["entropy"] += entropy_v / max(batch_tokens, 1.0)
-        totals["kl"] += kl_v / max(batch_tokens, 1.0)
-        totals["value_loss"] += value_v * share
-    return totals
+    in micro-batch order, as the per-micro-batch reads did. NaN for the kl without a KL term
+    (`kl_term`) and for the value loss without a value head (`value_term`)."""
+    totals = dict.fromkeys(LOGGED_TERMS, 0.0)
+    for row, share in zip(values, shares, strict=True):
+        terms = dict(zip(LOGGED_TERMS, row, strict=True))
+        totals["loss"] += terms["loss"]
+        totals["pg_loss"] += terms["pg_loss"]
+        totals["clip_frac"] += terms["clip_frac"] * share
+        totals["entropy_sum"] += terms["entropy_sum"] / max(batch_tokens, 1.0)
+        totals["kl_sum"] += terms["kl_sum"] / max(batch_tokens, 1.0)
+        totals["value_loss"] += terms["value_loss"] * share
+    return LossTotals(
+        loss=totals["loss"], pg_loss=totals["pg_loss"],
+        kl=totals["kl_sum"] if kl_term else math.nan,
+        value_loss=totals["value_loss"] if value_term else math.nan,
+        entropy=totals["entropy_sum"], clip_frac=totals["clip_frac"],
+    )

@@ -69,7 +69,9 @@ def normalised_spectra(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts) if parts else pd.DataFrame(columns=["index", "value", "matrix"])
 
 
-def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, title: str) -> Figure:
+def _spectra_at_steps(runs: list[Run], steps: list[int] | None) -> tuple[list[int], list[pd.DataFrame]]:
+    """The steps drawn (`steps`, or start, middle and end) and each run's normalised spectra at
+    its probe step nearest to each of them."""
     available = {str(run.path): spectra_steps(run) for run in runs}
     chosen = sorted(steps) if steps else default_steps(list(available.values()))
     parts = []
@@ -84,6 +86,11 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
             parts.append(
                 spectrum.assign(step=wanted, group_size=run.group_size, variant=run.variant)
             )
+    return chosen, parts
+
+
+def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, title: str) -> Figure:
+    chosen, parts = _spectra_at_steps(runs, steps)
     if not parts or all(p.empty for p in parts):
         return empty_figure(f"{title}: singular-value spectra", "no spectra.parquet data")
     data = (
@@ -103,30 +110,11 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
         if panel.empty:
             no_data(ax)
             continue
-        for (size, step), curve in panel.groupby(["group_size", "step"]):
-            style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
-            ax.plot(
-                curve["index"],
-                curve["value"].clip(lower=SPECTRUM_FLOOR),
-                color=r_color(size),
-                ls=style,
-                lw=1.4,
-                marker="." if len(curve) <= 16 else None,
-            )
-        ax.set_yscale("log")
-        lowest = panel["value"].clip(lower=SPECTRUM_FLOOR).min()
-        ax.set_ylim(max(SPECTRUM_FLOOR / 2, lowest / 3), 2)
-        if panel["index"].max() > 64:
-            ax.set_xscale("log")
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _spectra_panel(ax, panel, chosen)
         note = SPECTRUM_NOTES.get(matrix, "whole matrix")
         ax.set_title(
             f"{matrix} ({note})" + (f"\n{variant}" if len(variants) > 1 else ""), fontsize=9
         )
-        ax.set_xlabel("singular-value index k")
-        ax.set_ylabel("sigma_k / sigma_1")
-        ax.grid(alpha=0.3)
     handles = styles.legend_handles(data["group_size"].unique(), variants=False)
     handles += [
         Line2D([], [], color="0.3", ls=STEP_STYLES[i % len(STEP_STYLES)], label=f"step {s}")
@@ -138,6 +126,24 @@ def spectra_figure(runs: list[Run], steps: list[int] | None, styles: Styles, tit
         f"layers, cut to the shortest layer; floored at {SPECTRUM_FLOOR:g})",
         handles,
     )
+
+
+def _spectra_panel(ax, panel: pd.DataFrame, chosen: list[int]) -> None:
+    """One matrix's spectra: a curve per R (colour) and step (line style), log axes."""
+    for (size, step), curve in panel.groupby(["group_size", "step"]):
+        style = STEP_STYLES[chosen.index(step) % len(STEP_STYLES)]
+        ax.plot(curve["index"], curve["value"].clip(lower=SPECTRUM_FLOOR), color=r_color(size),
+                ls=style, lw=1.4, marker="." if len(curve) <= 16 else None)
+    ax.set_yscale("log")
+    lowest = panel["value"].clip(lower=SPECTRUM_FLOOR).min()
+    ax.set_ylim(max(SPECTRUM_FLOOR / 2, lowest / 3), 2)
+    if panel["index"].max() > 64:
+        ax.set_xscale("log")
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("singular-value index k")
+    ax.set_ylabel("sigma_k / sigma_1")
+    ax.grid(alpha=0.3)
 
 
 def matrix_measure_panels(

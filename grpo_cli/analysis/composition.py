@@ -32,70 +32,50 @@ def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
     return pd.to_numeric(rows[name], errors="coerce").to_numpy(float, copy=True)
 
 
+COLUMNS = ["run_id", "variant", "group_size", "step", "group", "minority", "minority_frac",
+           "measure", "measured", "predicted", "predicted_distinct", "distinct"]
+
+
 def composition_table(runs: list[Run], measures: list[str]) -> pd.DataFrame:
     """One row per (run, step, group, measure): minority, group_size, measured, predicted."""
-    columns = [
-        "run_id",
-        "variant",
-        "group_size",
-        "step",
-        "group",
-        "minority",
-        "minority_frac",
-        "measure",
-        "measured",
-        "predicted",
-        "predicted_distinct",
-        "distinct",
-    ]
-    parts = []
-    for run in runs:
-        ranks = run.ranks
-        if ranks.empty or "minority" not in ranks or "matrix" not in ranks:
-            continue
-        rows = ranks[(ranks["matrix"] == MATRIX) & ranks["group"].str.match(r"g\d")]
-        rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
-        if rows.empty:
-            continue
-        minority = rows["minority"].astype(int).to_numpy()
-        size = run.group_size
-        if size is None and "majority" in rows:
-            size = int(minority[0] + rows["majority"].iloc[0])
-        # runs written before the config rename kept it under analysis.rank_rtol
-        rtol = float(run.config.get("probes.rank_rtol", run.config.get("analysis.rank_rtol", 1e-6)))
-        zero_sum = run.estimator_facts["zero_sum_group"]
-
-        for measure in measures:
-            if measure not in rows:
-                continue
-            measured = _column(rows, measure)
-            pred = _column(rows, f"pred_{measure}")
-            if f"pred_{measure}" not in rows and zero_sum:  # results older than the column
-                pred = np.array(
-                    [predicted_rank_measures(m, size - m, rtol)[measure] for m in minority]
-                )
-            meta = run_meta(run)
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "run_id": meta["run_id"],
-                        "variant": run.variant,
-                        "group_size": size,
-                        "step": rows["step"].to_numpy(),
-                        "group": rows["group"].to_numpy(),
-                        "minority": minority,
-                        "minority_frac": minority / size,
-                        "measure": measure,
-                        "measured": measured,
-                        "predicted": pred,
-                        "predicted_distinct": _column(rows, f"pred_distinct_{measure}"),
-                        "distinct": _column(rows, "distinct"),
-                    }
-                )
-            )
+    parts = [part for run in runs for part in _run_rows(run, measures)]
     if not parts:
-        return pd.DataFrame(columns=columns)
-    return pd.concat(parts, ignore_index=True).dropna(subset=["measured"])[columns]
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True).dropna(subset=["measured"])[COLUMNS]
+
+
+def _run_rows(run: Run, measures: list[str]) -> list[pd.DataFrame]:
+    """One run's informative per-group rows of MATRIX, one frame per measure."""
+    ranks = run.ranks
+    if ranks.empty or "minority" not in ranks or "matrix" not in ranks:
+        return []
+    rows = ranks[(ranks["matrix"] == MATRIX) & ranks["group"].str.match(r"g\d")]
+    rows = rows[pd.to_numeric(rows["minority"], errors="coerce") >= 1]
+    if rows.empty:
+        return []
+    minority = rows["minority"].astype(int).to_numpy()
+    size = run.group_size
+    if size is None and "majority" in rows:
+        size = int(minority[0] + rows["majority"].iloc[0])
+    # runs written before the config rename kept it under analysis.rank_rtol
+    rtol = float(run.config.get("probes.rank_rtol", run.config.get("analysis.rank_rtol", 1e-6)))
+    zero_sum = run.estimator_facts["zero_sum_group"]
+    out = []
+    for measure in measures:
+        if measure not in rows:
+            continue
+        pred = _column(rows, f"pred_{measure}")
+        if f"pred_{measure}" not in rows and zero_sum:  # results older than the column
+            pred = np.array([predicted_rank_measures(m, size - m, rtol)[measure] for m in minority])
+        out.append(pd.DataFrame({
+            "run_id": run_meta(run)["run_id"], "variant": run.variant, "group_size": size,
+            "step": rows["step"].to_numpy(), "group": rows["group"].to_numpy(),
+            "minority": minority, "minority_frac": minority / size, "measure": measure,
+            "measured": _column(rows, measure), "predicted": pred,
+            "predicted_distinct": _column(rows, f"pred_distinct_{measure}"),
+            "distinct": _column(rows, "distinct"),
+        }))
+    return out
 
 
 def departure(table: pd.DataFrame) -> pd.DataFrame:

@@ -256,47 +256,55 @@ class Rules:
     def text(self, claim: int, families: Families) -> str:
         """Claim `claim`'s rule in words, from the thresholds above; `families` names the
         estimators of the analysed results (recorded facts)."""
-        target = f"{self.target:g}"
-        if claim == 1:
-            return (
-                "Per estimator, credit_uniform_frac (metrics.csv: the fraction of rollouts whose "
-                "completion tokens all got the same advantage) at every step of every run. "
-                "For outcome estimators this is true by construction (one scalar advantage is "
-                "broadcast over the tokens): it checks the wiring, not the paper. Supported iff "
-                f">= 1 - {self.credit_tolerance:g} at every step, contradicted otherwise. Judged: "
-                f"every outcome-credit estimator ({families.named(families.outcome)}); per-token "
-                f"estimators ({families.named(families.per_token)}) are shown for contrast, not "
-                "judged."
-            )
-        if claim == 2:
-            return (
-                f"{self.rank_matrix} / {self.rank_measure} (the group's R x P gradient that the "
-                "paper's zero-sum argument is about), for every variant of a zero-sum outcome "
-                f"estimator ({families.named(families.zero_sum)}). "
-                + self.rank_text()
-            )
         if claim == 3:
-            return (
-                "Per variant, R and measure (grad_sparsity, grad_hoyer on every step, or on probe steps "
-                "in results written before probes.sparsity_every; steps "
-                "with a zero gradient left out): per seed, the least-squares slope of the "
-                "measure against the step; a one-sided Student t-test of the mean per-seed "
-                "slope (n - 1 df: the seeds are the independent units, so the test holds its "
-                "level whatever the autocorrelation within a run; one seed: not judged). The "
-                "parts' p-values are Holm-adjusted together (growth and decline each), so "
-                f"the claim reads growth falsely at most {self.trend_level:.1%} of the time "
-                "however many parts it has. Supported iff growth is significant at the "
-                f"one-sided {self.trend_level:.1%} level ((1 - confidence) / 2) after Holm, "
-                "contradicted iff decline is, inconclusive otherwise (never 'fails' for want "
-                "of significance). The slope is shown per 100 steps with its t-interval; the "
-                "pooled Mann-Kendall S and Sen's slope are shown as descriptions (Hamed-Rao "
-                "factor floored at 1). Beside it, the reading 'the fraction of zero-advantage "
-                "groups grows' (zero_variance_frac over every step), judged the same way (its "
-                "own Holm family): more zero-advantage groups mean fewer informative "
-                "rollouts, which alone can make the gradient sparser, so each sparsity part is "
-                "also read with zero_variance_frac as a covariate of each seed's regression on "
-                "the step (descriptive: the trend it leaves, Holm over the parts)."
-            )
+            return self._sparsity_text()
+        return {1: self._credit_text, 2: self._rank_claim_text, 4: self._falsifier_text}[claim](families)
+
+    def _credit_text(self, families: Families) -> str:
+        return (
+            "Per estimator, credit_uniform_frac (metrics.csv: the fraction of rollouts whose "
+            "completion tokens all got the same advantage) at every step of every run. "
+            "For outcome estimators this is true by construction (one scalar advantage is "
+            "broadcast over the tokens): it checks the wiring, not the paper. Supported iff "
+            f">= 1 - {self.credit_tolerance:g} at every step, contradicted otherwise. Judged: "
+            f"every outcome-credit estimator ({families.named(families.outcome)}); per-token "
+            f"estimators ({families.named(families.per_token)}) are shown for contrast, not "
+            "judged."
+        )
+
+    def _rank_claim_text(self, families: Families) -> str:
+        return (
+            f"{self.rank_matrix} / {self.rank_measure} (the group's R x P gradient that the "
+            "paper's zero-sum argument is about), for every variant of a zero-sum outcome "
+            f"estimator ({families.named(families.zero_sum)}). "
+            + self.rank_text()
+        )
+
+    def _sparsity_text(self) -> str:
+        return (
+            "Per variant, R and measure (grad_sparsity, grad_hoyer on every step, or on probe steps "
+            "in results written before probes.sparsity_every; steps "
+            "with a zero gradient left out): per seed, the least-squares slope of the "
+            "measure against the step; a one-sided Student t-test of the mean per-seed "
+            "slope (n - 1 df: the seeds are the independent units, so the test holds its "
+            "level whatever the autocorrelation within a run; one seed: not judged). The "
+            "parts' p-values are Holm-adjusted together (growth and decline each), so "
+            f"the claim reads growth falsely at most {self.trend_level:.1%} of the time "
+            "however many parts it has. Supported iff growth is significant at the "
+            f"one-sided {self.trend_level:.1%} level ((1 - confidence) / 2) after Holm, "
+            "contradicted iff decline is, inconclusive otherwise (never 'fails' for want "
+            "of significance). The slope is shown per 100 steps with its t-interval; the "
+            "pooled Mann-Kendall S and Sen's slope are shown as descriptions (Hamed-Rao "
+            "factor floored at 1). Beside it, the reading 'the fraction of zero-advantage "
+            "groups grows' (zero_variance_frac over every step), judged the same way (its "
+            "own Holm family): more zero-advantage groups mean fewer informative "
+            "rollouts, which alone can make the gradient sparser, so each sparsity part is "
+            "also read with zero_variance_frac as a covariate of each seed's regression on "
+            "the step (descriptive: the trend it leaves, Holm over the parts)."
+        )
+
+    def _falsifier_text(self, families: Families) -> str:
+        target = f"{self.target:g}"
         return (
             f"Decided on claim 2's own matrix, {self.rank_matrix} / {self.rank_measure}, with "
             "the same rows on both sides: informative groups only (the rewards differ), and "

@@ -122,7 +122,10 @@ def _select(runs: list[Run], include_incomplete: bool, notes: list[str]) -> tupl
     unsized = [r.name for r in analysed if r.group_size is None]
     if unsized:
         notes.append(f"left out (group size unknown): {', '.join(unsized)}")
-    return [r for r in analysed if r.group_size is not None], include_incomplete
+    analysed = [r for r in analysed if r.group_size is not None]
+    if not analysed:
+        raise NoUsableRuns(f"no run to analyse among {len(runs)}: {_states(runs)}")
+    return analysed, include_incomplete
 
 
 def analyze(
@@ -160,29 +163,22 @@ def analyze(
     runs = load_runs(paths)
     notes: list[str] = []
     analysed, include_incomplete = _select(runs, include_incomplete, notes)
-    rehearsals = [r.name for r in runs if r.rehearsal]
-    if rehearsals:
-        notes.insert(0, REHEARSAL_NOTE.format(runs=", ".join(rehearsals)))
-    if not analysed:
-        raise NoUsableRuns(f"no run to analyse among {len(runs)}: {_states(runs)}")
+    rehearsals = _rehearsals(runs, notes)
     # frames: tidy tables of the analysed runs, labelled by variant (group_runs sets run.variant)
     grouping = group_runs(runs, basis=analysed, follows_r=follows_r)
     measures = measures_present(analysed, measure)
     ranks = rank_table(analysed, measures)
     notes += _rank_notes(analysed, ranks)
-    matched_progress = align if align != "step" else "reward"
-    experiments = sorted({r.experiment for r in runs})
+    experiments = ", ".join(sorted({r.experiment for r in runs}))
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
         runs=runs, analysed=analysed, grouping=grouping, measures=measures, rules=rules,
         summary=pd.DataFrame(), verdicts=pd.DataFrame(), matched=pd.DataFrame(),
         composition=pd.DataFrame(), accuracy=accuracy_summary(analysed),
-        title=("REHEARSAL (not science): " if rehearsals else "") + ", ".join(experiments),
-        align=align, matched_progress=matched_progress, progress_bins=progress_bins,
-        last_fraction=last_fraction, include_incomplete=include_incomplete,
-        variant_columns={k: display_name(k) for k in grouping.variant_keys},
-        variant_values={r.variant: {k: r.config.get(k) for k in grouping.variant_keys} for r in runs},
-        notes=notes,
+        title=("REHEARSAL (not science): " if rehearsals else "") + experiments,
+        align=align, matched_progress=align if align != "step" else "reward",
+        progress_bins=progress_bins, last_fraction=last_fraction,
+        include_incomplete=include_incomplete, notes=notes, **_variant_labels(runs, grouping),
     )
     comp_table = _judge(result, ranks)
     result.out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +187,22 @@ def analyze(
             figures_module.figure_inputs(result, ranks, comp_table, steps), result.out_dir)
     _write(result)
     return result
+
+
+def _variant_labels(runs: list[Run], grouping: Grouping) -> dict[str, dict]:
+    """AnalysisResult's variant_columns (config key -> display name) and variant_values
+    (variant label -> {config key: value})."""
+    keys = grouping.variant_keys
+    return {"variant_columns": {k: display_name(k) for k in keys},
+            "variant_values": {r.variant: {k: r.config.get(k) for k in keys} for r in runs}}
+
+
+def _rehearsals(runs: list[Run], notes: list[str]) -> list[str]:
+    """The runs that are rehearsals (random weights or rewards), noted first."""
+    rehearsals = [r.name for r in runs if r.rehearsal]
+    if rehearsals:
+        notes.insert(0, REHEARSAL_NOTE.format(runs=", ".join(rehearsals)))
+    return rehearsals
 
 
 def _states(runs: list[Run]) -> str:

@@ -119,3 +119,101 @@ def test_fsdp2_row_slice_grams_sum_to_the_one_process_spectrum(tmp_path):
     informative = torch.ones(ROLLOUTS, dtype=torch.bool)
     assert gradient_metrics(sharded["gram"], informative, GROUP, sharded["partial"], 1e-6)["grad_norm_mismatch"] == 1.0
     assert gradient_metrics(sharded["gram"], informative, GROUP, sharded["clipped"], 1e-6)["grad_norm_mismatch"] == 0.0
+
+
+# ---- the TRL callback's sharded probe on a fully_shard-ed tiny Llama ------------------------------
+
+MATRICES = ["rollout_batch", "rollout_group", "group_batch", "layer"]
+
+
+def llama_step():
+    """The tiny Llama, one probe step's batch (2 groups of 2, padded) and a loss to train on."""
+    from test_probe_runner import padded_batch, step_output, tiny_model
+
+    batch = padded_batch()
+    return tiny_model(), batch, step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+
+
+def trained_probe(model, batch, output, rank: int, processes: int):
+    """The TRL callback's `_probe` on `model` after a backward: every process reads `.grad`
+    (capture_layer_grads) and computes its share of the per-rollout Grams (shared_grams, in
+    lockstep when sharded); rank 0 records. Returns rank 0's ProbeRows."""
+    from grpo_cli.config.schema import ProbesConfig
+    from grpo_cli.integrations.trl_distributed import shared_grams
+    from grpo_cli.probes.per_sample import rollout_objectives
+    from grpo_cli.probes.runner import ProbeSuite
+
+    # the loss whose gradient is the per-rollout rows' sum (FSDP2 reduce-scatters it into .grad)
+    (rows,) = rollout_objectives(model, batch.input_ids, batch.attention_mask,
+                                 [-(output.loss_weights * output.advantages)])  # [N]
+    rows.sum().backward()
+    output.row_sum_rtol = 1e-6  # so grad_norm_mismatch compares .grad's norm with 1'K1
+    suite = ProbeSuite(ProbesConfig(matrices=MATRICES), model, None)
+    output.layer_grads = suite.capture_layer_grads()
+    if processes > 1:
+        output.rollout_grams = shared_grams(suite, 0, output, model, rank, processes, lockstep=True)
+    return suite.record(0, output, model) if rank == 0 else None
+
+
+def llama_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from accelerate import PartialState
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(PROCESSES), LOCAL_WORLD_SIZE=str(PROCESSES))
+    state = PartialState(cpu=True)  # the callback's all-reduce is accelerate's: gloo, as under torchrun
+    assert dist.is_initialized() and state.num_processes == PROCESSES
+    try:
+        model, batch, output = llama_step()
+        mesh = init_device_mesh("cpu", (PROCESSES,))
+        for layer in model.model.layers:  # as accelerate's FSDP2 plugin wraps: each decoder layer, then the root
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+        rows = trained_probe(model, batch, output, rank, PROCESSES)
+        if rank == 0:
+            torch.save({"rows": rows, "sharded": sharded}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_callbacks_sharded_probe_records_the_one_process_rows(tmp_path):
+    """2 gloo processes, the tiny Llama `fully_shard`-ed per decoder layer and at the root (as
+    accelerate's FSDP2 plugin wraps it): the rows rank 0 records (spectra of the per-rollout and
+    layer matrices, grad_norms.csv, the metrics: norms, sparsity, mismatch) equal those of one
+    unsharded process on the same batch and loss."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path / "rank0.pt"
+    mp.spawn(llama_worker, args=(free_port(), str(out)), nprocs=PROCESSES, join=True)
+    saved = torch.load(out, weights_only=False)
+    assert saved["sharded"]
+    model, batch, output = llama_step()
+    one = trained_probe(model, batch, output, 0, 1)
+    sharded = saved["rows"]
+
+    assert one.metrics.keys() == sharded.metrics.keys()
+    for key, value in one.metrics.items():
+        assert sharded.metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), key
+    assert one.metrics["grad_norm_mismatch"] == 0.0 and 0 < one.metrics["grad_sparsity"] < 1
+    assert len(one.grad_norms) == len(sharded.grad_norms) > 0
+    for mine, theirs in zip(one.grad_norms, sharded.grad_norms, strict=True):
+        assert theirs.keys() == mine.keys()
+        for key, value in mine.items():
+            assert theirs[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9, nan_ok=True))
+    spectra = {(r["matrix"], r["layer"], r["group"], r["k"]): r["sigma"] for r in one.spectra}
+    assert spectra.keys() == {(r["matrix"], r["layer"], r["group"], r["k"]) for r in sharded.spectra}
+    assert {key[0] for key in spectra} == {"rollout_batch", "rollout_group", "group_batch", "layer"}
+    for matrix, layer in {(key[0], key[1]) for key in spectra}:
+        keys = [key for key in spectra if key[:2] == (matrix, layer)]
+        top = max(spectra[key] for key in keys)
+        assert top > 0, (matrix, layer)
+        gap = max(abs(spectra[key] - r["sigma"]) for r in sharded.spectra for key in keys
+                  if key == (r["matrix"], r["layer"], r["group"], r["k"]))
+        assert gap <= 1e-6 * top, (matrix, layer, gap / top)

@@ -386,16 +386,25 @@ def test_parameter_share_gives_each_parameter_to_one_process():
     assert [len(parameter_share(params, rank, 6)) for rank in range(6)] == [1, 1, 1, 1, 0, 0]
 
 
-def test_sharded_training_is_refused_by_name():
-    def trainer_on(kind):
-        return SimpleNamespace(accelerator=SimpleNamespace(distributed_type=SimpleNamespace(name=kind)))
+def test_what_sharding_cannot_record_is_refused_by_name():
+    def trainer_on(kind, fsdp_version=None):
+        plugin = None if fsdp_version is None else SimpleNamespace(fsdp_version=fsdp_version)
+        return SimpleNamespace(accelerator=SimpleNamespace(distributed_type=SimpleNamespace(name=kind),
+                                                           state=SimpleNamespace(fsdp_plugin=plugin)))
 
     plain = SimpleNamespace(loss_type="grpo")
-    assert unsupported_settings(plain, trainer_on("MULTI_CPU")) == []  # DDP
-    assert unsupported_settings(plain, trainer_on("MULTI_GPU")) == []
-    for kind in ("FSDP", "DEEPSPEED"):
-        (problem,) = unsupported_settings(plain, trainer_on(kind))
-        assert f"distributed_type={kind}" in problem and "shard" in problem
+    every = ["rollout_batch", "rollout_group", "layer", "update", "grad_sum"]
+    assert unsupported_settings(plain, trainer_on("MULTI_CPU"), every) == []  # DDP
+    assert unsupported_settings(plain, trainer_on("MULTI_GPU"), every) == []
+    assert unsupported_settings(plain, trainer_on("FSDP", 2), ["rollout_batch", "rollout_group", "layer"]) == []
+    (problem,) = unsupported_settings(plain, trainer_on("FSDP", 2), every)
+    assert problem.startswith("matrices update, grad_sum under FSDP2") and "shard" in problem
+    (problem,) = unsupported_settings(plain, trainer_on("FSDP", 1), ["rollout_batch"])
+    assert "fsdp_version=1" in problem and "fsdp_version=2" in problem
+    (problem,) = unsupported_settings(plain, trainer_on("DEEPSPEED"), ["rollout_batch"])
+    assert problem.startswith("distributed_type=DEEPSPEED")
+    (problem,) = unsupported_settings(plain, trainer_on("MEGATRON_LM"))
+    assert problem.startswith("distributed_type=MEGATRON_LM")
 
 
 @pytest.mark.slow
@@ -475,12 +484,9 @@ def global_output(parts: list[dict], pad_token_id: int) -> dict:
     return output
 
 
-@pytest.mark.slow  # ~70 s on 2 shared cores: two processes start TRL
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tmp_path, loss_type):
-    """2 CPU processes (torchrun, gloo), 6 rows each, groups of 4: group 1 sits on both processes.
-    The main process's run directory holds the spectra of the whole 12-row batch: those of TRL's
-    own per-rollout loss gradients in one process over the same batch, at the same weights."""
+def run_two_processes(policy_source, out, loss_type: str, *worker_args: str) -> list[dict]:
+    """tests/trl_ddp_worker.py in 2 CPU processes (torchrun, gloo), 6 rows each, groups of 4
+    (group 1 sits on both processes); each process's ranks/rank{r}.json."""
     import json
     import os
     import signal
@@ -488,16 +494,13 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     import sys
     from pathlib import Path
 
-    import yaml
-
     cfg, _, _ = policy_source
-    out = tmp_path / "ddp"
     worker = Path(__file__).parent / "trl_ddp_worker.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     launched = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(worker), "--cache", str(cfg.cache_dir), "--out", str(out), "--loss-type", loss_type,
-         "--matrices", "rollout_batch", "rollout_group", "group_batch", "layer"],
+         "--matrices", "rollout_batch", "rollout_group", "group_batch", "layer", *worker_args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
@@ -506,17 +509,25 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
         os.killpg(launched.pid, signal.SIGKILL)  # torchrun and both workers
         log, _ = launched.communicate()
     assert launched.returncode == 0, log[-4000:]
-
     ranks = [json.loads((out / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["processes"] for r in ranks] == [2, 2] and "MULTI_CPU" in ranks[0]["distributed_type"]
+    assert [r["processes"] for r in ranks] == [2, 2]
     assert [r["wrote"] for r in ranks] == [True, False]  # one writer: the main process
-    assert ranks[0]["weights_norm"] == ranks[1]["weights_norm"]  # replicas agree after the probes
+    assert ranks[0]["weights_norm"] == ranks[1]["weights_norm"]  # the processes agree after the probes
+    return ranks
+
+
+def assert_global_batch_spectra(policy_source, tmp_path, out, loss_type: str) -> None:
+    """The run in out/run holds, at steps 0 and 1, the per-rollout spectra of the whole 12-row
+    batch: those of TRL's own per-rollout loss gradients in one process over the same batch, at
+    the same weights (lr = 0); so do `layer`'s spectra and the gradient norms."""
+    import yaml
 
     trainer = build_trainer(policy_source, tmp_path, loss_type=loss_type, per_device_train_batch_size=12)
     trainer.current_gradient_accumulation_steps = 1  # what train() sets before compute_loss
     pad = trainer.processing_class.pad_token_id
     spectra = read_spectra(load_run(out / "run"))
     assert set(spectra.step) == {0, 1}
+    all_norms = pd.read_csv(out / "run" / "grad_norms.csv")
     for step in (0, 1):
         parts = [torch.load(out / "batches" / f"rank{r}-step{step}.pt") for r in (0, 1)]
         output = global_output(parts, pad)
@@ -533,6 +544,21 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
         for group in groups:
             assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
                                  sigma_of(blocks[int(group[1:])]), f"{loss_type} step {step} {group}")
+        # `layer`: the batch gradient of each weight, TRL's one-process gradient of the same batch
+        model = trainer.model.train()
+        batch_grads = dict(zip([n for n, _ in model.named_parameters()], torch.autograd.grad(
+            trainer.compute_loss(model, output), list(model.parameters()), allow_unused=True), strict=True))
+        layers = sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "layer")].layer))
+        assert "lm_head.weight" in layers and len(layers) == 15  # 7 per decoder layer, lm_head
+        for name in layers:
+            rows = spectra[(spectra.step == step) & (spectra.matrix == "layer") & (spectra.layer == name)]
+            recorded = torch.tensor(rows.sort_values("k")["sigma"].to_numpy(), dtype=torch.float64)
+            assert_same_spectrum(recorded, torch.linalg.svdvals(batch_grads[name].double()), f"step {step} {name}")
+        # grad_norms.csv's batch rows (no rollout): the trainer's .grad before clipping, whole
+        batch = all_norms[(all_norms.step == step) & all_norms.rollout.isna()].set_index("layer").grad_norm
+        for layer, prefix in (("all", ""), ("model.layers.0", "model.layers.0."), ("lm_head.weight", "lm_head.weight")):
+            expected = sum(float(g.double().square().sum()) for n, g in batch_grads.items() if n.startswith(prefix)) ** 0.5
+            assert batch[layer] == pytest.approx(expected, rel=1e-6), layer
 
     run = load_run(out / "run")
     assert run.status == "completed" and list(run.metrics.step) == [0, 1] and not run.problems
@@ -541,7 +567,7 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     metrics = pd.read_csv(out / "run" / "metrics.csv")
     assert metrics.tokens[0] == int(global_output(
         [torch.load(out / "batches" / f"rank{r}-step0.pt") for r in (0, 1)], pad)["completion_mask"].sum())
-    # the Gram's batch norm is DDP's averaged gradient's (TRL's grad_norm), the rows being the
+    # the Gram's batch norm is the averaged gradient's (TRL's grad_norm), the rows being the
     # global batch's; per-layer norms from each process's parameter share add up to the whole
     assert metrics.grad_norm_mismatch.eq(0.0).all()
     assert ((metrics.grad_norm_batch_gram - metrics.grad_norm).abs() <= 1e-4 * metrics.grad_norm).all()
@@ -550,6 +576,17 @@ def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tm
     every = norms[norms.layer == "all"].set_index(["step", "rollout"]).grad_norm
     added = norms[norms.layer != "all"].assign(square=lambda f: f.grad_norm**2).groupby(["step", "rollout"]).square.sum() ** 0.5
     assert len(every) == 24 and np.allclose(added.loc[every.index].to_numpy(), every.to_numpy())
+
+
+@pytest.mark.slow  # ~70 s on 2 shared cores: two processes start TRL
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_two_process_ddp_run_records_the_global_batchs_spectra(policy_source, tmp_path, loss_type):
+    """2 CPU processes under DDP: the main process's run directory holds the spectra of the
+    whole 12-row batch, as one process would record them, in a grpo run's files."""
+    out = tmp_path / "ddp"
+    ranks = run_two_processes(policy_source, out, loss_type)
+    assert "MULTI_CPU" in ranks[0]["distributed_type"] and not ranks[0]["sharded"]
+    assert_global_batch_spectra(policy_source, tmp_path, out, loss_type)
     single = tmp_path / "single"
     one = build_trainer(policy_source, tmp_path / "one", steps=1, loss_type=loss_type)
     SpectraCallback(single, every=1, matrices=["rollout_batch", "layer"], task="arith").attach(one)
@@ -635,3 +672,17 @@ def test_vllm_colocate_run_records_trls_importance_corrected_gradients(tmp_path,
                                         & spectra.group.str.startswith("g")].group)):
             assert_same_spectrum(recorded_sigma(spectra, step, "rollout_group", group),
                                  sigma_of(blocks[int(group[1:])]), f"{mode} step {step} {group}")
+
+
+@pytest.mark.slow  # ~70 s on 2 shared cores: two processes start TRL
+def test_two_process_fsdp2_run_records_the_one_process_spectra(policy_source, tmp_path):
+    """2 CPU processes under accelerate's FSDP2 plugin (each decoder layer and the root
+    `fully_shard`-ed over gloo; trl_ddp_worker.force_fsdp2 says why the state is set by hand):
+    each process holds a row shard of every weight, replays the gathered batch through the
+    sharded model and takes the Grams of its share of the parameters from the captured layer
+    inputs and output gradients. The spectra, `layer`'s (gathered `.grad`) and the norms are
+    those of one unsharded process on the same 12-row batch."""
+    out = tmp_path / "fsdp2"
+    ranks = run_two_processes(policy_source, out, "grpo", "--fsdp2")
+    assert "FSDP" in ranks[0]["distributed_type"] and all(r["sharded"] for r in ranks)
+    assert_global_batch_spectra(policy_source, tmp_path, out, "grpo")

@@ -1,10 +1,13 @@
 """One process of a TRL GRPOTrainer run with the SpectraCallback, started by `accelerate launch`
-(tests/test_trl_spectra.py's DDP test, and docs/speed_log.md's overhead measurement).
+(tests/test_trl_spectra.py's DDP and FSDP2 tests, and docs/speed_log.md's overhead measurement).
 
 Each process saves its own generation outputs (`batches/rank{r}-step{s}.pt`) and what it wrote
 (`ranks/rank{r}.json`), so the test can rebuild the global batch and check who wrote the run.
 
     accelerate launch --cpu --num_processes 2 tests/trl_ddp_worker.py --cache DIR --out DIR
+
+`--fsdp2` shards the model with accelerate's FSDP2 plugin on CPU, which accelerate itself never
+does (`force_fsdp2`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,31 @@ from step_parity import TINY, parity_reward  # noqa: E402
 VARIED = ["task.max_steps=2", "task.operand_max=30", "task.operators=[+,-]"]  # as test_trl_spectra
 
 
+def force_fsdp2(trainer) -> None:
+    """Make the trainer's accelerator an FSDP2 one, as accelerate makes it on GPUs.
+
+    accelerate 1.15 (state.py, AcceleratorState.__init__) turns DistributedType.FSDP on only
+    over an accelerator backend (MULTI_GPU, MULTI_NPU, ...): under torchrun on CPU the state is
+    MULTI_CPU whatever fsdp_plugin says. This sets what that branch would have set (the state's
+    and PartialState's shared distributed_type, the plugin) and transformers' flag, before
+    `train()` prepares the model: accelerate then calls `fully_shard` on each LlamaDecoderLayer
+    and the root, on a CPU mesh over gloo. Library state only; grpo-cli is not touched.
+    """
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["LlamaDecoderLayer"], reshard_after_forward=True,
+        cpu_ram_efficient_loading=False, state_dict_type="FULL_STATE_DICT",
+    )
+    state = trainer.accelerator.state
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # AcceleratorState() copies it back
+    state.fsdp_plugin = plugin
+    trainer.is_fsdp_enabled = True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cache", required=True)  # grpo-cli's model cache (the test made the model)
@@ -34,6 +62,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.0)
     parser.add_argument("--dtype", default="float64")
     parser.add_argument("--matrices", nargs="*", default=None)
+    parser.add_argument("--fsdp2", action="store_true")  # shard with FSDP2 (force_fsdp2)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -62,6 +91,8 @@ def main() -> None:
     kwargs.update(learning_rate=args.lr, per_device_train_batch_size=args.rows_per_process, max_grad_norm=1e9)
     trainer = GRPOTrainer(model=model, reward_funcs=task_reward(task), args=GRPOConfig(**kwargs),
                           train_dataset=task_dataset(task), processing_class=tokenizer)
+    if args.fsdp2:
+        force_fsdp2(trainer)
     callback = SpectraCallback(out / "run", every=args.every, matrices=args.matrices, task="arith").attach(trainer)
 
     rank = trainer.accelerator.process_index
@@ -78,11 +109,15 @@ def main() -> None:
 
     trainer._generate_and_score_completions = saving
     trainer.train()
-    weights = torch.cat([p.detach().reshape(-1).double() for p in trainer.model.parameters()])
+    from grpo_cli.runtime.sharded import whole
+
+    # FSDP2: each process holds DTensor shards; whole() gathers them (every process, same order)
+    weights = torch.cat([whole(p.detach()).reshape(-1).double() for p in trainer.model.parameters()])
     (out / "ranks").mkdir(exist_ok=True)
     (out / "ranks" / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "processes": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),
+        "sharded": any(hasattr(p, "full_tensor") for p in trainer.model.parameters()),
         "wrote": callback.results is not None, "weights_sum": float(weights.sum()),
         "weights_norm": float(weights.norm()),
     }))

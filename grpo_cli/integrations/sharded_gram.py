@@ -24,8 +24,14 @@ squared norm is only its slice's share of 1'K1, so a norm taken before the all-r
 too small (by sqrt(shards) when the squares spread evenly) and `grad_norm_mismatch`
 (grpo_cli/probes/gradient_stats.py) flags it.
 
-These are plain functions on captured tensors; the TRL callback does not yet run them under
-FSDP (docs/trl.md says why).
+These are plain functions on captured tensors, the row-slice form of the sum. The TRL callback
+under FSDP2 splits the same sum by parameter instead (trl_distributed.shared_grams with
+lockstep: every process captures every layer's whole inputs and output gradients, as the
+forward runs on gathered weights, and takes the whole Grams of its parameter share), which
+needs no row-slice form of embeddings or norm weights. Tied weights and HSDP replicas are
+counted once there by construction (the share is over parameter names, and a tied weight has
+one; DTensor reduces replicated norms once), though HSDP was not run here. The logged norm is
+read whole (runtime/sharded.whole), so the alarm above stays quiet.
 """
 
 from __future__ import annotations

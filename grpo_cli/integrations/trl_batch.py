@@ -34,7 +34,10 @@ differentiates.
 That is grpo-cli's per-rollout row "advantage x loss token weights" (docs/results.md), so the
 probes need only the batch, w and A. Settings that change the gradient otherwise (a KL term, a
 PPO ratio that is not 1, masks on entropy or off-policy tokens, an entropy bonus, other loss types)
-are refused by `unsupported_settings`, each with the setting's name.
+are refused by `unsupported_settings`, each with the setting's name; so are the ways of sharding
+the model the probes cannot follow (`sharding_problems`: FSDP1, DeepSpeed, and under FSDP2 the
+`update` and `grad_sum` matrices). Under FSDP2 each process's loss is TRL's over its own rows and
+FSDP2 averages the gradients over the processes, as DDP does: the weights below hold unchanged.
 """
 
 from __future__ import annotations
@@ -48,11 +51,12 @@ from grpo_cli.rollout.batch import RolloutBatch, assemble_batch
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
-def unsupported_settings(args, trainer=None) -> list[str]:
+def unsupported_settings(args, trainer=None, matrices=()) -> list[str]:
     """Why the probes cannot reproduce this TRL run's gradient (empty list: they can).
 
     `args` is TRL's GRPOConfig; `trainer` (optional) its GRPOTrainer, for how its processes
-    share the model (DDP only) and the MoE auxiliary loss. Attributes absent from an older TRL read as their neutral value.
+    share the model (DDP, or FSDP2 for some `matrices`: docs/trl.md "Sharded runs") and the MoE
+    auxiliary loss. Attributes absent from an older TRL read as their neutral value.
     """
     problems = []
     loss_type = getattr(args, "loss_type", None)
@@ -86,17 +90,39 @@ def unsupported_settings(args, trainer=None) -> list[str]:
     if loss_type == "bnpo" and accumulation != 1:
         problems.append("loss_type='bnpo' with gradient_accumulation_steps > 1: its weights depend on the shuffled micro-batches")
     if trainer is not None:
-        kind = getattr(getattr(getattr(trainer, "accelerator", None), "distributed_type", None), "name", "NO")
-        if kind != "NO" and not kind.startswith("MULTI_"):  # MULTI_CPU, MULTI_GPU, ...: DDP
-            problems.append(  # docs/trl.md "Sharded runs"; the row-slice sum: sharded_gram.py
-                f"distributed_type={kind}: each process holds a shard of the weights, and the probes "
-                "differentiate to whole parameters (autograd finds FSDP2's DTensor shards 'not used in "
-                "the graph') while the row-slice Gram sum is not wired into the callback; run with DDP "
-                "(accelerate launch without FSDP/DeepSpeed)"
-            )
+        problems += sharding_problems(getattr(trainer, "accelerator", None), matrices)
         if getattr(trainer, "aux_loss_enabled", False):
             problems.append("router_aux_loss_coef != 0: the MoE auxiliary loss adds a gradient")
     return problems
+
+
+# matrices that read the parameters or keep running sums of `.grad` on one process: under FSDP2
+# each process holds a DTensor shard of them (the per-rollout matrices and `layer` read the
+# gradients whole through collectives every process joins: ProbeSuite.capture_layer_grads)
+SHARDED_REFUSED_MATRICES = ("update", "grad_sum")
+
+
+def sharding_problems(accelerator, matrices=()) -> list[str]:
+    """How the accelerator's processes share the model, where the probes cannot follow: DDP
+    (MULTI_*) and FSDP2 are supported (docs/trl.md "Sharded runs"), FSDP1 and DeepSpeed are not,
+    nor, under FSDP2, the matrices of SHARDED_REFUSED_MATRICES."""
+    kind = getattr(getattr(accelerator, "distributed_type", None), "name", "NO")
+    if kind == "NO" or kind.startswith("MULTI_"):  # MULTI_CPU, MULTI_GPU, ...: DDP
+        return []
+    if kind == "DEEPSPEED":
+        return ["distributed_type=DEEPSPEED: ZeRO's partitioned parameters are not supported (DeepSpeed "
+                "was not installed here and never tried); use FSDP2 (fsdp_version=2) or DDP"]
+    if kind != "FSDP":
+        return [f"distributed_type={kind}: not supported; use DDP or FSDP2 (fsdp_version=2)"]
+    version = getattr(getattr(getattr(accelerator, "state", None), "fsdp_plugin", None), "fsdp_version", 1)
+    if version != 2:
+        return [f"distributed_type=FSDP with fsdp_version={version}: FSDP1's flat parameters are not "
+                "supported (the probes hook each layer's own weights); use fsdp_version=2"]
+    refused = [m for m in SHARDED_REFUSED_MATRICES if m in matrices]
+    if refused:
+        return [f"matrices {', '.join(refused)} under FSDP2: each process holds a shard of the weights "
+                "and of their running gradient sum, and these are not gathered; leave them out of matrices"]
+    return []
 
 
 @dataclass

@@ -68,12 +68,19 @@ def sum_over_processes(grams: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def shared_grams(probes: ProbeSuite, step: int, output: ProbedStep, forward: nn.Module, rank: int,
-                 processes: int) -> dict[str, torch.Tensor]:
+                 processes: int, lockstep: bool = False) -> dict[str, torch.Tensor]:
     """The per-rollout Grams of the global batch `output`: process `rank`'s parameter share
-    (`ProbeSuite.rollout_grams(params=...)`), summed over the processes; every process calls it."""
+    (`ProbeSuite.rollout_grams(params=...)`), summed over the processes; every process calls it.
+
+    `lockstep` (FSDP2): every process hooks and differentiates every probed parameter, so that
+    all run the same forward and backward through the sharded model (each layer's all-gathers
+    are collectives), and computes the Grams of its share only (`rollout_grams(own=...)`).
+    """
     batch = output.batch
     share = parameter_share(probes.gram_params, rank, processes)
-    if share:
+    if lockstep:
+        grams = probes.rollout_grams(step, batch, output.loss_weights, output.advantages, forward, own=set(share))
+    elif share:
         grams = probes.rollout_grams(step, batch, output.loss_weights, output.advantages, forward, params=share)
     else:  # more processes than parameters
         rows, size = batch.num_rollouts, batch.group_size

@@ -8,7 +8,11 @@
 
 Under `accelerate launch --num_processes N` (DDP) every process attaches its own callback; the
 main process alone writes `out_dir`, and the per-rollout matrices cover the global batch
-(grpo_cli/integrations/trl_distributed.py). FSDP and DeepSpeed are refused (trl_batch.py; docs/trl.md
+(grpo_cli/integrations/trl_distributed.py). Under accelerate's FSDP2 plugin the same holds: every
+process replays the gathered batch through the sharded model in lockstep, takes the Grams of its
+share of the parameters from the captured layer inputs and output gradients (never `.grad`), and
+reads `.grad` whole for the norms, sparsity and `layer` through collectives every process joins;
+`update` and `grad_sum`, FSDP1 and DeepSpeed are refused (trl_batch.sharding_problems; docs/trl.md
 "Sharded runs").
 
 `grpo analyze results/my_sweep` then reads the runs as it reads its own (docs/results.md; the
@@ -140,7 +144,7 @@ class SpectraCallback(TrainerCallback):
         """Check that the probes reproduce this trainer's loss, wrap its methods, add the callback."""
         if self.trainer is not None:
             raise RuntimeError("SpectraCallback is already attached to a trainer; make one per run")
-        problems = unsupported_settings(trainer.args, trainer)
+        problems = unsupported_settings(trainer.args, trainer, self.probe_settings.matrices)
         if problems:
             raise ValueError("SpectraCallback cannot record this GRPOTrainer run:\n- " + "\n- ".join(problems))
         self.trainer = trainer
@@ -185,6 +189,10 @@ class SpectraCallback(TrainerCallback):
     @property
     def _main(self) -> bool:  # the process that holds the run lock and writes
         return self.trainer.accelerator.is_main_process
+
+    @property
+    def _sharded(self) -> bool:  # FSDP2 (unsupported_settings refuses FSDP1 and DeepSpeed)
+        return self.trainer.accelerator.distributed_type.name == "FSDP"
 
     def _reset_step(self) -> None:
         self._step_data: TrlStep | None = None
@@ -283,9 +291,11 @@ class SpectraCallback(TrainerCallback):
                 raise RuntimeError(f"SpectraCallback: the main process could not open {self.run_dir}: {message}")
         if failure is not None:
             raise failure
-        if not self._main:  # its share of the per-rollout Grams only (trl_distributed.py)
-            per_rollout = [m for m in self.probe_settings.matrices if m in PER_ROLLOUT_MATRICES]
-            self.probes = ProbeSuite(replace(self.probe_settings, matrices=per_rollout), policy,
+        if not self._main:  # its share of the per-rollout Grams only (trl_distributed.py), and
+            # under FSDP2 its part of the collectives that read `.grad` whole (capture_layer_grads)
+            shared = set(PER_ROLLOUT_MATRICES) | ({"layer"} if self._sharded else set())
+            matrices = [m for m in self.probe_settings.matrices if m in shared]
+            self.probes = ProbeSuite(replace(self.probe_settings, matrices=matrices), policy,
                                      self.run_dir / "checkpoints" / "initial_layers.pt")
 
     def _open_results(self, args, state, policy) -> None:
@@ -391,10 +401,13 @@ class SpectraCallback(TrainerCallback):
 
     def _probe(self) -> None:
         """Batch gradients (before clipping), then the spectra (on the main process; the other
-        processes compute their share of the per-rollout Grams)."""
+        processes compute their share of the per-rollout Grams and, under FSDP2, take part in
+        reading the sharded `.grad` whole)."""
         self.timer.start("probes")
         policy = self._policy
-        layer_grads = self.probes.capture_layer_grads() if self._main else {}
+        layer_grads = self.probes.capture_layer_grads() if self._main or self._sharded else {}
+        if not self._main:
+            layer_grads = {}
         data = self._step_data
         correct = (self._rewards > self.success_threshold).float()  # NaN reward: not correct
         output = ProbedStep(
@@ -409,7 +422,8 @@ class SpectraCallback(TrainerCallback):
             if self._processes > 1 and self.probes.matrices & set(PER_ROLLOUT_MATRICES):
                 accelerator = self.trainer.accelerator
                 output.rollout_grams = shared_grams(self.probes, self._step, output, self._forward,
-                                                    accelerator.process_index, self._processes)
+                                                    accelerator.process_index, self._processes,
+                                                    lockstep=self._sharded)
             if self._main:
                 self._probe_rows = self.probes.record(self._step, output, self._forward)
         finally:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,7 @@ from grpo_cli.probes.per_sample import (
     vocab_rows_gram,
 )
 from grpo_cli.probes.sketch import Projections, project_gradient, sketch_projections
+from grpo_cli.runtime.sharded import any_sharded
 
 FactorPairs = list[tuple[torch.Tensor, torch.Tensor]]  # (A [c, T, a] or ids [c, T], B [c, T, b])
 
@@ -272,9 +274,10 @@ class ShareBuilder:
         return gram, method
 
 
-def _backward_shares(rows, capture, params, builder, check) -> dict[str, ChunkShare]:
-    """One backward of sum_i rows_i: every covered parameter's share of the chunk."""
-    covered, targets = capture.covered, capture.targets()
+def _backward_shares(rows, capture, params, builder, check, own) -> dict[str, ChunkShare]:
+    """One backward of sum_i rows_i to every captured output: each covered parameter in `own`'s
+    share of the chunk."""
+    covered, targets = [name for name in capture.covered if name in own], capture.targets()
     check_params = [params[name] for name in covered] if check else []
     inputs = targets + check_params
     grads = (
@@ -287,15 +290,18 @@ def _backward_shares(rows, capture, params, builder, check) -> dict[str, ChunkSh
     return {name: builder(name, capture.terms(name, by_output), full.get(name)) for name in covered}
 
 
-def _hooked_chunk(model, input_ids, attention_mask, coeffs, params, builder, check):
+def _hooked_chunk(model, input_ids, attention_mask, coeffs, params, builder, check, own):
     """One chunk: a hooked forward, then per coefficient set the covered parameters' shares
-    and, for parameters the hooks do not cover, per-rollout gradients [c, numel]."""
+    and, for parameters the hooks do not cover, per-rollout gradients [c, numel] (of those in
+    `own` only)."""
     with LayerCapture(model, params, input_ids.shape[0]) as capture:
         rows_per_set = rollout_objectives(model, input_ids, attention_mask, coeffs)
-    uncovered = {name: p for name, p in params.items() if name not in capture.covered}
+    uncovered = {name: p for name, p in params.items() if name not in capture.covered and name in own}
+    if uncovered and any_sharded(params.values()):
+        _refuse_sharded_fallback(uncovered, "the hooks do not capture every use")
     shares, samples = [], []
     for rows in rows_per_set:
-        shares.append(_backward_shares(rows, capture, params, builder, check))
+        shares.append(_backward_shares(rows, capture, params, builder, check, own))
         samples.append(per_sample_grads(rows, uncovered))
     return shares, samples  # the chunk's graph is freed on return
 
@@ -335,10 +341,22 @@ def hooked_grams(
     check: bool = True,
     chunk_elems: int = CHUNK_ELEMS,
     row_chunk: int = 0,
+    own: Collection[str] | None = None,
 ) -> list[ParamGrams]:
     """Per coefficient set, every parameter's Gram: hooked routes, per_sample where needed.
     Row chunks take the rows widest first, each chunk cut after its last used column
-    (`width_order`); the Grams come back in the rows' order."""
+    (`width_order`); the Grams come back in the rows' order.
+
+    `own`: the parameters whose Grams this process computes (default: all of `params`). The
+    others are hooked and their outputs differentiated all the same, so every process runs the
+    same forward and backward: under FSDP2 each layer's all-gathers then match across processes.
+    FSDP2's parameters (DTensor shards) cannot be differentiated to (autograd finds them "not
+    used in the graph"; the forward runs on gathered copies), so for them the consistency check
+    is off (the trainer-norm cross-check, `grad_norm_mismatch`, remains) and a parameter the
+    hooks miss is refused instead of falling back to per_sample."""
+    own = set(params) if own is None else set(own)
+    sharded = any_sharded(params.values())
+    check = check and not sharded
     spans = row_spans(input_ids.shape[0], row_chunk)
     order, widths = width_order(attention_mask, coeffs, row_chunk)
     if order is not None:
@@ -352,15 +370,18 @@ def hooked_grams(
     samples = [defaultdict(dict) for _ in coeffs]  # set -> name -> chunk -> [c, numel]
     for k, (chunk_ids, chunk_mask, chunk_coeffs) in enumerate(chunks):
         chunk_shares, chunk_samples = _hooked_chunk(
-            model, chunk_ids, chunk_mask, chunk_coeffs, params, builder, check,
+            model, chunk_ids, chunk_mask, chunk_coeffs, params, builder, check, own,
         )
         for s in range(len(coeffs)):
             for name, share in chunk_shares[s].items():
                 shares[s][name][k] = share
             for name, rows in chunk_samples[s].items():
                 samples[s][name][k] = rows
-    settled = [_settle(shares[s], params, spans, builder) for s in range(len(coeffs))]
+    owned = {name: p for name, p in params.items() if name in own}
+    settled = [_settle(shares[s], owned, spans, builder) for s in range(len(coeffs))]
     fallbacks = [fallback for _, fallback in settled]
+    if sharded and any(fallbacks):
+        _refuse_sharded_fallback(sorted({n for f in fallbacks for n in f}), "their hooks missed a row chunk")
     _rerun_for_fallbacks(model, chunks, params, fallbacks, samples)
     for (result, fallback), rows_by_name in zip(settled, samples, strict=True):
         for name in fallback:
@@ -371,6 +392,14 @@ def hooked_grams(
         for result, _ in settled:
             result.grams = {name: g[back][:, back] for name, g in result.grams.items()}
     return [result for result, _ in settled]
+
+
+def _refuse_sharded_fallback(names, why: str):
+    raise ValueError(
+        f"per-rollout Grams of FSDP2-sharded parameters {sorted(names)}: {why}, and a DTensor "
+        "shard cannot be differentiated one rollout at a time (per_sample); leave them out of "
+        "probes.param_regex"
+    )
 
 
 def _settle(shares, params, spans, builder) -> tuple[ParamGrams, list[str]]:

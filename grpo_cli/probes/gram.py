@@ -67,7 +67,7 @@ may run a chunk forward again; run probes in eval mode (with dropout, duplicates
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +75,7 @@ from torch import nn
 
 from grpo_cli.probes.chunked_gram import ParamGrams, hooked_grams, per_sample_grams, used_positions
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
+from grpo_cli.runtime.sharded import any_sharded
 
 METHODS = ("auto", "ghost", "per_sample", "sketch")
 ParamSpec = Mapping[str, nn.Parameter] | str | None  # explicit parameters, a name regex, or all
@@ -259,6 +260,7 @@ def per_rollout_grams(
     check: bool = True,
     merge_duplicates: bool = True,
     skip_zero_rows: bool = True,
+    own: Collection[str] | None = None,
 ) -> dict[str, GramResult]:
     """Grams for several coefficient sets (e.g. {"adv": A*w, "score": w}) from one forward
     per row chunk (row_chunk rollouts at a time; 0: all at once).
@@ -271,6 +273,10 @@ def per_rollout_grams(
     `skip_zero_rows`: leave out the rows whose coefficients are all zero in every set (their G_i
     is exactly 0: zero rows and columns of K) and the all-padding columns at the batch's edges;
     an empty `methods` then means no pass ran. False runs the batch as given.
+
+    `own`: the parameters whose Grams are computed; the rest of `params` are hooked and
+    differentiated all the same (the same backward on every process of an FSDP2 run,
+    `chunked_gram.hooked_grams`). Default: all of them.
 
     K_adv = diag(a) K_score diag(a) only when advantages are constant per rollout; per-token
     advantages need their own coefficient set, hence this general form.
@@ -297,14 +303,19 @@ def per_rollout_grams(
         coeffs = [c[kept.to(c.device)] for c in coeffs]
     n = input_ids.shape[0]
     if method == "per_sample":
+        if any_sharded(params.values()):
+            raise ValueError("probes.gram_method=per_sample differentiates to the parameters, "
+                             "which FSDP2 holds as DTensor shards; use auto, ghost or sketch")
+        owned = params if own is None else {name: p for name, p in params.items() if name in own}
         grams = per_sample_grams(
-            model, input_ids, attention_mask, coeffs, params, row_chunk=row_chunk
+            model, input_ids, attention_mask, coeffs, owned, row_chunk=row_chunk
         )
         parts = [ParamGrams(g, dict.fromkeys(g, "per_sample")) for g in grams]
     else:
         parts = hooked_grams(
             model, input_ids, attention_mask, coeffs, params,
             route=method, sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk, check=check,
+            own=own,
         )
     results = {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
     if merged is not None:

@@ -69,6 +69,7 @@ from grpo_cli.probes.sparsity import (
 )
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.runtime.files import DISK_HINT, UnsafeCheckpointError, load_plain, save_atomic
+from grpo_cli.runtime.sharded import whole
 from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
@@ -259,14 +260,20 @@ class ProbeSuite:
         return dict(self._sparsity)
 
     def capture_layer_grads(self) -> dict[str, torch.Tensor]:
-        """Called after backward, before the optimizer step: batch gradients and sparsity."""
+        """Called after backward, before the optimizer step: batch gradients (for `layer`) and
+        sparsity. Under FSDP2 (DTensor `.grad`, one shard per process) the norms, sparsity and
+        layer gradients are reduced or gathered whole here, so every process calls it
+        (collectives, in the same order) and `record`, on one process, reads plain tensors."""
         self.measure_sparsity()
         names = [name for name, p in self.gram_params.items() if p.grad is not None]
         squares = [self.gram_params[name].grad.detach().double().square().sum() for name in names]
         # kept on the device: `record` reads them with the Grams (no host read here)
-        self._probed_squares = (names, torch.stack(squares) if squares else torch.zeros(0, dtype=torch.float64))
+        self._probed_squares = (names, whole(torch.stack(squares)) if squares
+                                else torch.zeros(0, dtype=torch.float64))
+        if "layer" not in self.matrices:  # only `layer` reads them
+            return {}
         return {
-            name: p.grad.detach().to(torch.float64, copy=True)
+            name: whole(p.grad.detach()).to(torch.float64, copy=True)
             for name, p in self.layer_params.items()
             if p.grad is not None
         }
@@ -376,11 +383,13 @@ class ProbeSuite:
         return bool(self.matrices & {"score_group", "rollout_group"})
 
     def rollout_grams(self, step, batch, weights, advantages, model,
-                      params: dict | None = None) -> dict[str, torch.Tensor]:
+                      params: dict | None = None, own: set[str] | None = None) -> dict[str, torch.Tensor]:
         """{"advantage": K_adv [N, N], "score_blocks": K_score's group blocks [B, R, R]} from a
         separate pass: Grams of the advantage-weighted and plain score rows, over `params`
         (default: every parameter of probes.param_regex; both Grams are sums over parameters, so
         shares over disjoint parameter sets add up to the whole, as the TRL callback's processes do).
+        `own`: of those, the parameters whose Grams are computed; the others are differentiated
+        all the same (an FSDP2 run's processes must run the same backward, `hooked_grams`).
 
         When every rollout's tokens share one advantage a_i (outcome estimators), the rows are
         a_i times the score rows, so K_adv = (a a^T) * K_score exactly and one backward pass
@@ -411,6 +420,7 @@ class ProbeSuite:
                 model, batch.input_ids[rows], batch.attention_mask[rows], coeffs,
                 params, method=self.cfg.gram_method, sketch_dim=self.cfg.sketch_dim, seed=step,
                 row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified, per_param=True,
+                own=own,
             )  # one forward per row chunk, shared by the coefficient sets
             # The hooks' consistency check depends on the model's structure only: once every
             # hooked parameter has passed it, later probes skip it (and the weight gradients).

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import torch
 
+from grpo_cli.runtime.sharded import whole
+
 
 def gradient_sparsity(g: torch.Tensor, rtol: float = 1e-3) -> float:
     """Fraction of entries with |g| < rtol * max|g|; 1.0 when g has no non-zero entry."""
@@ -43,7 +45,9 @@ def combined_sparsity(tensors: Iterable[torch.Tensor], rtol: float = 1e-3) -> di
     """{"sparsity", "hoyer"} of the concatenation of `tensors` (e.g. every parameter's gradient).
 
     Two passes over the tensors, one float64 copy of a single tensor at a time, and one host read
-    (the sums stay on the device until the end: it runs on every training step).
+    (the sums stay on the device until the end: it runs on every training step). FSDP2's DTensor
+    gradients are measured whole: their max and sums are reduced over the processes (a
+    collective: every process calls it), never flattened (an uneven shard cannot be).
     """
     tensors = [t.detach() for t in tensors if t.numel()]
     if not tensors:
@@ -51,12 +55,13 @@ def combined_sparsity(tensors: Iterable[torch.Tensor], rtol: float = 1e-3) -> di
     peak = torch.stack([t.abs().max().double() for t in tensors]).max()  # 0-dim, on the device
     below, l1, squares, size = 0, 0, 0, 0
     for tensor in tensors:
-        values = tensor.reshape(-1).double().abs()  # [n_i]
+        values = tensor.double().abs()  # the tensor's shape, n_i entries
         size += values.numel()
         below = below + (values < rtol * peak).sum()
         l1 = l1 + values.sum()
         squares = squares + values.square().sum()
-    peak, below, l1, squares = torch.stack([peak, below.double(), l1, squares]).tolist()
+    sums = whole(torch.stack([below.double(), l1, squares]))  # [3]
+    peak, below, l1, squares = torch.cat([whole(peak).reshape(1), sums]).tolist()
     return {
         "sparsity": 1.0 if peak == 0 else below / size,
         "hoyer": hoyer_from_norms(l1, math.sqrt(squares), size),

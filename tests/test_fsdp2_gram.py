@@ -2,8 +2,8 @@
 linear layer (issue 44). Each process replays the same global batch through the sharded model,
 differentiates to the captured layer outputs (never `.grad`), computes the Gram of its own row
 slice of each weight (grpo_cli/integrations/sharded_gram.py) and an all-reduce sums the N x N
-parts; the spectrum equals the unsharded one-process run's. The TRL callback does not do this
-yet (docs/trl.md)."""
+parts; the spectrum equals the unsharded one-process run's. Then the TRL callback's own sharded
+probe, which splits the same sum by parameter instead of by rows (docs/trl.md "Sharded runs")."""
 
 from __future__ import annotations
 

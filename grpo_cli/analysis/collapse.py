@@ -159,26 +159,3 @@ def collapse_warnings(stages: pd.DataFrame, rules: Rules) -> list[str]:
                 "same weights with `grpo probe`."
             )
     return out
-
-
-def blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str], rules: Rules
-           ) -> list[tuple[str, object]]:
-    """The report section (report.py blocks): warnings, claim 2 per stage, the stage table."""
-    if stages.empty:
-        return []
-    matrix, measure = rules.rank_matrix, rules.rank_measure
-    return [
-        ("h2", "Mode collapse beside the rank, and claim 2 per stage"),
-        ("p", f"Each run's probe steps are split into an early and a late half. Per R: {matrix} / "
-              f"{measure} (the claim-2 rank) beside metrics.csv distinct_completions (distinct "
-              "completions per informative group: a group has at most that many independent "
-              "rows) and entropy at the same steps, means over seeds. A warning is raised when "
-              f"the late rank is at most {rules.target:g} + {rules.band:g} and lower than early "
-              f"while distinct completions fall by at least {rules.distinct_fall:.0%}. Point "
-              "estimates; "
-              "the intervals are the whole-run reading's (claims above)."),
-        ("list", warnings or ["No mode-collapse warning: no R whose rank nears "
-                              f"{rules.target:g} while distinct completions fall."]),
-        ("table", readings),
-        ("table", stages),
-    ]

@@ -168,19 +168,3 @@ def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int, rules: Rule
 
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def blocks(coverage: pd.DataFrame, per_bin: pd.DataFrame, bins: int) -> list[tuple[str, object]]:
-    """The report section (report.py blocks)."""
-    if coverage.empty:
-        return []
-    return [
-        ("h2", "What matched progress can match"),
-        ("p", f"Per progress variable ({bins} equal-width bins over the pooled range of each "
-              "variant's probe steps, claim 2's rank): which bins each R reaches, and within "
-              "each bin that two or more judged R values share, the rank per R and its slope "
-              "per doubling of R."),
-        ("list", sentences(coverage)),
-        ("table", coverage),
-        ("table", per_bin),
-    ]

@@ -18,6 +18,7 @@ from grpo_cli.analysis import (
     collapse,
     credit_compare,
     matching,
+    render,
     report,
     same_checkpoint,
     token_weights,
@@ -268,8 +269,8 @@ def _write(result: AnalysisResult) -> None:
     out = result.out_dir
     report.summary_frame(result).to_csv(out / "summary.csv", index=False)
     content = report.blocks(result)
-    (out / "summary.md").write_text(report.render_markdown(content))
-    (out / "report.html").write_text(report.render_html(content, result.figures, figures_module.CAPTIONS))
+    (out / "summary.md").write_text(render.render_markdown(content))
+    (out / "report.html").write_text(render.render_html(content, result.figures, figures_module.CAPTIONS))
     result.files = {
         "summary_csv": out / "summary.csv",
         "summary_md": out / "summary.md",

@@ -1,25 +1,29 @@
-"""summary.csv, summary.md and report.html.
-
-The Markdown summary and the HTML report are rendered from the same list of blocks, so they
-always say the same thing; the HTML page adds every figure as a base64-embedded PNG and needs
-no other file.
+"""What summary.csv, summary.md and report.html say: summary.csv's tidy frame, and the report's
+sections as typed blocks (analysis/render.py renders them as Markdown and as HTML, so the two
+always say the same thing).
 """
 
 from __future__ import annotations
 
-import base64
-import html
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import collapse, credit_compare, matching, same_checkpoint, token_weights
+from grpo_cli.analysis import credit_compare, matching, same_checkpoint, token_weights
 from grpo_cli.analysis.claims import claims_table
 from grpo_cli.analysis.figures import figure_of_claim
+from grpo_cli.analysis.render import (
+    Block,
+    Bullets,
+    ClaimBlock,
+    Details,
+    Heading,
+    Paragraph,
+    Quote,
+    Table,
+    fmt,
+)
+from grpo_cli.analysis.rules import Rules
 
-Block = tuple[str, object]  # (kind, payload): "h1" | "h2" | "h3" | "p" | "quote" | "list" |
-# "table" | "details" (summary line, list of lines: folded away in HTML) | "claim" (dict)
 SUMMARY_COLUMNS = [
     "kind",
     "claim",
@@ -55,21 +59,6 @@ SUMMARY_COLUMNS = [
     "detail",
 ]
 OBJECT_COLUMNS = ["means", "intervals", "parts"]  # kept in memory, not written to summary.csv
-
-
-def fmt(value, digits: int = 2) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "-"
-    if isinstance(value, float | np.floating):
-        return f"{value + 0.0 if abs(value) >= 10 ** -(digits + 1) else 0.0:.{digits}f}"
-    return str(value)
-
-
-def _compact(table: pd.DataFrame) -> pd.DataFrame:
-    """For display: no all-empty variant column, `R` for the group size."""
-    if "variant" in table and table["variant"].fillna("").eq("").all():
-        table = table.drop(columns=["variant"])
-    return table.rename(columns={"group_size": "R"})
 
 
 def summary_frame(result) -> pd.DataFrame:
@@ -255,20 +244,20 @@ def claim_blocks(result) -> list[Block]:
     if not result.claims:
         return []
     out: list[Block] = [
-        ("h2", "The paper's four claims"),
-        ("table", claims_table(result.claims)[["claim", "statement", "verdict", "parts"]]),
-        ("p", VERDICT_LEGEND),
+        Heading("The paper's four claims"),
+        Table(claims_table(result.claims)[["claim", "statement", "verdict", "parts"]]),
+        Paragraph(VERDICT_LEGEND),
     ]
     for claim in result.claims:
         sentences = [p.sentence for p in claim.parts] or [claim.evidence]
-        out.append(("claim", {
-            "heading": f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
-                       + (f" ({claim.parts_text})" if claim.parts_text else ""),
-            "figure": figure_of_claim(claim.number),
-            "sentences": sentences,
-            "rule": claim.rule,
-            "table": claim.table,
-        }))
+        out.append(ClaimBlock(
+            heading=f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
+                    + (f" ({claim.parts_text})" if claim.parts_text else ""),
+            figure=figure_of_claim(claim.number),
+            sentences=sentences,
+            rule=claim.rule,
+            table=claim.table,
+        ))
     return out
 
 
@@ -279,9 +268,9 @@ def credit_comparison_blocks(table: pd.DataFrame, measure: str) -> list[Block]:
         return []
     table = table[table["measure"].isin([measure, measure + credit_compare.PER_ROW])]
     return [
-        ("h3", "Claim 4 on claim 2's matrices: outcome rank and slope beside the per-token "
-               "difference"),
-        ("p", "Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
+        Heading("Claim 4 on claim 2's matrices: outcome rank and slope beside the per-token "
+               "difference", 3),
+        Paragraph("Per matrix and measure: the outcome estimator's rank per R (last-part mean, mean "
               "over seeds) and its slope per doubling of R (uncapped R), beside the per-token "
               "estimator's rank and the difference (per-token minus outcome) on the same matrix. "
               "Per-group matrices use informative groups only for every estimator (column "
@@ -292,7 +281,7 @@ def credit_comparison_blocks(table: pd.DataFrame, measure: str) -> list[Block]:
               "Each per-token estimator is its own row. `grpo probe CHECKPOINT algorithm.name=process` "
               "beside a grpo probe of the same checkpoint gives the very same rollouts, which "
               "claim 4 compares group by group. Every measure: credit_comparison.csv."),
-        ("table", table),
+        Table(table),
     ]
 
 
@@ -302,32 +291,32 @@ def data_problem_blocks(runs) -> list[Block]:
     if not lines:
         return []
     return [
-        ("h2", "Data problems"),
-        ("p", "These runs' files contradict themselves (two writers, or files edited by hand); "
+        Heading("Data problems"),
+        Paragraph("These runs' files contradict themselves (two writers, or files edited by hand); "
               "they are left out of every average, verdict and figure. Re-run them into a fresh "
               "results_dir."),
-        ("list", lines),
+        Bullets(lines),
     ]
 
 
 def blocks(result) -> list[Block]:
     """The content of summary.md and report.html, section by section."""
     return [
-        ("h1", f"{result.title}: does effective rank stay ~2 as group size R grows?"),
+        Heading(f"{result.title}: does effective rank stay ~2 as group size R grows?", 1),
         *claim_blocks(result),
-        *[("p", f"WARNING: {warning}") for warning in result.collapse_warnings],
-        *token_weights.blocks(result.token_weights),
+        *[Paragraph(f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *token_weight_blocks(result.token_weights),
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
-        *same_checkpoint.blocks(result.same_checkpoint, result.rules.rank_matrix,
+        *same_checkpoint_blocks(result.same_checkpoint, result.rules.rank_matrix,
                                 result.rules.rank_measure),
         *run_blocks(result),
         *verdict_blocks(result),
         *matched_blocks(result),
-        *matching.blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
-        ("h2", "Held-out accuracy"),
-        ("table", result.accuracy.round(3)),
+        *matching_blocks(result.matching_coverage, result.matching_bins, result.progress_bins),
+        Heading("Held-out accuracy"),
+        Table(result.accuracy.round(3)),
         *composition_blocks(result.composition),
-        *collapse.blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
+        *collapse_blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
         *median_blocks(result),
     ]
 
@@ -339,15 +328,15 @@ def run_blocks(result) -> list[Block]:
     variants = (f" Variants (own curves and verdicts): {', '.join(result.variant_columns.values())}."
                 if result.variant_columns else "")
     return [
-        ("h2", "Runs"),
-        ("p", f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
+        Heading("Runs"),
+        Paragraph(f"Runs differ in: {result.grouping.describe()}. Replicate axis: seed; "
               "x-axis of the claim: rollout.group_size (R)." + variants),
-        ("p", f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
+        Paragraph(f"{len(result.runs)} runs: {counts.get('completed', 0)} completed, "
               f"{counts.get('failed', 0)} failed (excluded from every average), "
               f"{counts.get('incomplete', 0)} incomplete ({incomplete}). "
               f"Figures use align={result.align}."),
-        *[("p", f"Note: {note}") for note in result.notes],
-        ("table", run_table(result.runs)),
+        *[Paragraph(f"Note: {note}") for note in result.notes],
+        Table(run_table(result.runs)),
         *data_problem_blocks(result.runs),
     ]
 
@@ -355,15 +344,15 @@ def run_blocks(result) -> list[Block]:
 def verdict_blocks(result) -> list[Block]:
     """Claim 2's rule, and its verdict per matrix x measure."""
     return [
-        ("h2", "Verdict rule"),
-        ("quote", result.rules.rank_text()),
-        ("p", "For layer/update the rank is first averaged over layers at each step (per-layer "
+        Heading("Verdict rule"),
+        Quote(result.rules.rank_text()),
+        Paragraph("For layer/update the rank is first averaged over layers at each step (per-layer "
               "rows are in summary.csv); for rollout_group/score_group the verdict uses the "
               "group == 'mean' rows (median below)."),
-        ("h2", "Verdicts"),
-        ("table", verdict_table(result, result.verdicts)),
-        ("details", (f"One sentence per matrix x measure ({len(result.verdicts)})",
-                     list(result.verdicts["sentence"]))),
+        Heading("Verdicts"),
+        Table(verdict_table(result, result.verdicts)),
+        Details(f"One sentence per matrix x measure ({len(result.verdicts)})",
+                     list(result.verdicts["sentence"])),
     ]
 
 
@@ -371,22 +360,22 @@ def matched_blocks(result) -> list[Block]:
     """Claim 2's thresholds on point estimates at matched progress."""
     matched = result.matched
     return [
-        ("h2", f"Point readings at matched progress ({result.matched_progress})"),
-        ("p", f"Claim 2's thresholds on point estimates, no interval (descriptive only): each R's "
+        Heading(f"Point readings at matched progress ({result.matched_progress})"),
+        Paragraph(f"Claim 2's thresholds on point estimates, no interval (descriptive only): each R's "
               f"rank is averaged over the {result.matched_progress} bins "
               f"({result.progress_bins} equal-width bins over the pooled range of all runs) that "
               "every R of the variant reaches; 'inside' / 'outside' the rule's region."),
-        ("table", matched_table(matched)),
-        ("details", (f"One sentence per matrix x measure ({len(matched)})",
-                     list(matched["sentence"]) if not matched.empty else [])),
+        Table(matched_table(matched)),
+        Details(f"One sentence per matrix x measure ({len(matched)})",
+                     list(matched["sentence"]) if not matched.empty else []),
     ]
 
 
 def composition_blocks(composition: pd.DataFrame) -> list[Block]:
     """rollout_group's per-group rank against the closed-form prediction."""
     return [
-        ("h2", "rollout_group vs the composition prediction"),
-        ("p", "Over every informative per-group row (group g<b>) whose advantages fit the closed "
+        Heading("rollout_group vs the composition prediction"),
+        Paragraph("Over every informative per-group row (group g<b>) whose advantages fit the closed "
               "form (c (r_i - mean r), binary r: a zero-sum outcome estimator), per R: the "
               "prediction from the composition (R orthonormal rows, singular values M (m times) "
               "and m (M times)), the prediction over distinct completions (sqrt(n_u) |a_u| per "
@@ -394,8 +383,8 @@ def composition_blocks(composition: pd.DataFrame) -> list[Block]:
               "predicted - predicted over distinct: what duplicate completions (low entropy) take "
               "away; gap_rest = predicted over distinct - measured: what the distinct "
               "completions' correlated score vectors take away."),
-        ("table", composition.round(3)),
-        ("list", composition_sentences(composition)),
+        Table(composition.round(3)),
+        Bullets(composition_sentences(composition)),
     ]
 
 
@@ -405,133 +394,80 @@ def median_blocks(result) -> list[Block]:
     if median.empty:
         return []
     return [
-        ("h2", "Per-group matrices: median over groups (last-part mean)"),
-        ("table", verdict_table(result, median, stat="median")),
+        Heading("Per-group matrices: median over groups (last-part mean)"),
+        Table(verdict_table(result, median, stat="median")),
     ]
 
 
-def _md_table(table: pd.DataFrame) -> str:
-    if table.empty:
-        return "_(no data)_"
-    cells = [[fmt(v, 3).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
-    header = "| " + " | ".join(str(c).replace("|", "\\|") for c in table.columns) + " |"
-    lines = [header, "|" + "---|" * len(table.columns)] + [
-        "| " + " | ".join(r) + " |" for r in cells
+def collapse_blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str],
+                    rules: Rules) -> list[Block]:
+    """Mode collapse beside the rank: warnings, claim 2 per stage, the stage table."""
+    if stages.empty:
+        return []
+    matrix, measure = rules.rank_matrix, rules.rank_measure
+    return [
+        Heading("Mode collapse beside the rank, and claim 2 per stage"),
+        Paragraph(f"Each run's probe steps are split into an early and a late half. Per R: {matrix} / "
+              f"{measure} (the claim-2 rank) beside metrics.csv distinct_completions (distinct "
+              "completions per informative group: a group has at most that many independent "
+              "rows) and entropy at the same steps, means over seeds. A warning is raised when "
+              f"the late rank is at most {rules.target:g} + {rules.band:g} and lower than early "
+              f"while distinct completions fall by at least {rules.distinct_fall:.0%}. Point "
+              "estimates; "
+              "the intervals are the whole-run reading's (claims above)."),
+        Bullets(warnings or ["No mode-collapse warning: no R whose rank nears "
+                              f"{rules.target:g} while distinct completions fall."]),
+        Table(readings),
+        Table(stages),
     ]
-    return "\n".join(lines)
 
 
-def render_markdown(content: list[Block]) -> str:
-    parts = []
-    for kind, payload in content:
-        if kind == "h1":
-            parts.append(f"# {payload}")
-        elif kind == "h2":
-            parts.append(f"## {payload}")
-        elif kind == "h3":
-            parts.append(f"### {payload}")
-        elif kind == "quote":
-            parts.append(f"> {payload}")
-        elif kind == "list":
-            parts.append("\n".join(f"- {item}" for item in payload) or "_(none)_")
-        elif kind == "table":
-            parts.append(_md_table(_compact(payload)))
-        elif kind == "details":
-            title, lines = payload
-            parts.append(f"{title}:\n\n" + ("\n".join(f"- {i}" for i in lines) or "_(none)_"))
-        elif kind == "claim":
-            parts.append(f"### {payload['heading']}")
-            if payload["figure"]:
-                parts.append(f"![{payload['figure']}]({payload['figure']}.png)")
-            parts.append("\n".join(f"- {line}" for line in payload["sentences"]))
-            parts.append(f"> Rule: {payload['rule']}")
-            if not payload["table"].empty:
-                parts.append(_md_table(_compact(payload["table"])))
-        else:
-            parts.append(str(payload))
-    return "\n\n".join(parts) + "\n"
+def matching_blocks(coverage: pd.DataFrame, per_bin: pd.DataFrame, bins: int) -> list[Block]:
+    """What matched progress can match (analysis/matching.py)."""
+    if coverage.empty:
+        return []
+    return [
+        Heading("What matched progress can match"),
+        Paragraph(f"Per progress variable ({bins} equal-width bins over the pooled range of each "
+              "variant's probe steps, claim 2's rank): which bins each R reaches, and within "
+              "each bin that two or more judged R values share, the rank per R and its slope "
+              "per doubling of R."),
+        Bullets(matching.sentences(coverage)),
+        Table(coverage),
+        Table(per_bin),
+    ]
 
 
-def _html_table(table: pd.DataFrame) -> str:
+def same_checkpoint_blocks(table: pd.DataFrame, matrix: str, measure: str) -> list[Block]:
+    """Claim 2 on the same checkpoint (analysis/same_checkpoint.py)."""
     if table.empty:
-        return "<p><em>(no data)</em></p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    body = []
-    for row in table.itertuples(index=False):
-        cells = []
-        for value in row:
-            text = fmt(value, 3)
-            css = f' class="{CSS_CLASSES[text]}"' if text in CSS_CLASSES else ""
-            cells.append(f"<td{css}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+        return []
+    return [
+        Heading("Claim 2 on the same checkpoint (grpo probe)", 3),
+        Paragraph("These results include `grpo probe` directories: per checkpoint, every R measured "
+              "on the same weights and prompts. Claim 2's verdict above reads the training runs "
+              "(primary: the paper's claim is about each R's own training); this reading removes "
+              "the trajectory, which differs by R (collapse proceeds at its own pace), and is the "
+              "check on it: where the two disagree, the difference is the trajectory's. "
+              "Intervals are seed-level (per-seed slopes)."),
+        Bullets(same_checkpoint.sentences(table, matrix, measure)),
+        Table(table),
+    ]
 
 
-CSS_CLASSES = {"supported": "supported", "contradicted": "contradicted", "failed": "contradicted",
-               "inconclusive": "inconclusive", "mixed": "inconclusive",
-               "incomplete": "inconclusive"}
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;margin:0.5em 0;font-size:0.85em}
-td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}
-td.supported{background:#d9f2d9}td.inconclusive{background:#fff3c4}td.contradicted{background:#f9d6d5}
-.claim{display:flex;gap:1.5em;align-items:flex-start;border-top:1px solid #ddd;padding-top:0.5em}
-.claim .text{flex:1 1 50%}.claim img{flex:0 1 45%;max-width:45%}details{margin:0.5em 0}
-blockquote{border-left:4px solid #888;margin:0.5em 0;padding:0.3em 1em;background:#f7f7f7}
-img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"""
-
-
-def _img(name: str, path: Path) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
-
-
-def _html_claim(claim: dict, figures: dict[str, Path]) -> str:
-    """A claim's verdict and sentences, beside its figure; the rule and table folded away."""
-    text = (f"<h3>{html.escape(claim['heading'])}</h3><ul>"
-            + "".join(f"<li>{html.escape(s)}</li>" for s in claim["sentences"]) + "</ul>"
-            + f"<details><summary>Rule and numbers</summary><blockquote>"
-            f"{html.escape(claim['rule'])}</blockquote>"
-            + (_html_table(_compact(claim["table"])) if not claim["table"].empty else "")
-            + "</details>")
-    figure = claim["figure"]
-    image = _img(figure, figures[figure]) if figure in figures else ""
-    return f'<div class="claim"><div class="text">{text}</div>{image}</div>'
-
-
-def render_html(content: list[Block], figures: dict[str, Path], captions: dict[str, str]) -> str:
-    parts = []
-    for kind, payload in content:
-        text = html.escape(str(payload)) if kind not in ("list", "table") else ""
-        if kind in ("h1", "h2", "h3"):
-            parts.append(f"<{kind}>{text}</{kind}>")
-        elif kind == "quote":
-            parts.append(f"<blockquote>{text}</blockquote>")
-        elif kind == "list":
-            parts.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in payload) + "</ul>")
-        elif kind == "table":
-            parts.append(_html_table(_compact(payload)))
-        elif kind == "details":
-            title, lines = payload
-            parts.append(f"<details><summary>{html.escape(title)}</summary><ul>"
-                         + "".join(f"<li>{html.escape(i)}</li>" for i in lines) + "</ul></details>")
-        elif kind == "claim":
-            parts.append(_html_claim(payload, figures))
-        else:
-            parts.append(f"<p>{text}</p>")
-    shown = {p["figure"] for kind, p in content if kind == "claim" and p["figure"]}
-    figures_html = ["<h2>Figures</h2>"]
-    for name, path in figures.items():
-        if name in shown:
-            continue
-        figures_html.append(
-            f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
-            + _img(name, path)
-        )
-    # figures go after the verdicts and summaries, before the median table
-    cut = next((i for i, p in enumerate(parts) if p.startswith("<h2>Per-group")), len(parts))
-    body = parts[:cut] + figures_html + parts[cut:]
-    title = html.escape(str(content[0][1]))
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
-    )
+def token_weight_blocks(table: pd.DataFrame) -> list[Block]:
+    """Claim 1's empirical part (analysis/token_weights.py)."""
+    if table.empty:
+        return []
+    return [
+        Heading("Claim 1, empirically: the loss gradient's weight per token", 3),
+        Paragraph("The advantages check above is true by construction for outcome estimators (one "
+              "scalar broadcast over the tokens). This reading can fail: metrics.csv "
+              f"{token_weights.COLUMN}, the fraction of informative rollouts whose effective token weight "
+              "d loss / d log pi(y_t) (after clipping, importance ratios, the KL term and token "
+              "aggregation, by autograd of the loss) is uniform to a relative 1e-6. With one "
+              "pass, no KL and no truncated importance weights it is uniform by the same "
+              "construction; num_iterations > 1 (ratios, clipping) or kl_coef > 0 can break it."),
+        Bullets(token_weights.sentences(table)),
+        Table(table),
+    ]

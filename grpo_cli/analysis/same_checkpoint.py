@@ -102,20 +102,3 @@ def sentences(table: pd.DataFrame, matrix: str = "rollout_group", measure: str =
             f"{readings}."
         )
     return out
-
-
-def blocks(table: pd.DataFrame, matrix: str, measure: str) -> list[tuple[str, object]]:
-    """The report section (report.py blocks)."""
-    if table.empty:
-        return []
-    return [
-        ("h3", "Claim 2 on the same checkpoint (grpo probe)"),
-        ("p", "These results include `grpo probe` directories: per checkpoint, every R measured "
-              "on the same weights and prompts. Claim 2's verdict above reads the training runs "
-              "(primary: the paper's claim is about each R's own training); this reading removes "
-              "the trajectory, which differs by R (collapse proceeds at its own pace), and is the "
-              "check on it: where the two disagree, the difference is the trajectory's. "
-              "Intervals are seed-level (per-seed slopes)."),
-        ("list", sentences(table, matrix, measure)),
-        ("table", table),
-    ]

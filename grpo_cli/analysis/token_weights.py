@@ -72,24 +72,6 @@ def sentences(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def blocks(table: pd.DataFrame) -> list[tuple[str, object]]:
-    """Claim 1's empirical part for the report (report.py blocks)."""
-    if table.empty:
-        return []
-    return [
-        ("h3", "Claim 1, empirically: the loss gradient's weight per token"),
-        ("p", "The advantages check above is true by construction for outcome estimators (one "
-              "scalar broadcast over the tokens). This reading can fail: metrics.csv "
-              f"{COLUMN}, the fraction of informative rollouts whose effective token weight "
-              "d loss / d log pi(y_t) (after clipping, importance ratios, the KL term and token "
-              "aggregation, by autograd of the loss) is uniform to a relative 1e-6. With one "
-              "pass, no KL and no truncated importance weights it is uniform by the same "
-              "construction; num_iterations > 1 (ratios, clipping) or kl_coef > 0 can break it."),
-        ("list", sentences(table)),
-        ("table", table),
-    ]
-
-
 def empirical_parts(table: pd.DataFrame) -> list[Part]:
     """Claim 1's part 1b for each outcome variant that recorded this reading (supported: uniform
     at every step; contradicted: not); none without a recorded reading."""

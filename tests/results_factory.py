@@ -355,3 +355,30 @@ def write_sweep(
             for seed in seeds:
                 write_run(root, group_size=group_size, seed=seed, estimator=estimator, **kwargs)
     return root
+
+
+def probe_rank(group_size: int, seed: int, step: int) -> float:
+    """`write_probe_sweep`'s default: checkpoint 0 flat at 2; checkpoint 10 +0.5 per doubling of
+    R from R = 4."""
+    return 2.0 + (0.5 * (group_size.bit_length() - 3) if step == 10 else 0.0) + 0.02 * seed
+
+
+def write_probe_sweep(
+    root: Path,
+    group_sizes: Iterable[int] = (2, 4, 8, 16),
+    seeds: Iterable[int] = (0, 1),
+    rank: Number = probe_rank,
+) -> Path:
+    """A `grpo probe` directory: every R x seed measured on checkpoints 0 and 10 of one source
+    run (run.json kind `probe`), rollout_group only."""
+    root = Path(root)
+    for size in group_sizes:
+        for seed in seeds:
+            run = write_run(root, group_size=size, seed=seed, steps=11, probe_every=10, rank=rank,
+                            matrices=("rollout_group",), name=f"R{size}-s{seed}")
+            record = json.loads((run / "run.json").read_text())
+            record |= {"trainer": "grpo-probe", "kind": "probe",
+                       "probe": {"source": "runs/R4-grpo-s0", "source_kind": "run",
+                                 "checkpoints": {"0": "step_000000.pt", "10": "step_000010.pt"}}}
+            (run / "run.json").write_text(json.dumps(record))
+    return root

@@ -16,14 +16,13 @@ and `probe` (a `grpo probe` directory: two checkpoints, R = 2..16)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from results_factory import write_run
+from results_factory import write_probe_sweep, write_run
 
 from grpo_cli.analysis.pipeline import analyze
 
@@ -58,22 +57,8 @@ def build_sweep(root: Path) -> list[Path]:
     return [root]
 
 
-def probe_rank(group_size, seed, step):
-    # checkpoint 0: flat at 2; checkpoint 10: +0.5 per doubling of R from R = 4
-    return 2.0 + (0.5 * (group_size.bit_length() - 3) if step == 10 else 0.0) + 0.02 * seed
-
-
 def build_probe(root: Path) -> list[Path]:
-    for size in (2, 4, 8, 16):
-        for seed in (0, 1):
-            run = write_run(root, group_size=size, seed=seed, steps=11, probe_every=10, rank=probe_rank,
-                            matrices=("rollout_group",), name=f"R{size}-s{seed}")
-            record = json.loads((run / "run.json").read_text())
-            record |= {"trainer": "grpo-probe", "kind": "probe",
-                       "probe": {"source": "runs/R4-grpo-s0", "source_kind": "run",
-                                 "checkpoints": {"0": "step_000000.pt", "10": "step_000010.pt"}}}
-            (run / "run.json").write_text(json.dumps(record))
-    return [root]
+    return [write_probe_sweep(root)]
 
 
 SCENARIOS = {"sweep": build_sweep, "probe": build_probe}

@@ -3,10 +3,8 @@ checkpoint's R values are read as a same-weights comparison."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from results_factory import write_run
+from results_factory import write_probe_sweep, write_run
 
 from grpo_cli.analysis.load import load_runs
 from grpo_cli.analysis.pipeline import analyze
@@ -15,24 +13,9 @@ from grpo_cli.analysis.same_checkpoint import checkpoint_table, is_probe
 from grpo_cli.analysis.tables import rank_table
 
 
-def rank(group_size, seed, step):
-    # checkpoint 0: flat at 2; checkpoint 10: +0.5 per doubling of R from R=4
-    return 2.0 + (0.5 * (group_size.bit_length() - 3) if step == 10 else 0.0) + 0.02 * seed
-
-
 @pytest.fixture
 def probe_dir(tmp_path):
-    root = tmp_path / "probe"
-    for size in (2, 4, 8, 16):
-        for seed in (0, 1):
-            run = write_run(root, group_size=size, seed=seed, steps=11, probe_every=10, rank=rank,
-                            matrices=("rollout_group",), name=f"R{size}-s{seed}")
-            record = json.loads((run / "run.json").read_text())
-            record |= {"trainer": "grpo-probe", "kind": "probe",
-                       "probe": {"source": "runs/R4-grpo-s0", "source_kind": "run",
-                                 "checkpoints": {"0": "step_000000.pt", "10": "step_000010.pt"}}}
-            (run / "run.json").write_text(json.dumps(record))
-    return root
+    return write_probe_sweep(tmp_path / "probe")
 
 
 def test_each_checkpoint_gets_its_own_reading_on_the_uncapped_r(probe_dir):

@@ -100,15 +100,16 @@ def _label(variant: str, estimator: str | None) -> str:
 
 
 # ---- claim 1: uniform credit -------------------------------------------------------------------
-def credit_claim(runs: list[Run], rules: Rules, weights: pd.DataFrame | None = None) -> Claim:
+def credit_claim(runs: list[Run], rules: Rules, weights: pd.DataFrame | None = None,
+                 families: Families | None = None) -> Claim:
     """Claim 1 in two parts: 1a, the advantages (true by construction for outcome estimators: a
     check of the wiring, not of the paper), and 1b, the loss gradient's token weights where the
-    runs recorded them (`weights`: token_weights.token_weight_table, computed when None); the
-    verdict combines them."""
+    runs recorded them (`weights`: token_weights.token_weight_table; `families`: Families.of(runs);
+    each computed when None); the verdict combines them."""
     if weights is None:
         weights = token_weights.token_weight_table(runs)
     verdict, evidence, frame = _advantages_reading(runs, rules)
-    rule = rules.text(1, Families.of(runs))
+    rule = rules.text(1, families or Families.of(runs))
     first = Part("1a", "does every token of a rollout get the same advantage? (true by "
                  "construction for outcome estimators)", verdict,
                  f"1a (the advantages; true by construction for outcome estimators): {evidence}")
@@ -395,7 +396,7 @@ def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame,
     token_weights.token_weight_table)."""
     families = Families.of(runs)
     claims = [
-        credit_claim(runs, rules, weights),
+        credit_claim(runs, rules, weights, families),
         rank_claim(runs, verdicts, matched, rules),
         sparsity_claim(runs, rules),
         falsifier_claim(runs, rules),

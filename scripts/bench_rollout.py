@@ -173,6 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-pass", action="store_true",
                         help="also time forward + backward + optimizer over one hf_static batch")
     parser.add_argument("--out", default=None, help="CSV file to append the rows to")
+    parser.add_argument("--profile", default=None,
+                        help="text file: one more repeat of each backend under torch.profiler, as operator tables")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the arguments, print the plan, run nothing")
     args = parser.parse_args(argv)
@@ -266,10 +268,22 @@ def main(argv: list[str] | None = None) -> None:
                 }
             )
             print(rows[-1], flush=True)
+            if args.profile:
+                from grpo_cli.bench.profile import profiled
+
+                profiled(lambda run=run: run(args.repeats), args.profile,
+                         f"{name}: {args.size}, {args.prompts} x {args.group_size} rows, "
+                         f"{args.max_new_tokens} new tokens, {args.dtype}, {args.device}")
         if args.train_pass:
             batch = static.generate(prompts, settings, 0)
             keys = [row // args.group_size for row in range(batch.num_rollouts)]  # row -> prompt
             seconds = train_pass(model, batch, keys, args.repeats)
+            if args.profile:
+                from grpo_cli.bench.profile import profiled
+
+                profiled(lambda: train_pass(model, batch, keys, 1), args.profile,
+                         f"train_pass (a warm-up pass and a timed one): {args.size}, {batch.num_rollouts} rows, "
+                         f"{args.dtype}, {args.device}")
             tokens = int(batch.attention_mask.sum())  # prompt and completion tokens of one pass
             rows.append({
                 "backend": "train_pass",

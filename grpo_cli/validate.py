@@ -58,7 +58,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "probes.matrices": tuple(KNOWN_MATRICES),
         "probes.fused_gram": tuple(FUSED_GRAM),
         "task.name": tuple(TASKS),
-        "rollout.draw": tuple(DRAWS),
+        "rollout.draw": ("auto", *DRAWS),
         "task.reward": tuple(REWARDS),
         "model.autocast": tuple(AUTOCAST_KINDS),
         "model.weights": tuple(WEIGHTS),
@@ -177,7 +177,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
     choice("rollout.draw", names["rollout.draw"])
     if value("rollout.draw") == "inverse_cdf":
         need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.draw=inverse_cdf")
-        need("rollout.cuda_graphs", lambda v: not v, "false with rollout.draw=inverse_cdf")
+        if value("rollout.cuda_graphs") is not None:  # null (auto) turns the graphs off with inverse_cdf
+            need("rollout.cuda_graphs", lambda v: not v, "false with rollout.draw=inverse_cdf")
     if value("rollout.cuda_graphs"):  # the model and the resolved device are checked at setup
         need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.cuda_graphs=true")
         need("rollout.compile_decode", lambda v: not v, "false with rollout.cuda_graphs=true")

@@ -20,7 +20,9 @@ def test_parse_bench_args_splits_flags_from_overrides():
     assert flag_overrides(options) == [
         "train.shared_prompt_forward=true", "model.autocast=bf16", "rollout.compile_decode=false"
     ]
-    assert "train.shared_prompt_forward=false" in flag_overrides(parse_bench_args([]))
+    # no flag: grpo run's default (shared prompts); --no-shared-prompt-forward turns it off
+    assert "train.shared_prompt_forward=true" in flag_overrides(parse_bench_args([]))
+    assert "train.shared_prompt_forward=false" in flag_overrides(parse_bench_args(["--no-shared-prompt-forward"]))
     with pytest.raises(ValueError, match="unknown bench option"):
         parse_bench_args(["--fast"])
     with pytest.raises(ValueError, match="unknown bench option"):

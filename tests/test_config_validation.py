@@ -28,7 +28,7 @@ REFUSED = [
     ("+foo=1", "foo: not a setting of grpo's schema"),
     ("model.weights=foo", "model.weights='foo': must be one of pretrained, random"),
     ("task.reward=coin", "task.reward='coin': must be one of task, random"),
-    ("rollout.draw=gumbel", "rollout.draw='gumbel': must be one of multinomial, inverse_cdf"),
+    ("rollout.draw=gumbel", "rollout.draw='gumbel': must be one of auto, multinomial, inverse_cdf"),
     ("rollout.draw=inverse_cdf", "rollout.backend='hf': must be hf_static with rollout.draw=inverse_cdf"),
     ("fault.kind=segfault", "fault.kind='segfault': must be one of crash, interrupt, nan_loss"),
     ("fault.step=-1", "fault.step=-1: must be >= 0"),

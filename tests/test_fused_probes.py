@@ -93,7 +93,8 @@ def test_probe_grams_are_taken_at_the_weights_of_the_loss(tmp_path):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_auto_fuses_only_where_training_runs_each_rows_prompt(tmp_path, shared):
-    _, capture, output, _ = probe_step(tmp_path, "auto", f"train.shared_prompt_forward={shared}")
+    _, capture, output, _ = probe_step(tmp_path, "auto", f"train.shared_prompt_forward={shared}",
+                                       "train.backward_live_rows=false")
     assert capture.source == ("separate_pass" if shared else "training_pass")
     assert output.rollout_grams["score_blocks"].shape == (3, 4, 4)
 
@@ -151,7 +152,7 @@ def test_live_rows_fused_probe_step_keeps_the_training_gradient(tmp_path):
     batch gradient (1e-6 relative: the log-softmax runs in float32), read before the optimizer."""
     shared = "train.shared_prompt_forward=true"
     grads = {}
-    for name, overrides in (("fused", [shared, "train.backward_live_rows=true"]), ("plain", [shared])):
+    for name, overrides in (("fused", [shared, "train.backward_live_rows=true"]), ("plain", [shared, "train.backward_live_rows=false"])):
         setup, capture, _, _ = probe_step(tmp_path, "auto", *overrides, update=False)
         assert capture.source == ("training_pass" if name == "fused" else "separate_pass")
         grads[name] = {key: p.grad.clone() for key, p in setup.model.named_parameters()}

@@ -318,3 +318,18 @@ def test_optim_fused_builds_torch_fused_adamw_within_round_off():
     with pytest.raises(ValueError, match="optim.fused"):
         build_optimizer([torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))],
                         OptimConfig(fused=True), seed=0)
+
+
+def test_optim_fused_by_default_for_fp32_weights_and_mixed_precision_for_bf16():
+    """optim.fused's default (null, auto): torch's fused AdamW for fp32 weights, the
+    mixed-precision AdamW for bf16 weights (which refuses an explicit fused=true above)."""
+    from grpo_cli.algorithm.optim import MixedPrecisionAdamW, build_optimizer
+    from grpo_cli.config.schema import OptimConfig
+
+    assert OptimConfig().fused is None
+    fp32 = build_optimizer([torch.nn.Parameter(torch.zeros(4, 4))], OptimConfig(), seed=0)
+    assert type(fp32) is torch.optim.AdamW and fp32.defaults["fused"] is True
+    bf16 = build_optimizer([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))], OptimConfig(), seed=0)
+    assert type(bf16) is MixedPrecisionAdamW
+    plain = build_optimizer([torch.nn.Parameter(torch.zeros(4, 4))], OptimConfig(fused=False), seed=0)
+    assert not plain.defaults["fused"]

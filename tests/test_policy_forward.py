@@ -143,7 +143,9 @@ def test_bucketed_completion_forward_keeps_the_update(tmp_path, micro_batch_size
     forwards over rows of similar width."""
     overrides = ["model.warm_start.steps=50", SHARED, forward, f"train.micro_batch_size={micro_batch_size}",
                  "rollout.max_new_tokens=24"]  # widths of 1-24 after a 45-column prompt: worth splitting
-    reference = step_loss_and_grads(setup_for(tmp_path, *overrides))
+    reference_setup = setup_for(tmp_path, *overrides, "train.completion_buckets=1")  # one forward
+    assert reference_setup.trainer.buckets == 1
+    reference = step_loss_and_grads(reference_setup)
     candidate_setup = setup_for(tmp_path, *overrides, "train.completion_buckets=3")
     assert candidate_setup.trainer.buckets == 3
     with GradForwards(candidate_setup.model) as forwards:
@@ -240,6 +242,7 @@ def test_expand_rows_repeats_contiguous_groups():
 
 
 LIVE = "train.backward_live_rows=true"
+EVERY_ROW = "train.backward_live_rows=false"  # the reference: every row's backward
 
 
 def half_idle(setup):
@@ -256,7 +259,7 @@ def test_backward_of_live_rows_only_keeps_the_update(tmp_path, extra):
     """Rows of zero advantage carry no gradient: without their backward, the same loss and
     gradients (1e-5), with shared prompts and buckets, and with micro-batches that split groups."""
     overrides = ["model.warm_start.steps=50", "rollout.prompts_per_step=8", *extra]
-    reference = step_loss_and_grads(half_idle(setup_for(tmp_path, *overrides)))
+    reference = step_loss_and_grads(half_idle(setup_for(tmp_path, *overrides, EVERY_ROW)))
     candidate = step_loss_and_grads(half_idle(setup_for(tmp_path, *overrides, LIVE)))
     advantages = candidate[2].advantages  # [N, L]
     idle = (advantages == 0).all(dim=1)
@@ -276,7 +279,7 @@ def test_backward_of_live_rows_with_no_live_row_steps_adamw_as_before(tmp_path):
         assert (output.advantages == 0).all()
         return {name: p.detach().clone() for name, p in setup.model.named_parameters()}
 
-    reference, candidate = weights_after_two_steps(), weights_after_two_steps(LIVE)
+    reference, candidate = weights_after_two_steps(EVERY_ROW), weights_after_two_steps(LIVE)
     for name, weight in reference.items():
         torch.testing.assert_close(candidate[name], weight, rtol=1e-5, atol=1e-7)
 

@@ -13,9 +13,9 @@ mixed into the overrides:
                              random) or SmolLM2-135M-Instruct
   --autocast bf16            = model.autocast=bf16 (bf16 matmuls, fp32 master weights and lm_head,
                              so log-probs come from fp32 logits; grpo_cli/train/autocast.py)
-  --shared-prompt-forward    = train.shared_prompt_forward=true (each distinct prompt computed
-                             once in the training forward; grpo_cli/train/policy_forward.py);
-                             without it the bench sets it false, so flags mean what they say
+  --no-shared-prompt-forward = train.shared_prompt_forward=false (default: true, as in `grpo run`:
+                             each distinct prompt computed once in the training forward;
+                             grpo_cli/train/policy_forward.py); --shared-prompt-forward says the default
   --compile-decode           = rollout.compile_decode=true (with rollout.backend=hf_static)
   --out PATH                 also write one CSV row per timed step (re-runnable comparisons)
   --trl-bf16                 with --vs-trl: TRL with bf16=True (default: fp32, like grpo-cli)
@@ -51,7 +51,7 @@ RENAMED_FLAGS = {"--shared-prefix": "--shared-prompt-forward"}  # old flag -> it
 class BenchOptions:
     model_size: str = "tiny"
     autocast: str | None = None  # "bf16" or None
-    shared_prompt_forward: bool = False  # train.shared_prompt_forward: each distinct prompt computed once
+    shared_prompt_forward: bool = True  # train.shared_prompt_forward (grpo run's default): each distinct prompt computed once
     compile_decode: bool = False  # hf_static: torch.compile the decode step
     out: str | None = None
     trl_bf16: bool = False
@@ -80,6 +80,8 @@ def parse_bench_args(args: list[str]) -> BenchOptions:
             setattr(options, valued[name], value)
         elif name in switches:
             setattr(options, switches[name], True)
+        elif name == "--no-shared-prompt-forward":
+            options.shared_prompt_forward = False
         elif name in RENAMED_FLAGS:
             raise ValueError(f"{name} was renamed {RENAMED_FLAGS[name]}")
         elif item.startswith("--"):
@@ -160,7 +162,7 @@ def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> lis
         + (f" autocast={options.autocast}" if options.autocast else "")
         + (" shared_prompt_forward" if options.shared_prompt_forward else "")
         + (" compiled" if options.compile_decode else "")
-        + (" cuda_graphs" if cfg.rollout.cuda_graphs else "")  # a Hydra override, passed through
+        + (" cuda_graphs" if getattr(setup.trainer.backend, "cuda_graphs", False) else "")  # resolved
     )
     stepper = GrpoStepper(setup)
     meta = {"label": label, "load_start": load_average(), "model_size": options.model_size}

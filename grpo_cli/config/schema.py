@@ -76,8 +76,8 @@ class TaskConfig:
 class RolloutConfig:
     backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
     compile_decode: bool = False  # hf_static: torch.compile the one-token decode step (compiles once per shape)
-    draw: str = "multinomial"  # hf_static: multinomial (torch.multinomial's stream) | inverse_cdf (one uniform per row: the same law, another stream, faster on CPU; rollout/sampling.py)
-    cuda_graphs: bool = False  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py; never yet run on a GPU)
+    draw: str = "auto"  # hf_static: auto (inverse_cdf, or multinomial's race inside CUDA graphs) | multinomial (torch.multinomial's stream) | inverse_cdf (one uniform per row: the same law, another stream, faster on CPU; rollout/sampling.py)
+    cuda_graphs: bool | None = None  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py); null = auto: wherever the device is CUDA and the model has a graph-ready step
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
     temperature: float = 1.0  # sampling temperature
@@ -92,8 +92,8 @@ class TrainConfig:
     steps: int = 50  # optimizer steps of GRPO
     micro_batch_size: int = 64  # sequences per forward/backward micro-batch
     shared_prompt_forward: bool = True  # training forward computes each distinct prompt once (same loss and gradients)
-    completion_buckets: int = 1  # up to this many forwards over rows of similar completion length, padding after short completions not computed: completion columns on the shared prompt forward's cache, or whole rows where the forward is plain (fused probe steps, the value head, shared_prompt_forward=false); same loss and gradients up to float summation order (1 = one forward)
-    backward_live_rows: bool = False  # rows whose loss has no gradient (zero advantage on every token; no KL term, no value head) run their forward without autograd: the same gradient up to float summation order, no backward for them
+    completion_buckets: int = 4  # up to this many forwards over rows of similar completion length, padding after short completions not computed: completion columns on the shared prompt forward's cache, or whole rows where the forward is plain (fused probe steps, the value head, shared_prompt_forward=false); same loss and gradients up to float summation order (1 = one forward)
+    backward_live_rows: bool = True  # rows whose loss has no gradient (zero advantage on every token; no KL term, no value head) run their forward without autograd: the same gradient up to float summation order, no backward for them
     logits_chunk_mb: float = 1024.0  # float32 logits held at once by the log-prob pass (MiB); longer batches run lm_head + log-softmax in chunks of positions (0 = one pass)
 
 
@@ -103,7 +103,7 @@ class OptimConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     max_grad_norm: float = 1.0  # gradient clipping (<=0 disables)
-    fused: bool = False  # torch's fused AdamW kernel (fp32 weights): ~5x faster on CPU, round-off from the default
+    fused: bool | None = None  # torch's fused AdamW kernel (fp32 weights): ~5x faster on CPU, round-off from the loop; null = auto: fused for fp32 weights, MixedPrecisionAdamW for bf16
 
 
 @dataclass

@@ -110,15 +110,18 @@ def select_rows(batch: RolloutBatch, rows: torch.Tensor | list[int] | slice) -> 
 
     A subset that splits a group (a micro-batch) keeps the problem index of every group it
     touches, in order of first appearance; `num_groups` is only meaningful for whole groups.
-    A slice (a micro-batch's rows start:stop) gives views and reads nothing back to the host.
+    A slice (a micro-batch's rows start:stop) gives views and reads nothing back to the host; a
+    list reads nothing back either (a tensor of rows on the device is read once).
     """
     if isinstance(rows, slice):
         row_list = list(range(batch.num_rollouts)[rows])
         index = rows
-    else:
-        rows = torch.as_tensor(rows, dtype=torch.long)  # [n]
-        row_list = rows.tolist()
-        index = rows.to(batch.input_ids.device)  # [n]
+    elif isinstance(rows, torch.Tensor):
+        row_list = rows.tolist()  # a host read where `rows` lives on the device
+        index = rows.to(batch.input_ids.device, torch.long)  # [n]
+    else:  # a list already on the host: nothing to read back
+        row_list = [int(row) for row in rows]
+        index = torch.tensor(row_list, dtype=torch.long, device=batch.input_ids.device)  # [n]
     groups = list(dict.fromkeys(row // batch.group_size for row in row_list))
     return replace_tensors(
         batch,

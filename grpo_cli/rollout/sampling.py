@@ -84,6 +84,15 @@ def inverse_cdf_tokens(
 DRAWS = {"multinomial": sample_tokens, "inverse_cdf": inverse_cdf_tokens}  # rollout.draw (hf_static)
 
 
+def resolve_draw(draw: str, cuda_graphs: bool) -> str:
+    """`rollout.draw` as the hf_static loop runs it: `auto` is inverse_cdf (one uniform per row,
+    and finished rows leave the batch), except inside CUDA graphs, whose step draws by the race
+    (`race_tokens`, multinomial's own one-sample law and stream)."""
+    if draw == "auto":
+        return "multinomial" if cuda_graphs else "inverse_cdf"
+    return draw
+
+
 def race_tokens(
     logits: torch.Tensor,  # [N, V] float32 raw logits
     temperature: float,

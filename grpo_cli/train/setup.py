@@ -59,15 +59,19 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
 
         return HFGenerateBackend(model, tokenizer, device, stop_ids=stop_ids)
     if cfg.rollout.backend == "hf_static":
+        from grpo_cli.rollout.sampling import resolve_draw
         from grpo_cli.rollout.static_decode import StaticDecodeBackend, graph_decode_problem
 
-        if cfg.rollout.cuda_graphs:
-            problem = graph_decode_problem(model, device)
-            if problem is not None:
-                raise ConfigError(f"rollout.cuda_graphs=true: {problem}; set rollout.cuda_graphs=false")
+        problem = graph_decode_problem(model, device)
+        if cfg.rollout.cuda_graphs and problem is not None:
+            raise ConfigError(f"rollout.cuda_graphs=true: {problem}; set rollout.cuda_graphs=false")
+        graphs = cfg.rollout.cuda_graphs  # None: auto, wherever the model, device and options allow
+        if graphs is None:
+            graphs = (problem is None and not cfg.rollout.compile_decode
+                      and cfg.rollout.draw != "inverse_cdf")
         return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode,
-                                   stop_ids=stop_ids, cuda_graphs=cfg.rollout.cuda_graphs,
-                                   draw=cfg.rollout.draw)
+                                   stop_ids=stop_ids, cuda_graphs=graphs,
+                                   draw=resolve_draw(cfg.rollout.draw, graphs))
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend
 

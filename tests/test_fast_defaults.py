@@ -1,0 +1,46 @@
+"""Issue 45: every exact or exact-in-law speed-up is the default; what changes the estimate
+(bf16) stays opt-in. The defaults as a run resolves them, and what each explicit setting keeps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from step_parity import TINY
+
+from grpo_cli.bench.builder import build_setup
+from grpo_cli.config.compose import compose_config
+from grpo_cli.config.schema import ModelConfig, OptimConfig, RolloutConfig, TrainConfig
+from grpo_cli.rollout.sampling import DRAWS, resolve_draw
+
+
+def test_the_schema_defaults_are_the_fast_exact_settings():
+    assert TrainConfig().completion_buckets == 4 and TrainConfig().backward_live_rows is True
+    assert TrainConfig().shared_prompt_forward is True
+    assert OptimConfig().fused is None  # auto: fused AdamW for fp32 weights (tests/test_optim.py)
+    assert RolloutConfig().draw == "auto" and RolloutConfig().cuda_graphs is None
+    assert ModelConfig().autocast == "none"  # bf16 changes what is estimated: opt-in
+
+
+@pytest.mark.parametrize("draw,graphs,expected", [
+    ("auto", False, "inverse_cdf"), ("auto", True, "multinomial"),
+    ("multinomial", False, "multinomial"), ("inverse_cdf", False, "inverse_cdf"),
+])
+def test_resolve_draw(draw, graphs, expected):
+    assert resolve_draw(draw, graphs) == expected
+
+
+@pytest.mark.parametrize("overrides,draw,compact", [
+    ([], "inverse_cdf", True),  # the defaults on a CPU: no graphs, inverse_cdf, finished rows leave
+    (["rollout.draw=multinomial"], "multinomial", False),
+])
+def test_a_cpu_run_resolves_the_sampler(tmp_path, overrides, draw, compact):
+    cfg = compose_config(TINY + ["rollout.backend=hf_static", f"cache_dir={tmp_path}", *overrides])
+    backend = build_setup(cfg, log=lambda message: None).trainer.backend
+    assert backend.cuda_graphs is False  # auto: CUDA graphs need device=cuda
+    assert backend.draw is DRAWS[draw] and backend.compact_rows is compact
+
+
+def test_a_cpu_run_trains_with_fused_adamw_by_default(tmp_path):
+    cfg = compose_config(TINY + [f"cache_dir={tmp_path}"])
+    optimizer = build_setup(cfg, log=lambda message: None).trainer.optimizer
+    assert type(optimizer) is torch.optim.AdamW and optimizer.defaults["fused"] is True

@@ -344,3 +344,45 @@ def test_cuda_run_with_cuda_graphs(tmp_path, cache_dir):
     assert result.exit_code == 0, result.output
     out = next((tmp_path / "smoke").iterdir())
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_auto_graphs_fall_back_to_the_eager_loop_with_its_draws(tokenizer):
+    """rollout.cuda_graphs left at auto (`graphs_fallback`): a graph decode that fails (here a
+    model without a graph-ready step) warns once, and the rollout is the eager loop's, token for
+    token; explicit graphs (no fallback) raise instead."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)).eval()
+    settings = SamplingSettings(group_size=2, max_new_tokens=8, temperature=1.0)
+    eager = StaticDecodeBackend(gpt2, tokenizer, CPU).generate(prompts_of(tokenizer), settings, 5)
+    auto = StaticDecodeBackend(gpt2, tokenizer, CPU, cuda_graphs=True, graphs_fallback=True)
+    with pytest.warns(RuntimeWarning, match="decodes eagerly"):
+        fallen = auto.generate(prompts_of(tokenizer), settings, 5)
+    assert auto.cuda_graphs is False
+    assert_same_batch(eager, fallen, atol=1e-6)
+    explicit = StaticDecodeBackend(gpt2, tokenizer, CPU, cuda_graphs=True)
+    with pytest.raises(ValueError, match="graph-ready"):
+        explicit.generate(prompts_of(tokenizer), settings, 5)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_a_cuda_run_decodes_in_graphs_by_default(tmp_path):
+    """rollout.cuda_graphs at auto on CUDA with a graph-ready model: the run's sampler captures
+    its graphs and keeps them over optimizer steps, without falling back (no warning)."""
+    import warnings
+
+    from grpo_cli.bench.builder import build_setup
+
+    cfg = compose_config(["experiment=smoke", "device=cuda", "rollout.backend=hf_static",
+                          "progress=false", "probes.every=0", f"cache_dir={tmp_path}"])
+    setup = build_setup(cfg, log=lambda message: None)
+    backend = setup.trainer.backend
+    assert backend.cuda_graphs is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for step in range(3):
+            setup.trainer.step(step)
+    assert backend.cuda_graphs is True and backend.graph_decoder.captures == 1

@@ -21,6 +21,9 @@ EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), bu
 `cuda_graphs=True` decodes with graph_decode.py instead: fixed-shape buckets, sampling on the
 device without host reads (the exponential race that `multinomial` itself runs for one sample),
 k tokens per CUDA graph replay on CUDA, the same step run eagerly elsewhere (the CPU tests).
+With `graphs_fallback` (`rollout.cuda_graphs` left at auto), a graph decode that fails (a model
+without a graph-ready step, a capture CUDA refuses) warns once and the loop decodes eagerly from
+then on, with the draws the graphs would have made (multinomial's stream for the seed).
 
 `compile=True` wraps the one-token step in `torch.compile` instead; the cache is then one
 preallocated buffer per layer (prompt cache repeated R times) that always exposes its full,
@@ -31,6 +34,7 @@ transformers' DynamicCache (repeated R times) and their own attention.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -337,6 +341,7 @@ class StaticDecodeBackend:
         stop_ids: list[int] | None = None,
         cuda_graphs: bool = False,
         capture_graphs: bool | None = None,
+        graphs_fallback: bool = False,
         draw: str = "multinomial",
         compact_rows: bool | None = None,
         prepare_weights: bool = True,
@@ -367,6 +372,7 @@ class StaticDecodeBackend:
         self._compiled_step = None
         self.cuda_graphs = cuda_graphs  # graph_decode.py: k = check_every tokens per replay
         self.capture_graphs = capture_graphs  # None: capture on CUDA, run eagerly elsewhere
+        self.graphs_fallback = graphs_fallback  # a failed graph decode: warn, then decode eagerly
         self.graph_decoder: GraphDecoder | None = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -410,10 +416,12 @@ class StaticDecodeBackend:
         was_training = model.training
         model.eval()
         try:
+            graphed = None
             if self.cuda_graphs:
-                completion_ids, logprobs = self._graph_sample(
-                    model, unique_ids, unique_mask, settings, generator_seed
-                )
+                graphed = self._graph_sample_or_fall_back(model, unique_ids, unique_mask, settings,
+                                                          generator_seed)
+            if graphed is not None:
+                completion_ids, logprobs = graphed
             else:
                 completion_ids, logprobs = self._sample(
                     model, unique_ids, unique_mask, group_size, max_new, capacity, settings,
@@ -459,6 +467,19 @@ class StaticDecodeBackend:
                                   capacity, settings, generator, stop_ids, pad_id)
         return self._loop(model, cache, self.compile, unique_ids, unique_mask, group_size, max_new,
                           capacity, settings, generator, stop_ids, pad_id)
+
+    def _graph_sample_or_fall_back(self, model, unique_ids, unique_mask, settings, generator_seed):
+        """`_graph_sample`, or None once it has failed with `graphs_fallback` (class docstring)."""
+        if not self.graphs_fallback:
+            return self._graph_sample(model, unique_ids, unique_mask, settings, generator_seed)
+        try:
+            return self._graph_sample(model, unique_ids, unique_mask, settings, generator_seed)
+        except (RuntimeError, ValueError) as error:
+            warnings.warn(f"rollout.cuda_graphs (auto): the graph decode failed ({error}); this run "
+                          "decodes eagerly from now on (set rollout.cuda_graphs=false to skip the "
+                          "attempt, or true to make it an error)", RuntimeWarning, stacklevel=2)
+            self.cuda_graphs, self.graph_decoder = False, None
+            return None
 
     def _graph_sample(self, model, unique_ids, unique_mask, settings, generator_seed):
         """Prefill each prompt once into a shared-prefix cache, then graph_decode.py's loop."""

@@ -65,12 +65,12 @@ def build_backend(cfg, model, tokenizer, device, source_path: str):
         problem = graph_decode_problem(model, device)
         if cfg.rollout.cuda_graphs and problem is not None:
             raise ConfigError(f"rollout.cuda_graphs=true: {problem}; set rollout.cuda_graphs=false")
-        graphs = cfg.rollout.cuda_graphs  # None: auto, wherever the model, device and options allow
-        if graphs is None:
-            graphs = (problem is None and not cfg.rollout.compile_decode
-                      and cfg.rollout.draw != "inverse_cdf")
+        auto = cfg.rollout.cuda_graphs is None  # wherever the model, device and options allow
+        graphs = cfg.rollout.cuda_graphs if not auto else (
+            problem is None and not cfg.rollout.compile_decode and cfg.rollout.draw != "inverse_cdf"
+            and not cfg.deterministic)  # deterministic kernels inside a capture: never tried
         return StaticDecodeBackend(model, tokenizer, device, compile=cfg.rollout.compile_decode,
-                                   stop_ids=stop_ids, cuda_graphs=graphs,
+                                   stop_ids=stop_ids, cuda_graphs=graphs, graphs_fallback=auto,
                                    draw=resolve_draw(cfg.rollout.draw, graphs))
     if cfg.rollout.backend == "vllm":
         from grpo_cli.rollout.vllm_backend import VllmBackend

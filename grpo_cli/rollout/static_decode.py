@@ -470,11 +470,11 @@ class StaticDecodeBackend:
 
     def _graph_sample_or_fall_back(self, model, unique_ids, unique_mask, settings, generator_seed):
         """`_graph_sample`, or None once it has failed with `graphs_fallback` (class docstring)."""
-        if not self.graphs_fallback:
-            return self._graph_sample(model, unique_ids, unique_mask, settings, generator_seed)
         try:
             return self._graph_sample(model, unique_ids, unique_mask, settings, generator_seed)
         except (RuntimeError, ValueError) as error:
+            if not self.graphs_fallback:
+                raise
             warnings.warn(f"rollout.cuda_graphs (auto): the graph decode failed ({error}); this run "
                           "decodes eagerly from now on (set rollout.cuda_graphs=false to skip the "
                           "attempt, or true to make it an error)", RuntimeWarning, stacklevel=2)

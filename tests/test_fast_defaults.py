@@ -17,7 +17,9 @@ def test_the_schema_defaults_are_the_fast_exact_settings():
     assert TrainConfig().completion_buckets == 4 and TrainConfig().backward_live_rows is True
     assert TrainConfig().shared_prompt_forward is True
     assert OptimConfig().fused is None  # auto: fused AdamW for fp32 weights (tests/test_optim.py)
-    assert RolloutConfig().draw == "auto" and RolloutConfig().cuda_graphs is None
+    assert RolloutConfig().draw == "auto"
+    # CUDA graphs are opt-in again: full runs with them failed on an H200 (NaN at step 0)
+    assert RolloutConfig().cuda_graphs is False
     assert ModelConfig().autocast == "none"  # bf16 changes what is estimated: opt-in
 
 
@@ -36,7 +38,7 @@ def test_resolve_draw(draw, graphs, expected):
 def test_a_cpu_run_resolves_the_sampler(tmp_path, overrides, draw, compact):
     cfg = compose_config(TINY + ["rollout.backend=hf_static", f"cache_dir={tmp_path}", *overrides])
     backend = build_setup(cfg, log=lambda message: None).trainer.backend
-    assert backend.cuda_graphs is False  # auto: CUDA graphs need device=cuda
+    assert backend.cuda_graphs is False
     assert backend.draw is DRAWS[draw] and backend.compact_rows is compact
 
 

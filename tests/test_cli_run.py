@@ -35,6 +35,7 @@ def test_smoke_run_writes_contract_and_trains_every_parameter(tmp_path, cache_di
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed"
     assert record["versions"]["torch"] == torch.__version__
+    assert record["rollout_resolved"] == {"backend": "hf"}
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["step"].tolist() == [0, 1, 2, 3]
     first = metrics.iloc[0]  # no problem seen before step 0: per-prompt = batch-rate value

@@ -11,6 +11,7 @@ from grpo_cli.bench.builder import build_setup
 from grpo_cli.config.compose import compose_config
 from grpo_cli.config.schema import ModelConfig, OptimConfig, RolloutConfig, TrainConfig
 from grpo_cli.rollout.sampling import DRAWS, resolve_draw
+from grpo_cli.train.setup import resolved_rollout
 
 
 def test_the_schema_defaults_are_the_fast_exact_settings():
@@ -40,6 +41,9 @@ def test_a_cpu_run_resolves_the_sampler(tmp_path, overrides, draw, compact):
     backend = build_setup(cfg, log=lambda message: None).trainer.backend
     assert backend.cuda_graphs is False
     assert backend.draw is DRAWS[draw] and backend.compact_rows is compact
+    # run.json records the draw `auto` resolved to (config.yaml keeps the rule)
+    assert resolved_rollout(cfg, backend) == {"backend": "hf_static", "draw": draw,
+                                              "cuda_graphs": False, "compile_decode": False}
 
 
 def test_a_cpu_run_trains_with_fused_adamw_by_default(tmp_path):

@@ -96,6 +96,9 @@ def run_record(
         "stopped_by": None,
         "versions": versions(**(versions_extra or {})),
         "device": device,
+        # what the rollout's auto settings chose (grpo run sets it once its backend is built,
+        # train/setup.py resolved_rollout); None where grpo-cli does not sample (TRL, a probe)
+        "rollout_resolved": None,
         "seed": seed,
         "group_size": group_size,
         "estimator": estimator_facts["name"],

@@ -350,6 +350,7 @@ class StaticDecodeBackend:
         if draw not in DRAWS:
             raise ValueError(f"rollout.draw={draw!r} is not one of {', '.join(DRAWS)}")
         self.draw = DRAWS[draw]  # sampling.py: the categorical draw of each token
+        self.draw_name = draw  # what run.json records (train/setup.py resolved_rollout)
         # Stop computing rows that have emitted EOS (functional shared-prefix loop): only where
         # the draw of the other rows stays that of the full loop (inverse_cdf draws N uniforms
         # and keeps the live rows'); None: on with inverse_cdf

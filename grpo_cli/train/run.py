@@ -169,7 +169,7 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
     from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint, save_weights_snapshot
     from grpo_cli.train.loop import TrainingLoop
     from grpo_cli.train.progress import StepProgress
-    from grpo_cli.train.setup import build_components, freeze_long_lived_objects
+    from grpo_cli.train.setup import build_components, freeze_long_lived_objects, resolved_rollout
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
     device, trainer, probes = parts.device, parts.trainer, parts.probes
@@ -177,6 +177,7 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     )
+    record["rollout_resolved"] = resolved_rollout(cfg, parts.backend)  # auto settings, as chosen
     monitor = AlarmMonitor.from_config(cfg.alarms)
 
     start = 0

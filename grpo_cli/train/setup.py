@@ -96,6 +96,15 @@ def use_deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def resolved_rollout(cfg, backend) -> dict:
+    """What the auto settings of `rollout` resolved to for this run (run.json `rollout_resolved`):
+    config.yaml keeps `auto` / null, which is a rule, not the draw a seed's tokens came from."""
+    if cfg.rollout.backend != "hf_static":
+        return {"backend": cfg.rollout.backend}
+    return {"backend": "hf_static", "draw": backend.draw_name, "cuda_graphs": bool(backend.cuda_graphs),
+            "compile_decode": bool(cfg.rollout.compile_decode)}
+
+
 def build_components(cfg, initial_layers_path: Path, log=print) -> RunComponents:
     """Task, policy (with reference and value head when needed), sampler, trainer and probes."""
     from grpo_cli.algorithm.advantages import get_estimator

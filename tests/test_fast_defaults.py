@@ -50,3 +50,20 @@ def test_a_cpu_run_trains_with_fused_adamw_by_default(tmp_path):
     cfg = compose_config(TINY + [f"cache_dir={tmp_path}"])
     optimizer = build_setup(cfg, log=lambda message: None).trainer.optimizer
     assert type(optimizer) is torch.optim.AdamW and optimizer.defaults["fused"] is True
+
+
+def test_a_non_finite_loss_in_a_graph_decoding_run_names_the_graphs(tmp_path):
+    """Full runs decoding in CUDA graphs met NaN gradients on an H200 (2026-11-28): the error of
+    such a run points at `rollout.cuda_graphs=false`; a run without graphs does not. On a CPU
+    the graph decoder's step runs eagerly, so the same trainer serves both."""
+    from grpo_cli.train.trainer import NonFiniteLossError
+
+    cfg = compose_config(TINY + ["rollout.backend=hf_static", "rollout.draw=multinomial",
+                                 "fault.step=0", "fault.kind=nan_loss", f"cache_dir={tmp_path}"])
+    trainer = build_setup(cfg, log=lambda message: None).trainer
+    with pytest.raises(NonFiniteLossError) as plain:
+        trainer.step(0)
+    assert "cuda_graphs" not in str(plain.value)
+    trainer.backend.cuda_graphs = True  # graph_decode.py's loop, eager on a CPU
+    with pytest.raises(NonFiniteLossError, match=r"step 0: loss is nan.*rollout.cuda_graphs=false"):
+        trainer.step(0)

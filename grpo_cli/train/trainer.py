@@ -606,11 +606,20 @@ class GRPOTrainer:
         bad = next((row for row in values if not math.isfinite(row[0])), None)
         if bad is not None:
             raise NonFiniteLossError(
-                f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); lower optim.lr or check the rewards"
+                f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); lower optim.lr or check the "
+                f"rewards{self._graphs_hint()}"
             )
         if not math.isfinite(read[-1]):
-            raise NonFiniteLossError(f"step {step}: gradient norm is {read[-1]}")
+            raise NonFiniteLossError(f"step {step}: gradient norm is {read[-1]}{self._graphs_hint()}")
         return values, read[-1]
+
+    def _graphs_hint(self) -> str:
+        """What a non-finite loss or norm says when this run decodes in CUDA graphs: full runs
+        with them met a NaN gradient norm at step 0 on an H200, cause not found yet."""
+        if not getattr(self.backend, "cuda_graphs", False):  # hf / vllm backends have no graphs
+            return ""
+        return ("; this run decodes in CUDA graphs, and full runs with them met NaN gradients on "
+                "an H200 (docs/gpu_report_2026-11-28b_H200.md): try rollout.cuda_graphs=false")
 
     def micro_batches(self, num_rows: int) -> list[slice]:
         """Contiguous row ranges: indexing with them is a view (no index tensor, no host read)."""

@@ -60,6 +60,34 @@ def tiny_llama(*, seed: int | None = 0, tokenizer=None, **overrides):
     return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))
 
 
+def tiny_nemotron(*, seed: int = 0, tokenizer=None, partial_rotary_factor: float = 0.5, **overrides):
+    """A tiny random Nemotron (the paper's architecture: LayerNorm1P norms, a relu^2 MLP without a
+    gate, RoPE on the first `partial_rotary_factor` of each head): 2 layers, hidden 32, 4 heads
+    of dim 8 (2 KV heads). Its norm weights and biases are drawn too (default: LayerNorm1P's
+    zeros, a plain layer norm), so a step that mishandled them would show."""
+    import torch
+    from transformers import NemotronConfig, NemotronForCausalLM
+
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = tokenizer if tokenizer is not None else build_char_tokenizer()
+    fields = dict(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+        partial_rotary_factor=partial_rotary_factor, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = NemotronForCausalLM(NemotronConfig(**(fields | overrides)))
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("LayerNorm1P"):
+                module.weight.normal_(0, 0.3)
+                module.bias.normal_(0, 0.3)
+    return model
+
+
 def outcome_advantages(name: str, rewards, group_size: int, **options):
     """Per-rollout advantages [N] of the registered estimator `name` (one token per rollout),
     with the algorithm options of AlgorithmConfig overridden by `options`."""

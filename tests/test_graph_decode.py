@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import tiny_llama, tiny_nemotron
 from host_reads import HostReads
 
 from grpo_cli.algorithm.logprobs import token_logprobs
@@ -77,6 +77,22 @@ def test_greedy_graph_ready_step_equals_the_hf_static_loop(tokenizer, dtype, ove
     actual = graph_backend(model, tokenizer).generate(prompts_of(tokenizer), settings, 0)
     lengths = expected.completion_lengths()
     assert lengths.min() < lengths.max()  # rows stop at different lengths
+    assert_same_batch(expected, actual, atol=1e-5 if dtype == torch.float32 else BF16_TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_graph_ready_step_decodes_nemotron_as_the_hf_static_loop(tokenizer, dtype, temperature):
+    """The paper's architecture (LayerNorm1P, relu^2 MLP without a gate, RoPE on half of each
+    head) has a graph-ready step: the paper-scale rehearsal can decode in CUDA graphs."""
+    model = tiny_nemotron(tokenizer=tokenizer, seed=1).to(dtype)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # peaked: greedy has no near-ties
+    assert graph_decode_problem(model, torch.device("cuda")) is None
+    settings = SamplingSettings(group_size=4, max_new_tokens=16, temperature=temperature)
+    expected = StaticDecodeBackend(model, tokenizer, CPU).generate(prompts_of(tokenizer), settings, 2)
+    actual = graph_backend(model, tokenizer).generate(prompts_of(tokenizer), settings, 2)
+    assert expected.completion_mask.sum() > 40
     assert_same_batch(expected, actual, atol=1e-5 if dtype == torch.float32 else BF16_TOLERANCE)
 
 
@@ -294,6 +310,22 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tokenizer, dtype, temper
         actual = captured.generate(prompts_of(tokenizer), settings, seed)
         assert_same_batch(expected, actual, atol=CUDA_TOLERANCE[dtype])
     assert captured.graph_decoder.captures == 1 and eager.graph_decoder.captures == 0
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cuda_graph_replay_decodes_nemotron_as_the_eager_step(tokenizer, temperature):
+    """The paper's architecture in bf16 (its dtype on CUDA), captured and replayed."""
+    model = tiny_nemotron(tokenizer=tokenizer, seed=1).to(CUDA, torch.bfloat16)
+    settings = SamplingSettings(group_size=4, max_new_tokens=20, temperature=temperature)
+    eager = graph_backend(model, tokenizer, CUDA, capture_graphs=False)
+    captured = graph_backend(model, tokenizer, CUDA)
+    for seed in (3, 4):
+        expected = eager.generate(prompts_of(tokenizer), settings, seed)
+        actual = captured.generate(prompts_of(tokenizer), settings, seed)
+        assert_same_batch(expected, actual, atol=CUDA_TOLERANCE[torch.bfloat16])
+    assert captured.graph_decoder.captures == 1
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import tiny_llama, tiny_nemotron
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -62,8 +62,10 @@ def sample(model, tokenizer, functional: bool, temperature: float = 1.0):
         lambda tok: llama(tok, attention_bias=True, mlp_bias=True, num_key_value_heads=4),
         lambda tok: llama(tok, rope_scaling={"rope_type": "linear", "factor": 2.0}),
         qwen2,
+        lambda tok: tiny_nemotron(tokenizer=tok),
+        lambda tok: tiny_nemotron(tokenizer=tok, partial_rotary_factor=1.0),
     ],
-    ids=["llama-gqa", "llama-biases", "llama-linear-rope", "qwen2"],
+    ids=["llama-gqa", "llama-biases", "llama-linear-rope", "qwen2", "nemotron", "nemotron-full-rope"],
 )
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_functional_step_samples_what_the_model_forward_samples(tokenizer, build, temperature):
@@ -104,7 +106,8 @@ def test_unsupported_models_take_the_model_forward(tokenizer):
     assert not supports_llama_step(lora.base_model.model)  # LoRA layers are not plain nn.Linear
 
 
-@pytest.mark.parametrize("build", [lambda tok: llama(tok), qwen2], ids=["llama-gqa", "qwen2"])
+@pytest.mark.parametrize("build", [lambda tok: llama(tok), qwen2, lambda tok: tiny_nemotron(tokenizer=tok)],
+                         ids=["llama-gqa", "qwen2", "nemotron"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_functional_step_in_bf16_samples_what_the_model_forward_samples(tokenizer, build, temperature):
     """bf16 weights (model.dtype=bfloat16, CUDA's default): same tokens, log-probs within bf16

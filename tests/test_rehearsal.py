@@ -112,6 +112,30 @@ def test_random_weights_build_the_configured_architecture(tmp_path, tiny_config)
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)  # the run's seed decides
 
 
+def test_the_shipped_architecture_decodes_in_the_functional_graph_ready_step(tmp_path, tiny_config):
+    """Nemotron-Mini's config (partial RoPE, relu^2, LayerNorm1P) at tiny sizes: the hf_static
+    loop's functional step samples what the model's own forward samples, and CUDA graphs could
+    decode it (the rehearsal's rollout without transformers' module stack)."""
+    from grpo_cli.rollout.base import SamplingSettings
+    from grpo_cli.rollout.llama_decode import supports_llama_step
+    from grpo_cli.rollout.static_decode import StaticDecodeBackend, graph_ready_model_problem
+
+    cfg = _cfg(tmp_path, f"model.config_json={tiny_config}")
+    torch.manual_seed(0)
+    loaded = load_policy(cfg, task=None, device=torch.device("cpu"), log=lambda m: None)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    assert model.config.rope_parameters["partial_rotary_factor"] == 0.5
+    assert supports_llama_step(model) and graph_ready_model_problem(model) is None
+    prompts = [tokenizer("Question: 3 + 4 = ?", add_special_tokens=False)["input_ids"],
+               tokenizer("Tom has 12 apples.", add_special_tokens=False)["input_ids"]]
+    settings = SamplingSettings(group_size=3, max_new_tokens=12, temperature=1.0)
+    batches = [StaticDecodeBackend(model, tokenizer, torch.device("cpu"), functional_step=functional)
+               .generate(prompts, settings, generator_seed=1) for functional in (False, True)]
+    assert torch.equal(batches[0].input_ids, batches[1].input_ids)
+    assert batches[0].completion_mask.sum() > 20
+    torch.testing.assert_close(batches[1].sampler_logprobs, batches[0].sampler_logprobs, atol=1e-5, rtol=0)
+
+
 def test_random_weights_need_a_config(tmp_path):
     cfg = _cfg(tmp_path, f"model.config_json={tmp_path / 'missing.json'}")
     with pytest.raises(ModelLoadError, match="model.config_json=.*no config.json"):

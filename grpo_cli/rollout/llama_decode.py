@@ -11,9 +11,12 @@ the same arithmetic as `LlamaDecoderLayer` with `shared_prefix_attention`:
 
 It is used only where that is exactly the model's computation (`supports_llama_step`): model
 types llama, qwen2 (q/k/v biases) and mistral without a sliding window, plain `nn.Linear`
-projections (no LoRA or quantized layers), RMSNorm layers of transformers' Llama form. Anything
-else decodes through the model's own forward. tests/test_static_decode.py checks that both give
-the same tokens and log-probs.
+projections (no LoRA or quantized layers), RMSNorm layers of transformers' Llama form. Also
+nemotron (the paper's Nemotron-Mini-4B): its MLP has no gate (x <- x + down_proj(act(up_proj(
+n2(x)))), act = relu^2), its norms are LayerNorm1P (run by their own `forward`), and RoPE turns
+only the first `partial_rotary_factor` of each head's dims. Anything else decodes through the
+model's own forward. tests/test_static_decode.py and tests/test_llama_decode.py check that both
+give the same tokens and log-probs.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from torch.nn import functional as F
 
 from grpo_cli.rollout.decode_attention import two_part_attention
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "nemotron")
+ATTENTION_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+GATED_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # act(gate) * up, then down
+PLAIN_MLP = ("mlp.up_proj", "mlp.down_proj")  # act(up), then down (nemotron)
 
 
 def _submodule(root: nn.Module, path: str) -> nn.Module | None:
@@ -50,10 +54,15 @@ def supports_llama_step(model: nn.Module) -> bool:
         return False
     norms = [body.norm] + [getattr(layer, name, None) for layer in body.layers
                            for name in ("input_layernorm", "post_attention_layernorm")]
-    if not all(_is_llama_rms_norm(norm) for norm in norms):
+    if not (all(_is_llama_rms_norm(norm) for norm in norms)
+            or all(_is_layer_norm_1p(norm) for norm in norms)):
         return False
     return all(type(_submodule(layer, path)) is nn.Linear
-               for layer in body.layers for path in PROJECTIONS)
+               for layer in body.layers for path in ATTENTION_PROJECTIONS + _mlp_projections(layer))
+
+
+def _mlp_projections(layer: nn.Module) -> tuple[str, ...]:
+    return GATED_MLP if _submodule(layer, "mlp.gate_proj") is not None else PLAIN_MLP
 
 
 def rope_depends_on_position_only(model: nn.Module) -> bool:
@@ -66,6 +75,13 @@ def rope_depends_on_position_only(model: nn.Module) -> bool:
 def _is_llama_rms_norm(module) -> bool:
     return (module is not None and type(module).__name__.endswith("RMSNorm")
             and hasattr(module, "variance_epsilon") and isinstance(module.weight, nn.Parameter))
+
+
+def _is_layer_norm_1p(module) -> bool:
+    """transformers' NemotronLayerNorm1P: F.layer_norm with weight + 1 (the step calls its own
+    `forward`, so any autocast handling it has is kept)."""
+    return (module is not None and type(module).__name__.endswith("LayerNorm1P")
+            and isinstance(module, nn.LayerNorm))
 
 
 def _fused_parts(module: nn.Module, names: tuple[str, ...]):
@@ -180,6 +196,11 @@ def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * normalised.to(x.dtype)
 
 
+def layer_norm_1p(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """NemotronLayerNorm1P, by its own forward (without the module call's hook dispatch)."""
+    return norm.forward(x)
+
+
 class LlamaDecodeStep:
     """Callable with `StaticDecodeBackend._decode_step`'s signature, on the shared-prefix cache
     (`static_decode.SharedPrefixLayer`: prompt keys once per group, completion keys per row)."""
@@ -193,18 +214,26 @@ class LlamaDecodeStep:
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.act = model.model.layers[0].mlp.act_fn
+        first = model.model.layers[0]
+        self.act = first.mlp.act_fn
+        self.gated = _mlp_projections(first) == GATED_MLP  # else act(up) (nemotron)
+        self.norm = rms_norm if _is_llama_rms_norm(first.input_layernorm) else layer_norm_1p
         # The policy does not change during a rollout: q/k/v and gate/up run as one matmul each.
         # Concatenated copies cost one pass over the layer weights per rollout (built here).
         with torch.no_grad():
             self.qkv = [_fused(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
                         for layer in model.model.layers]
-            self.gate_up = [_fused(layer.mlp, ("gate_proj", "up_proj")) for layer in model.model.layers]
+            self.gate_up = [_fused(layer.mlp, ("gate_proj", "up_proj")) if self.gated else None
+                            for layer in model.model.layers]
+        # The rotated dims of a head: all of them, or its first partial_rotary_factor (nemotron)
+        hidden_dtype = model.model.embed_tokens.weight.dtype
+        probe = torch.zeros(1, dtype=hidden_dtype, device=model.device)
+        self.rotary_dim = model.model.rotary_emb(probe, torch.zeros(1, 1, dtype=torch.long,
+                                                                    device=model.device))[0].shape[-1]
         # +-1 is exact in any dtype; in the hidden states' dtype it keeps RoPE's q and k there
         # (a float32 sign would promote bf16 q/k to float32 and break the bf16 prompt-key matmul).
-        hidden_dtype = model.model.embed_tokens.weight.dtype
-        half = torch.ones(self.head_dim // 2, device=model.device, dtype=hidden_dtype)
-        self.rotation_sign = torch.cat([-half, half])  # [D]
+        half = torch.ones(self.rotary_dim // 2, device=model.device, dtype=hidden_dtype)
+        self.rotation_sign = torch.cat([-half, half])  # [D_rot]
         self.rope_table = self._rope_table(model, max_positions)
         self.prepare(rollout_rows)
 
@@ -220,7 +249,8 @@ class LlamaDecodeStep:
             self.linears = [
                 (RolloutLinear(*qkv, rows, autocast_dtype),
                  RolloutLinear(layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, rows, autocast_dtype),
-                 RolloutLinear(*gate_up, rows, autocast_dtype),
+                 RolloutLinear(*(gate_up or (layer.mlp.up_proj.weight, layer.mlp.up_proj.bias)), rows,
+                               autocast_dtype),
                  RolloutLinear(layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, rows, autocast_dtype))
                 for layer, qkv, gate_up in zip(model.model.layers, self.qkv, self.gate_up, strict=True)]
             head = model.get_output_embeddings()
@@ -240,7 +270,8 @@ class LlamaDecodeStep:
         with torch.no_grad():
             for layer, qkv, gate_up in zip(self.model.model.layers, self.qkv, self.gate_up, strict=True):
                 _fuse_into(qkv, layer.self_attn, ("q_proj", "k_proj", "v_proj"))
-                _fuse_into(gate_up, layer.mlp, ("gate_proj", "up_proj"))
+                if gate_up is not None:
+                    _fuse_into(gate_up, layer.mlp, ("gate_proj", "up_proj"))
 
     def _rope_table(self, model, max_positions: int):
         """(cos [S, D], signed sin [S, D]) for positions 0..S-1, or None: per-step rotary calls.
@@ -267,14 +298,20 @@ class LlamaDecodeStep:
         else:
             cos, sin = body.rotary_emb(x, positions)  # [N, 1, D] each, broadcast over heads below
             signed_sin = sin * self.rotation_sign
-        qk_heads = self.heads + self.kv_heads
+        qk_heads, rotary = self.heads + self.kv_heads, self.rotary_dim
+        norm = self.norm
         for index, layer in enumerate(body.layers):
             qkv_proj, o_proj, gate_up_proj, down_proj = self.linears[index]
             attn = layer.self_attn
-            normed = rms_norm(x, layer.input_layernorm)
+            normed = norm(x, layer.input_layernorm)
             qkv = qkv_proj(normed).view(rows, qk_heads + self.kv_heads, self.head_dim)
             qk = qkv[:, :qk_heads]  # [N, H + H_kv, D]
-            qk = torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), signed_sin)
+            if rotary == self.head_dim:
+                qk = torch.addcmul(qk * cos, qk.roll(rotary // 2, dims=-1), signed_sin)
+            else:  # partial RoPE: the first `rotary` dims turn, the rest pass
+                turned = qk[..., :rotary]
+                turned = torch.addcmul(turned * cos, turned.roll(rotary // 2, dims=-1), signed_sin)
+                qk = torch.cat([turned, qk[..., rotary:]], dim=-1)
             q = qk[:, : self.heads].unsqueeze(2)  # [N, H, 1, D]
             k = qk[:, self.heads :].unsqueeze(2)  # [N, H_kv, 1, D]
             v = qkv[:, qk_heads:].unsqueeze(2)  # [N, H_kv, 1, D]
@@ -284,7 +321,10 @@ class LlamaDecodeStep:
                                           values, mask, attn.scaling)  # [N, 1, H, D]
             attended = attended.reshape(rows, 1, self.heads * self.head_dim)
             x = x + o_proj(attended)
-            normed = rms_norm(x, layer.post_attention_layernorm)
-            gate, up = gate_up_proj(normed).chunk(2, dim=-1)
-            x = x + down_proj(self.act(gate) * up)
-        return self.head(rms_norm(x, body.norm))[:, -1].float()  # [N, V]
+            normed = norm(x, layer.post_attention_layernorm)
+            if self.gated:
+                gate, up = gate_up_proj(normed).chunk(2, dim=-1)
+                x = x + down_proj(self.act(gate) * up)
+            else:
+                x = x + down_proj(self.act(gate_up_proj(normed)))
+        return self.head(norm(x, body.norm))[:, -1].float()  # [N, V]

@@ -287,7 +287,7 @@ def graph_ready_model_problem(model) -> str | None:
         return None
     kind = getattr(model.config, "model_type", None)
     return (f"{type(model).__name__} (model_type {kind}) has no graph-ready decode step; it "
-            "needs a Llama, Qwen2 or Mistral model with full attention, plain nn.Linear "
+            "needs a Llama, Qwen2, Mistral or Nemotron model with full attention, plain nn.Linear "
             "projections (no LoRA) and a position-only RoPE")
 
 

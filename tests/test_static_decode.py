@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,6 +193,29 @@ def test_dropping_finished_rows_keeps_the_inverse_cdf_batch(tokenizer, group_siz
     assert_same_layout(expected, actual)
     with pytest.raises(ValueError, match="compact_rows"):
         StaticDecodeBackend(model, tokenizer, CPU, compact_rows=True)  # multinomial
+
+
+def test_dropping_finished_rows_reads_the_host_once_per_check(tokenizer):
+    """With check_every = 8 (CUDA's default) the inverse_cdf loop reads how many rows are done
+    once per 8 tokens, not once per token, and still gives the batch of the loop that reads
+    every token (rows dropped later decode pad tokens meanwhile)."""
+    from host_reads import HostReads
+
+    model = peaked_llama(tokenizer, eos_boost=2.0)
+    settings = SamplingSettings(group_size=4, max_new_tokens=24, temperature=1.0)
+    prompts = prompts_of(tokenizer, PROMPTS * 3)
+    batches, reads = {}, {}
+    for k in (1, 8):
+        backend = StaticDecodeBackend(model, tokenizer, CPU, draw="inverse_cdf", check_every=k,
+                                      repack_row_tokens=8)
+        with HostReads() as counted:
+            batches[k] = backend.generate(prompts, settings, generator_seed=4)
+        assert backend.compactions >= 1
+        reads[k] = counted.within(StaticDecodeBackend._compacting_loop)
+    assert_same_layout(batches[1], batches[8])
+    longest = int(batches[8].completion_lengths().max())
+    assert len(reads[1]) >= longest - 1  # the counter sees a read per token
+    assert len(reads[8]) <= math.ceil(longest / 8) + 3  # one per 8 tokens, and each compaction's
 
 
 def test_rows_are_dropped_when_a_repack_pays(tokenizer):

@@ -16,7 +16,14 @@ Without vLLM, name the backends; on a GPU, e.g. the SmolLM2-135M shape at 64 row
 
 `smollm2` has SmolLM2-135M's shape and vocabulary size (49,152; ids past the char tokenizer's
 decode to nothing), random weights, and an untied output head (163M parameters, not 135M: one
-more 49,152 x 576 matrix read per token). `hf_static_graphs` is `rollout.cuda_graphs=true`
+more 49,152 x 576 matrix read per token). `nemotron_4b` is the paper's model class, built from
+conf/model/nemotron_4b.config.json with random weights on the device (4.19B parameters, 256,000
+ids; nothing is downloaded or written unless vLLM is asked for): the rehearsal's rollout shape is
+
+    python scripts/bench_rollout.py --device cuda --dtype bfloat16 --size nemotron_4b --prompts 8 \
+        --group-size 8 --max-new-tokens 512 --repeats 1 --backends hf_static,hf_static_graphs
+
+`nemotron_tiny` is the same config at tiny sizes (the CPU test of that path). `hf_static_graphs` is `rollout.cuda_graphs=true`
 (grpo_cli/rollout/graph_decode.py; `--tokens-per-replay` tokens per graph replay); off CUDA it
 runs the same step eagerly.
 
@@ -47,6 +54,15 @@ SIZES = {  # name -> (hidden, layers, heads, kv heads, intermediate, vocab or 0 
     "small": (512, 8, 8, 8, 1408, 0),  # ~25M, the shape of `grpo bench --model-size 25m`
     "smollm2": (576, 30, 9, 3, 1536, 49152),  # SmolLM2-135M's shape
 }
+# Nemotron shapes: conf/model/nemotron_4b.config.json with these fields replaced
+# (vocab_size 0 = the tokenizer's)
+NEMOTRON_SIZES = {
+    "nemotron_4b": {},
+    "nemotron_tiny": {"hidden_size": 64, "head_dim": 16, "kv_channels": 16, "intermediate_size": 128,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                      "vocab_size": 0},
+}
+NEMOTRON_CONFIG = os.path.join(os.path.dirname(__file__), "..", "conf", "model", "nemotron_4b.config.json")
 BACKENDS = ("hf_generate", "hf_static", "hf_static_graphs", "vllm")
 
 
@@ -69,6 +85,46 @@ def save_char_llama(directory: str, hidden: int, layers: int, heads: int, kv_hea
                              tokenizer.bos_token_id, tokenizer.eos_token_id, num_key_value_heads=kv_heads)
     model.save_pretrained(directory)
     return tokenizer, model.eval()
+
+
+def build_nemotron(directory: str, fields: dict, device: torch.device, dtype: torch.dtype, save: bool):
+    """NemotronForCausalLM from the shipped config.json with `fields` replaced, random weights drawn
+    on `device` in `dtype` (no fp32 copy of a 4B model on the host), and the char tokenizer's
+    special ids; saved to `directory` only when `save` (what vLLM loads)."""
+    import json
+
+    import torch
+    from transformers import NemotronConfig, NemotronForCausalLM
+
+    from grpo_cli.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    with open(NEMOTRON_CONFIG) as handle:
+        values = json.load(handle) | fields
+    values["vocab_size"] = values["vocab_size"] or len(tokenizer)
+    values.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    config = NemotronConfig(**{key: value for key, value in values.items() if key != "architectures"})
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = NemotronForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    if save:
+        tokenizer.save_pretrained(directory)
+        model.save_pretrained(directory)
+    return tokenizer, model.eval()
+
+
+def build_model(size: str, directory: str, device: torch.device, dtype: torch.dtype, save: bool):
+    """(tokenizer, model on `device` in `dtype`) for a `--size`."""
+    if size in NEMOTRON_SIZES:
+        return build_nemotron(directory, NEMOTRON_SIZES[size], device, dtype, save)
+    tokenizer, model = save_char_llama(directory, *SIZES[size])
+    return tokenizer, model.to(device, dtype)
 
 
 def make_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -157,7 +213,7 @@ def device_name(value: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))  # one engine per process
+    parser.add_argument("--size", default="tiny", choices=sorted(SIZES) + sorted(NEMOTRON_SIZES))  # one engine per process
     parser.add_argument("--prompts", type=int, default=8)  # B
     parser.add_argument("--group-size", type=int, default=8)  # R
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -208,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        tokenizer, model = save_char_llama(directory, *SIZES[args.size])
-        model = model.to(device, getattr(torch, args.dtype))
+        tokenizer, model = build_model(args.size, directory, device, getattr(torch, args.dtype),
+                                       save="vllm" in chosen)
         params = sum(p.numel() for p in model.parameters())
         prompts = make_prompts(tokenizer, args.prompts)
         runs, init_s, sync_s = {}, 0.0, 0.0

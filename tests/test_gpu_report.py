@@ -151,6 +151,7 @@ def test_rollout_and_bench_readers(tmp_path):
         "train_pass,smollm2,8,8,64,bfloat16,90000,0.0812\n")
     figures = {f.key: f.value for f in collect.rollout_figures("rollout", rollout)}
     assert figures == {"rollout.hf_static_graphs.tokens_per_s": 55000.5,
+                       "rollout.hf_static_graphs.rollout_s": 0.07,
                        "rollout.train_pass.ms": pytest.approx(81.2)}
     bench = tmp_path / "bench.csv"
     bench.write_text("side,step,step_s,tokens_per_s,ratio\n"
@@ -219,6 +220,36 @@ def test_bench_rollout_train_pass_updates_every_parameter(tmp_path):
     assert unchanged == []
 
 
+def test_bench_rollout_builds_the_rehearsal_architecture_on_the_device(tmp_path):
+    """`--size nemotron_tiny`: Nemotron-Mini's config.json at tiny sizes, random weights drawn in the
+    asked dtype; hf_static and its graph-ready step (eager on CPU) decode the same tokens."""
+    import importlib.util
+    import sys as system
+
+    import torch
+
+    path = Path(__file__).parents[1] / "scripts" / "bench_rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    bench_rollout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_rollout)
+    _, model = bench_rollout.build_model("nemotron_tiny", str(tmp_path), torch.device("cpu"),
+                                         torch.bfloat16, save=False)
+    assert type(model).__name__ == "NemotronForCausalLM" and model.dtype == torch.bfloat16
+    assert model.config.rope_parameters["partial_rotary_factor"] == 0.5
+    assert torch.get_default_dtype() == torch.float32  # restored
+    assert not any(tmp_path.iterdir())  # nothing written without vLLM
+    out = tmp_path / "rollout.csv"
+    bench_rollout.main(["--size", "nemotron_tiny", "--prompts", "2", "--group-size", "2",
+                        "--max-new-tokens", "8", "--repeats", "1",
+                        "--backends", "hf_static,hf_static_graphs", "--out", str(out)])
+    rows = {row["backend"]: row for row in csv.DictReader(out.open())}
+    assert set(rows) == {"hf_static", "hf_static_graphs"}
+    assert rows["hf_static"]["tokens"] == rows["hf_static_graphs"]["tokens"] == "32"
+    figures = {f.key for f in collect.rollout_figures("rollout_nemotron", out)}
+    assert "rollout_nemotron.hf_static_graphs.rollout_s" in figures
+    assert system.modules.get("vllm") is None
+
+
 def test_rehearsal_reader_puts_each_phase_beside_its_plan(tmp_path):
     import pandas as pd
 
@@ -227,6 +258,7 @@ def test_rehearsal_reader_puts_each_phase_beside_its_plan(tmp_path):
     run_dir = tmp_path / "paper_rehearsal" / "R8-grpo-s0"
     run_dir.mkdir(parents=True)
     timings = pd.DataFrame({"step": [0, 1, 2], "time_step": [30.0, 20.0, 22.0],
+                            "time_rollout": [9.0, 4.0, 6.0], "time_probes": [12.0, 0.0, 8.0],
                             "peak_memory_mb": [40960.0, 51200.0, 50000.0],
                             **{f"peak_{phase}_mb": [10240.0, 20480.0, 15360.0] for phase in PLAN_GIB}})
     timings.to_csv(run_dir / "timings.csv", index=False)
@@ -236,6 +268,8 @@ def test_rehearsal_reader_puts_each_phase_beside_its_plan(tmp_path):
     assert figures["rehearsal.rollout.peak_gib"].note == f"plan {PLAN_GIB['rollout'][0]} GiB"
     assert figures["rehearsal.whole_step.peak_gib"].value == 50.0
     assert figures["rehearsal.step_s"].value == 21.0  # median after step 0
+    assert figures["rehearsal.rollout_s"].value == 5.0
+    assert figures["rehearsal.probes_s"].value == 8.0  # probe steps only (step 1 had none)
 
 
 def test_run_reader_tells_probe_steps_by_ranks_csv(tmp_path):

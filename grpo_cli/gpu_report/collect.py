@@ -134,7 +134,7 @@ def bench_figures(step: str, csv_path: Path) -> list[Figure]:
 
 
 def rollout_figures(step: str, csv_path: Path) -> list[Figure]:
-    """Tokens/s per backend; the training pass in milliseconds."""
+    """Tokens/s and seconds a rollout per backend; the training pass in milliseconds."""
     if not csv_path.exists():
         return []
     figures = []
@@ -147,6 +147,9 @@ def rollout_figures(step: str, csv_path: Path) -> list[Figure]:
         else:
             figures.append(Figure(f"{step}.{row['backend']}.tokens_per_s", f"{row['backend']} rollout",
                                   float(row["tokens_per_s"]), "tok/s", f"{row['model']}, {shape}"))
+            figures.append(Figure(f"{step}.{row['backend']}.rollout_s", f"{row['backend']} rollout, "
+                                  "seconds a rollout", float(row["seconds_per_repeat"]), "s",
+                                  f"{row['model']}, {shape}"))
     return figures
 
 
@@ -164,7 +167,14 @@ def rehearsal_figures(step: str, root: Path) -> list[Figure]:
                                       f"plan {row['plan_gib']} GiB"))
         timings = pd.read_csv(run_dir / "timings.csv")
         later = timings[timings["step"] > timings["step"].min()]
+        later = later if len(later) else timings
         figures.append(Figure(f"{step}.step_s", "median step time after step 0",
-                              float((later if len(later) else timings)["time_step"].median()), "s",
+                              float(later["time_step"].median()), "s",
                               "plan: 20 to 25 s at R = 8 with vLLM, plus a probe"))
+        for phase in ("rollout", "probes"):  # issue 45's phase targets; probes: probe steps only
+            column = later[f"time_{phase}"] if f"time_{phase}" in later else pd.Series(dtype=float)
+            column = column[column > 0] if phase == "probes" else column
+            figures.append(Figure(f"{step}.{phase}_s", f"median {phase} phase after step 0"
+                                  + (" (probe steps)" if phase == "probes" else ""),
+                                  float(column.median()) if len(column) else math.nan, "s"))
     return figures

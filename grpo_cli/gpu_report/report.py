@@ -16,12 +16,18 @@ from pathlib import Path
 TARGETS: dict[str, tuple[str, float]] = {
     "tests_fast.failed": ("<=", 0),
     "tests_gpu.failed": ("<=", 0),
-    "bench_25m.ratio": ("<=", 0.25),
+    "bench_25m.ratio": ("<=", 0.30),  # issue 45's list (its text once said 0.25)
     "bench_smollm2.ratio": ("<=", 0.25),
     "rollout.hf_generate.tokens_per_s": (">=", 50_000),
     "rollout.hf_static.tokens_per_s": (">=", 50_000),
     "rollout.hf_static_graphs.tokens_per_s": (">=", 50_000),
     "rollout.train_pass.ms": ("<=", 100),
+    # issue 45: the rehearsal's step (R = 8) <= 20 s, its rollout <= 5 s, its probes <= 10 s
+    "rollout_nemotron.hf_static.rollout_s": ("<=", 5),
+    "rollout_nemotron.hf_static_graphs.rollout_s": ("<=", 5),
+    "rehearsal.step_s": ("<=", 20),
+    "rehearsal.rollout_s": ("<=", 5),
+    "rehearsal.probes_s": ("<=", 10),
 }
 
 # The first GPU visit (one H100 80GB, 2026-11-22, code at 5212bb0, ../shared/FINDINGS.md and

@@ -7,6 +7,9 @@ A `Step` is a command line, a limit, a dry-run `check` (does the command compose
   2 rank_collapse_bf16, _fp32   experiment=cpu_rank_collapse device=cuda, R = 2, 4, 8, with probes
   3 rollout                     SmolLM2-135M-shaped model, 64 rows x 64 new tokens: hf generate,
                                 hf_static, hf_static + CUDA graphs (tok/s), then the training pass
+    rollout_nemotron            the rehearsal's rollout shape (Nemotron-Mini-4B architecture,
+                                random bf16 weights, 64 rows x 512 new tokens): hf_static eager
+                                and in CUDA graphs (seconds a rollout, tok/s)
   4 bench_25m, bench_smollm2    grpo bench --vs-trl (ratio of step times)
   5 rehearsal                   experiment=paper_rehearsal at full size (peak memory per phase);
                                 rollout.backend=hf_static when vLLM is absent
@@ -113,6 +116,21 @@ def rollout_step(settings: Settings) -> Step:
     )
 
 
+def nemotron_rollout_step(settings: Settings) -> Step:
+    script = Path("scripts/bench_rollout.py")
+    csv_path = settings.out_dir / "steps" / "rollout_nemotron.csv"
+    args = ["--device", "cuda", "--dtype", "bfloat16", "--size", "nemotron_4b", "--prompts", "8",
+            "--group-size", "8", "--max-new-tokens", "512", "--repeats", "1",
+            "--backends", "hf_static,hf_static_graphs"]
+    return Step(
+        "rollout_nemotron", 3, "rollout of the rehearsal's shape, Nemotron-Mini-4B architecture, "
+        "64 rows x 512 new tokens, bf16: hf_static eager and in CUDA graphs",
+        [settings.python, str(script), *args, "--out", str(csv_path)], 240,
+        lambda: checks.check_script(settings.python, script, args, REPO),
+        lambda log: collect.rollout_figures("rollout_nemotron", csv_path),
+    )
+
+
 def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -> Step:
     name = f"bench_{size}"
     csv_path = settings.out_dir / "steps" / f"{name}.csv"
@@ -154,12 +172,13 @@ def smollm2_step(settings: Settings) -> Step:
 
 
 def plan(settings: Settings) -> list[Step]:
-    """Every step, in the issue's order; limits add up to about 28.5 minutes (the budget cuts)."""
+    """Every step, in the issue's order; limits add up to about 32.5 minutes (the budget cuts)."""
     return [
         *tests_steps(settings),
         rank_collapse_step(settings, "bfloat16"),
         rank_collapse_step(settings, "float32"),
         rollout_step(settings),
+        nemotron_rollout_step(settings),
         bench_step(settings, "25m", ["model.dtype=float32"], 120),
         bench_step(settings, "smollm2", ["rollout.group_size=8"], 180),
         rehearsal_step(settings),

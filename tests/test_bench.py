@@ -58,6 +58,23 @@ def test_run_bench_against_trl(tmp_path, capfd):
     assert trl["rollout"] > 0 and trl["forward"] > 0 and trl["backward"] > 0 and trl["optimizer"] > 0
 
 
+def test_the_summary_names_issue_45s_target_where_there_is_one():
+    """The tiny model and SmolLM2 on a CPU, the 25M model on CUDA; no target elsewhere."""
+    from rich.console import Console
+
+    from grpo_cli.bench.trl_bench import RATIO_TARGETS, summarize_pairs
+
+    rows = [{"step_s": 0.1, "cpu_s": 0.1, "tokens_per_s": 100.0, "tokens": 10}]
+    printed = {}
+    for target in (RATIO_TARGETS[("cpu", "tiny")], None):
+        console = Console(record=True, width=200)
+        summarize_pairs(console, rows, rows, [0.4], [0.4], target)
+        printed[target] = console.export_text()
+    assert "median step-time ratio 0.400 (issue 45's target <= 0.33)" in printed[0.33]
+    assert "target" not in printed[None]
+    assert RATIO_TARGETS == {("cpu", "smollm2"): 0.30, ("cpu", "tiny"): 0.33, ("cuda", "25m"): 0.30}
+
+
 @pytest.mark.parametrize("size", ["tiny", "5m", "25m", "smollm2"])
 def test_every_model_size_composes_and_builds_its_task(size):
     from grpo_cli.bench.builder import MODEL_SIZES

@@ -13,6 +13,7 @@ from step_parity import GradForwards, setup_for
 
 from grpo_cli.probes.fused import score_blocks_from_advantage, score_groups_to_recompute
 from grpo_cli.probes.gram import group_blocks, per_rollout_grams
+from grpo_cli.train.policy_forward import checkpointing
 
 MATRICES = "probes.matrices=[rollout_group,rollout_batch,score_group,group_batch]"
 # 3 groups of 4, in row order: informative; zero-variance; two rows at the group mean (a_i = 0)
@@ -20,12 +21,15 @@ REWARDS = [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.5, 1.0, 0.5]
 READ_GROUPS = [0, 2]  # groups with a non-zero advantage: the only score blocks any matrix reads
 
 
-def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=True, forwards=None):
+def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=True, forwards=None,
+               prepare=None):
     """One probe step on a float64 tiny model; `forwards` (a list) gets its count of forwards
-    with autograd."""
+    with autograd; `prepare(setup)` runs before the step."""
     mode = {True: "always", False: "never"}.get(fused, fused)
     setup = setup_for(tmp_path, "probes.every=1", MATRICES, f"probes.fused_gram={mode}", *overrides)
     setup.model.double()  # in place: the optimizer and the probes hold the same parameters
+    if prepare is not None:
+        prepare(setup)
     cycle = itertools.cycle(rewards)
     setup.task.reward = lambda text, problem: next(cycle)  # scored in row order
     before = copy.deepcopy(setup.model)
@@ -74,6 +78,38 @@ def test_fused_grams_equal_the_separate_pass_for_other_routes(tmp_path, override
     _, fused_capture, fused, _ = probe_step(tmp_path, True, *overrides)
     _, _, separate, _ = probe_step(tmp_path, False, *overrides)
     assert fused_capture.source == "training_pass"
+    assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
+    assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
+                      separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")
+
+
+CHECKPOINTED = "model.gradient_checkpointing=true"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.micro_batch_size=5"],
+    ["train.shared_prompt_forward=false", "train.micro_batch_size=12"],
+    ["probes.gram_method=sketch", "probes.sketch_dim=64", "train.micro_batch_size=5",
+     "train.logits_chunk_mb=0.0005"],  # lm_head in checkpointed chunks of a few positions
+], ids=["live-rows", "plain", "sketch-chunked-logits"])
+def test_fused_grams_equal_the_separate_pass_under_activation_checkpointing(tmp_path, overrides):
+    """The paper preset checkpoints activations (non-reentrant, models/loading.py): the backward
+    runs the hooked forward's own graph and recomputes the layers inside it (seen here: layer 0's
+    q_proj runs twice with autograd per forward), and the training pass's factors still equal the
+    separate pass's."""
+    calls = []
+
+    def count_layer_calls(setup):
+        assert checkpointing(setup.model)
+        q_proj = setup.model.model.layers[0].self_attn.q_proj
+        q_proj.register_forward_hook(lambda module, args, output: calls.append(torch.is_grad_enabled()))
+
+    forwards = []
+    _, capture, fused, _ = probe_step(tmp_path, True, CHECKPOINTED, *overrides, forwards=forwards,
+                                      prepare=count_layer_calls)
+    _, separate_capture, separate, _ = probe_step(tmp_path, False, CHECKPOINTED, *overrides)
+    assert capture.source == "training_pass" and separate_capture.source == "separate_pass"
+    assert sum(calls) == 2 * forwards[0]  # every forward with autograd was recomputed in backward
     assert_gram_close(fused.rollout_grams["advantage"], separate.rollout_grams["advantage"], "K_adv")
     assert_gram_close(fused.rollout_grams["score_blocks"][READ_GROUPS],
                       separate.rollout_grams["score_blocks"][READ_GROUPS], "K_score blocks")

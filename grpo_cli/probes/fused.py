@@ -13,9 +13,12 @@ coefficients -(w A); the training forward hands it the activations X_i,t. On a p
 hooks (`per_sample.LayerCapture`) therefore ride on the training forward and backward, the
 micro-batches playing the part of row chunks, and K_adv needs no second pass. The trainer decides
 when this holds (`GRPOTrainer.fused_probe_pass`): the conditions above, plus no autocast (the
-separate pass runs in the model's precision) and no activation checkpointing (a recomputed forward
-is not the hooked one). Each row's prompt must have its own forward, since a shared prompt forward
-sums the group's prompt gradients before any hook sees them: where training shares prompts
+separate pass runs in the model's precision). Activation checkpointing (the paper preset's) is
+non-reentrant: the backward runs the hooked forward's own graph, whose outputs carry the gradient
+hooks; the layers it recomputes in backward call the forward hooks again, and those uses reach no
+gradient, so `LayerCapture.terms` skips them (tests/test_fused_probes.py). Each row's prompt must
+have its own forward, since a shared prompt forward sums the group's prompt gradients before any
+hook sees them: where training shares prompts
 (`train.shared_prompt_forward`), `probes.fused_gram=always` runs the plain forward on probe steps
 (the same loss and gradients to 1e-5, tests/test_policy_forward.py) and `auto` keeps the shared
 forward and takes the separate pass, except with `train.backward_live_rows`: there only the rows

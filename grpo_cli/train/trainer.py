@@ -47,7 +47,6 @@ from grpo_cli.train.credit import (
 )
 from grpo_cli.train.fault import Fault
 from grpo_cli.train.policy_forward import (
-    checkpointing,
     forward_policy,
     in_row_order,
     length_buckets,
@@ -638,11 +637,12 @@ class GRPOTrainer:
     def fused_probe_pass(self, single_pass: bool) -> bool:
         """Whether a probe may take its per-rollout factors from this update's forward and
         backward: the loss gradient is exactly sum_i -sum_t w_it A_it grad log pi(y_it) (one pass at
-        ratio 1, no value head, no TIS, no KL), in the model's precision (no autocast), from the
-        hooked forward (no activation checkpointing). grpo_cli/probes/fused.py."""
+        ratio 1, no value head, no TIS, no KL), in the model's precision (no autocast). Activation
+        checkpointing is no obstacle: grpo-cli's is non-reentrant (models/loading.py), so the
+        backward runs the hooked forward's own graph and only recomputes its saved tensors.
+        grpo_cli/probes/fused.py."""
         return (
             single_pass and self.reference_model is None and self.autocast_kind == "none"
-            and not checkpointing(self.model)
         )
 
     def row_sum_rtol(self, single_pass: bool) -> float | None:

@@ -142,6 +142,15 @@ def test_report_puts_each_figure_beside_target_and_previous(tmp_path):
     markdown = write_report(tmp_path, environment, records, docs).read_text()
     assert "| 2,000 | tok/s | >= 50,000 | no | 2,000 (gpu_report_2026-12-01_NVIDIA_H100.csv) |" in markdown
 
+    # a newer report without the rollout step: each figure keeps its newest measured value
+    newer = [{"name": "bench_25m", "group": 4, "status": "ok", "seconds": 60.0, "command": "y",
+              "figures": [vars(Figure("bench_25m.ratio", "ratio", 0.5))]}]
+    write_report(tmp_path, environment, newer, docs)
+    (tmp_path / "gpu_report.csv").rename(docs / "gpu_report_2026-12-02_NVIDIA_H100.csv")
+    markdown = write_report(tmp_path, environment, records + newer, docs).read_text()
+    assert "| 2,000 | tok/s | >= 50,000 | no | 2,000 (gpu_report_2026-12-01_NVIDIA_H100.csv) |" in markdown
+    assert "| 0.5 |  | <= 0.3 | no | 0.5 (gpu_report_2026-12-02_NVIDIA_H100.csv) |" in markdown
+
 
 def test_rollout_and_bench_readers(tmp_path):
     rollout = tmp_path / "rollout.csv"

@@ -1,8 +1,9 @@
 """gpu_report.md and gpu_report.csv: every figure beside its target and its previous value.
 
 Reads the steps' JSON records (one per step, written by the runner) and formats them; no torch.
-The targets are issue 16's (docs/speed.md); the previous values are the newest report committed
-under docs/ (docs/gpu_report_<date>_<gpu>.csv), else the first H100 visit's figures below.
+The targets are issue 16's and, where it sets them, issue 45's (docs/speed.md). A figure's
+previous value is its newest value among the reports committed under docs/
+(docs/gpu_report_<date>_<gpu>.csv, named beside it), else the first H100 visit's below.
 """
 
 from __future__ import annotations
@@ -79,27 +80,28 @@ def format_value(value: float) -> str:
     return f"{value:.3g}"
 
 
-def previous_values(docs_dir: Path) -> tuple[dict[str, tuple[float, str]], str]:
-    """({key: (value, note)}, source) from the newest docs/gpu_report_*.csv, else the first visit."""
-    reports = sorted(docs_dir.glob("gpu_report_*.csv"))
-    if not reports:
-        return dict(FIRST_VISIT_VALUES), FIRST_VISIT
-    values = {}
-    with open(reports[-1], newline="") as handle:
-        for row in csv.DictReader(handle):
-            try:
-                values[row["key"]] = (float(row["value"]), "")
-            except (KeyError, ValueError):  # environment rows hold text
-                continue
-    return values, reports[-1].name
+def previous_values(docs_dir: Path) -> dict[str, tuple[float, str]]:
+    """{key: (value, where it was measured)}: each figure's newest value among the committed
+    docs/gpu_report_*.csv (in name order, a later report's value replaces an earlier one's; a
+    visit that skipped a step leaves the value of the one before), else the first visit's."""
+    values = {key: (value, FIRST_VISIT + (f", {note}" if note else ""))
+              for key, (value, note) in FIRST_VISIT_VALUES.items()}
+    for report in sorted(docs_dir.glob("gpu_report_*.csv")):
+        with open(report, newline="") as handle:
+            for row in csv.DictReader(handle):
+                try:
+                    values[row["key"]] = (float(row["value"]), report.name)
+                except (KeyError, ValueError):  # environment rows hold text
+                    continue
+    return values
 
 
-def figure_rows(records: list[dict], previous: dict[str, tuple[float, str]], source: str) -> list[dict]:
+def figure_rows(records: list[dict], previous: dict[str, tuple[float, str]]) -> list[dict]:
     """One row per figure of every step record, with its target and previous value."""
     rows = []
     for record in records:
         for figure in record.get("figures", []):
-            old, old_note = previous.get(figure["key"], (math.nan, ""))
+            old, where = previous.get(figure["key"], (math.nan, ""))
             rows.append({
                 "step": record["name"],
                 "key": figure["key"],
@@ -109,7 +111,7 @@ def figure_rows(records: list[dict], previous: dict[str, tuple[float, str]], sou
                 "target": target_text(figure["key"]),
                 "meets_target": meets(figure["key"], figure["value"]),
                 "previous": old,
-                "previous_source": (source + (f", {old_note}" if old_note else "")) if not math.isnan(old) else "",
+                "previous_source": where if not math.isnan(old) else "",
                 "note": figure.get("note", ""),
             })
     return rows
@@ -139,11 +141,10 @@ def render_markdown(environment: dict[str, str], records: list[dict], rows: list
 def write_report(out_dir: Path, environment: dict[str, str], records: list[dict],
                  docs_dir: Path) -> Path:
     """gpu_report.md and gpu_report.csv in `out_dir` (environment rows first in the CSV)."""
-    previous, source = previous_values(docs_dir)
-    rows = figure_rows(records, previous, source)
+    rows = figure_rows(records, previous_values(docs_dir))
     (out_dir / "gpu_report.md").write_text(render_markdown(environment, records, rows))
     fields = list(rows[0]) if rows else list(figure_rows(
-        [{"name": "", "figures": [asdict(Figure("", "", math.nan))]}], {}, "")[0])
+        [{"name": "", "figures": [asdict(Figure("", "", math.nan))]}], {})[0])
     with open(out_dir / "gpu_report.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()

@@ -115,7 +115,10 @@ def test_non_finite_gradient_norm_stops_the_step_before_the_update(tmp_path):
     before = {name: p.detach().clone() for name, p in setup.model.named_parameters()}
     weight = setup.model.lm_head.weight
     weight.register_hook(lambda grad: grad * float("inf"))  # on the test's model, not the trainer
-    with pytest.raises(NonFiniteLossError, match="step 2: gradient norm is (nan|inf)"):
+    with pytest.raises(NonFiniteLossError, match="step 2: gradient norm is (nan|inf)") as error:
         setup.trainer.step(2)
+    # ... and names the one tensor whose gradient is not finite (grpo_cli/train/non_finite.py)
+    assert "non-finite gradients in 1 of " in str(error.value), error.value
+    assert "tensors: lm_head.weight (" in str(error.value), error.value
     for name, p in setup.model.named_parameters():
         assert torch.equal(p.detach(), before[name]), name

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -46,6 +48,7 @@ from grpo_cli.train.credit import (
     token_advantages,
 )
 from grpo_cli.train.fault import Fault
+from grpo_cli.train.non_finite import batch_report, gradient_report
 from grpo_cli.train.policy_forward import (
     forward_policy,
     in_row_order,
@@ -421,7 +424,8 @@ class GRPOTrainer:
                         p.grad = torch.zeros_like(p)
             with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
                 norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            values, norm = self._read_pass(step, [output.terms for output in outputs], norm_tensor)  # host read
+            values, norm = self._read_pass(step, [output.terms for output in outputs], norm_tensor,
+                                           partial(self._non_finite_report, batch, outputs, targets))  # host read
             if first:
                 grad_norm, losses = norm, logged_totals(
                     values, plan.shares, plan.batch_tokens,
@@ -595,10 +599,11 @@ class GRPOTrainer:
         return (in_row_order([out[0] for out in outputs], groups),
                 in_row_order([out[1] for out in outputs], groups), hidden)
 
-    def _read_pass(self, step: int, logged: list[torch.Tensor],
-                   norm: torch.Tensor) -> tuple[list[list[float]], float]:
+    def _read_pass(self, step: int, logged: list[torch.Tensor], norm: torch.Tensor,
+                   explain: Callable[[bool], str]) -> tuple[list[list[float]], float]:
         """The pass's one host read: each micro-batch's LOGGED_TERMS [micro-batches, 6] and the
-        gradient norm. A non-finite loss or norm stops the run here, before any update."""
+        gradient norm. A non-finite loss or norm stops the run here, before any update, with
+        `explain(norm_failed)` (where the NaN or inf is: `_non_finite_report`) in the message."""
         read = torch.cat([torch.stack(logged).flatten(), norm.double().reshape(1)]).tolist()
         width = len(LOGGED_TERMS)
         values = [read[start : start + width] for start in range(0, len(read) - 1, width)]
@@ -606,11 +611,25 @@ class GRPOTrainer:
         if bad is not None:
             raise NonFiniteLossError(
                 f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); lower optim.lr or check the "
-                f"rewards{self._graphs_hint()}"
+                f"rewards{self._graphs_hint()}. {explain(False)}"
             )
         if not math.isfinite(read[-1]):
-            raise NonFiniteLossError(f"step {step}: gradient norm is {read[-1]}{self._graphs_hint()}")
+            raise NonFiniteLossError(
+                f"step {step}: gradient norm is {read[-1]}{self._graphs_hint()}. {explain(True)}")
         return values, read[-1]
+
+    def _non_finite_report(self, batch: RolloutBatch, outputs: list[MicroBatchOutput],
+                           targets: Targets, norm_failed: bool) -> str:
+        """Where a non-finite loss or norm came from (train/non_finite.py): the gradients by
+        parameter, then the batch's inputs. The failure path only: its host reads stop nothing."""
+        named = list(self.model.named_parameters())
+        if self.value_head is not None:
+            named += [(f"value_head.{name}", p) for name, p in self.value_head.named_parameters()]
+        logprobs = torch.cat([output.logprobs for output in outputs])  # [N, L]
+        embeddings = self.model.get_input_embeddings()
+        vocab = getattr(embeddings, "num_embeddings", None)
+        return (f"{gradient_report(named, norm_failed)}; "
+                f"{batch_report(batch, logprobs, targets.advantages, vocab)}")
 
     def _graphs_hint(self) -> str:
         """What a non-finite loss or norm says when this run decodes in CUDA graphs: full runs

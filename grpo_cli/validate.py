@@ -41,6 +41,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
     from grpo_cli.algorithm.optim import MASTER_WEIGHTS
     from grpo_cli.models.policy import WEIGHTS
     from grpo_cli.probes.gram import METHODS
+    from grpo_cli.probes.rank_measures import SPECTRUM_METHODS
     from grpo_cli.probes.runner import FUSED_GRAM, KNOWN_MATRICES
     from grpo_cli.rollout.sampling import DRAWS
     from grpo_cli.tasks import TASKS
@@ -57,6 +58,7 @@ def _known_names() -> dict[str, tuple[str, ...]]:
         "probes.gram_method": tuple(METHODS),
         "probes.matrices": tuple(KNOWN_MATRICES),
         "probes.fused_gram": tuple(FUSED_GRAM),
+        "probes.layer_spectrum": tuple(SPECTRUM_METHODS),
         "task.name": tuple(TASKS),
         "rollout.draw": ("auto", *DRAWS),
         "task.reward": tuple(REWARDS),
@@ -235,6 +237,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     regex("probes.param_regex")
     choice("probes.gram_method", names["probes.gram_method"])
     choice("probes.fused_gram", names["probes.fused_gram"])
+    choice("probes.layer_spectrum", names["probes.layer_spectrum"])
     at_least("probes.sketch_dim", 1)
     at_least("probes.gram_row_chunk", 0)
     at_least("probes.sparsity_every", 0)

@@ -10,6 +10,7 @@ from conftest import outcome_advantages, tiny_llama
 
 from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
+from grpo_cli.measures import RANK_MEASURES
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
 from grpo_cli.rollout.batch import RolloutBatch
@@ -375,3 +376,34 @@ def test_non_zero_rows_count_rollouts_with_any_non_zero_token_advantage(tmp_path
     assert rows[("rollout_group", "g0")]["n_nonzero_rows"] == 1
     assert rows[("rollout_group", "g0")]["numerical_rank"] == 1  # rank per non-zero row: 1
     assert ("rollout_group", "g1") not in rows
+
+
+def test_layer_spectra_by_gram_and_by_svd_agree(tmp_path):
+    """probes.layer_spectrum: the default Gram route and svdvals record the same layer, update and
+    grad_sum measures (a rank-one update: numerical rank 1 either way; every rank measure within
+    1e-9 relative or 1e-7 absolute). Only the power-law fit, which reads the null tail's round-off,
+    may differ."""
+    rows = {}
+    for method in ("gram", "svd"):
+        model = tiny_model().float()
+        name = "model.layers.0.mlp.gate_proj.weight"  # [32, 16]
+        suite = ProbeSuite(ProbesConfig(matrices=["update", "grad_sum"], layer_spectrum=method), model,
+                           tmp_path / f"{method}.pt")
+        weight = model.get_parameter(name)
+        with torch.no_grad():
+            weight += torch.outer(torch.linspace(-1, 1, 32), torch.linspace(0.5, 2, 16))
+        generator = torch.Generator().manual_seed(3)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=generator)
+        suite.accumulate_gradients()
+        rows[method] = {(r["matrix"], r["layer"]): r for r in suite.record(1, None, model).ranks}
+    assert rows["gram"].keys() == rows["svd"].keys()
+    assert rows["gram"][("update", name)]["numerical_rank"] == rows["svd"][("update", name)]["numerical_rank"] == 1
+    # each route ran (the setting is read): their round-off differs in the update's null tail
+    assert rows["gram"][("update", name)]["erank_entropy"] != rows["svd"][("update", name)]["erank_entropy"]
+    for key, by_svd in rows["svd"].items():
+        for measure in RANK_MEASURES:
+            # abs 1e-7: the update's float32 round-off leaves singular values near the Gram's
+            # floor (~1e-8 sigma_1), which move erank_entropy of a rank-one update by ~1e-8
+            assert rows["gram"][key][measure] == pytest.approx(by_svd[measure], rel=1e-9, abs=1e-7,
+                                                               nan_ok=True), (key, measure)

@@ -6,7 +6,11 @@ import torch
 
 from grpo_cli import measures as measures_module
 from grpo_cli.measures import RANK_MEASURES, energy_rank, erank_entropy, numerical_rank
-from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
+from grpo_cli.probes.rank_measures import (
+    all_rank_measures,
+    singular_values,
+    singular_values_from_gram,
+)
 
 
 def svdvals(matrix):
@@ -108,6 +112,46 @@ def test_gram_route_matches_svdvals():
     assert numerical_rank(sigma) == 6
 
 
+@pytest.mark.parametrize("shape", [(12, 30), (30, 12), (16, 16)])
+def test_layer_spectrum_by_gram_equals_svdvals_down_to_its_floor(shape):
+    """`singular_values` (probes.layer_spectrum): the Gram of the smaller side gives svdvals' values
+    in either orientation, to ~1e-10 of sigma_1 over a spectrum spanning 1 .. 1e-6 (the default
+    rank_rtol), and the same numerical rank and rank measures as `svd`."""
+    generator = torch.Generator().manual_seed(sum(shape))
+    rows, columns = shape
+    k = min(shape)
+    left, _ = torch.linalg.qr(torch.randn(rows, k, generator=generator, dtype=torch.float64))
+    right, _ = torch.linalg.qr(torch.randn(columns, k, generator=generator, dtype=torch.float64))
+    truth = torch.logspace(0, -5.5, k, dtype=torch.float64)  # [k] down to 3e-6 sigma_1
+    matrix = ((left * truth) @ right.T).float()  # a float32 weight or gradient, as the probes get
+    by_gram, by_svd = singular_values(matrix, "gram"), singular_values(matrix, "svd")
+    assert by_gram.shape == by_svd.shape == (k,) and by_gram.dtype == torch.float64
+    assert float((by_gram - by_svd).abs().max()) < 1e-10 * float(by_svd[0])
+    assert bool((by_gram[:-1] >= by_gram[1:]).all())
+    assert numerical_rank(by_gram) == numerical_rank(by_svd) == k
+    for name, value in all_rank_measures(by_gram).items():
+        assert value == pytest.approx(all_rank_measures(by_svd)[name], rel=1e-9), name
+
+
+def test_layer_spectrum_of_a_rank_deficient_matrix_leaves_only_round_off():
+    """A rank-3 matrix: both routes find rank 3 at rank_rtol; the Gram's null values sit below its
+    documented floor (~1.5e-8 sigma_1), svdvals' far below."""
+    generator = torch.Generator().manual_seed(5)
+    matrix = torch.randn(8, 3, generator=generator, dtype=torch.float64) @ torch.randn(
+        3, 20, generator=generator, dtype=torch.float64)
+    by_gram, by_svd = singular_values(matrix), singular_values(matrix, "svd")
+    assert numerical_rank(by_gram) == numerical_rank(by_svd) == 3
+    assert float(by_gram[3:].max()) < 1.5e-7 * float(by_gram[0])
+    torch.testing.assert_close(by_gram[:3], by_svd[:3], atol=1e-10 * float(by_svd[0]), rtol=0)
+
+
+def test_layer_spectrum_refuses_what_it_cannot_decompose():
+    with pytest.raises(ValueError, match="2-D"):
+        singular_values(torch.ones(2, 3, 4))
+    with pytest.raises(ValueError, match="unknown spectrum method 'qr'"):
+        singular_values(torch.ones(2, 3), "qr")
+
+
 def test_stacked_grams_give_each_spectrum_as_if_alone():
     generator = torch.Generator().manual_seed(1)
     rows = torch.randn(5, 4, 9, generator=generator, dtype=torch.float64)  # 5 groups of 4 rows
@@ -152,3 +196,20 @@ def test_top1_energy_share_closed_forms():
     assert top1_energy_share([]) == top1_energy_share([0.0, 0.0]) == 0.0
     sigma = [5.0, 2.0, 0.5]
     assert top1_energy_share(sigma) == pytest.approx(1 / stable_rank(sigma))
+
+
+def test_layer_spectra_benchmark_runs_and_finds_the_routes_agree():
+    """scripts/bench_layer_spectra.py at the CPU preset's shapes: a line per shape, a total per
+    route, and every gap between the routes far below the Gram's floor."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_layer_spectra.py"
+    result = subprocess.run([sys.executable, str(script), "--shapes", "tiny", "--repeats", "1", "--threads", "1"],
+                            capture_output=True, text=True, check=True, timeout=120)
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("a probe step's layer spectra (tiny"), result.stdout
+    gaps = [float(gap) for gap in re.findall(r"max \|gap\| ([0-9.e+-]+) sigma_1", result.stdout)]
+    assert len(gaps) == 3 and max(gaps) < 1e-10, result.stdout

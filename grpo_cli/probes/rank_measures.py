@@ -1,7 +1,8 @@
 """Rank measures of a tensor spectrum: the probes' side of grpo_cli/measures.py.
 
 The measures, their names and tolerances live in `grpo_cli.measures` (numpy, no torch); this
-module hands it a tensor's singular values and computes those values from a Gram matrix.
+module hands it a tensor's singular values and computes those values, from a Gram matrix or of a
+matrix (`singular_values`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from grpo_cli import measures
+
+SPECTRUM_METHODS = ("gram", "svd")  # probes.layer_spectrum: how `singular_values` computes
 
 
 def all_rank_measures(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:  # sigma [K]
@@ -27,3 +30,25 @@ def singular_values_from_gram(gram: torch.Tensor) -> torch.Tensor:  # [..., n] f
     symmetric = (symmetric + symmetric.mT) / 2  # [..., n, n]
     eigenvalues = torch.linalg.eigvalsh(symmetric)  # [..., n] ascending
     return eigenvalues.clamp(min=0.0).sqrt().flip(-1)
+
+
+def singular_values(matrix: torch.Tensor, method: str = "gram") -> torch.Tensor:  # [min(m, n)] float64
+    """Singular values of a 2-D matrix [m, n] in float64, descending, on its device.
+
+    `gram`: sqrt(eig) of the smaller Gram, A A^T or A^T A [min(m, n)]^2 (`singular_values_from_gram`):
+    one matrix product and a symmetric eigensolver. Values below ~1.5e-8 sigma_1 are round-off
+    there, which is below the float32 (6e-8) and bf16 rounding of the matrices the probes
+    decompose; `rank_rtol` must stay above it. `svd`: `torch.linalg.svdvals`, exact to round-off
+    all the way down. On CUDA that is cuSOLVER's Jacobi SVD, which is slow for matrices of a
+    thousand columns and more (and may stop short of convergence); on a CPU, LAPACK's gesdd, about
+    2-3x the Gram route's time at SmolLM2's and 1536 x 4608 shapes (docs/speed.md).
+    """
+    if matrix.ndim != 2:
+        raise ValueError(f"singular_values needs a 2-D matrix, got shape {tuple(matrix.shape)}")
+    if method not in SPECTRUM_METHODS:
+        raise ValueError(f"unknown spectrum method {method!r}; one of {', '.join(SPECTRUM_METHODS)}")
+    values = matrix.detach().double()
+    if method == "svd":
+        return torch.linalg.svdvals(values)
+    gram = values @ values.mT if values.shape[0] <= values.shape[1] else values.mT @ values
+    return singular_values_from_gram(gram)

@@ -10,8 +10,8 @@ training step's own forward and backward where that is exact (grpo_cli/probes/fu
 from a separate pass. Layer matrices are the captured batch gradients (`layer`), accumulated
 updates W_t - W_0 (`update`, read from the optimizer's fp32 master weights where it keeps them)
 and accumulated raw gradients sum_t G_t (`grad_sum`, float32, before clipping; what `update` would
-be without Adam's per-coordinate normalisation) of selected 2-D weights, decomposed with float64
-svdvals.
+be without Adam's per-coordinate normalisation) of selected 2-D weights, whose float64 singular
+values come from the smaller Gram by default (`probes.layer_spectrum`: rank_measures.singular_values).
 """
 
 from __future__ import annotations
@@ -60,7 +60,11 @@ from grpo_cli.probes.gradient_stats import (
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
 from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
 from grpo_cli.probes.powerlaw import fit_power_law
-from grpo_cli.probes.rank_measures import all_rank_measures, singular_values_from_gram
+from grpo_cli.probes.rank_measures import (
+    all_rank_measures,
+    singular_values,
+    singular_values_from_gram,
+)
 from grpo_cli.probes.sparsity import (
     changed_entries,
     combined_sparsity,
@@ -308,7 +312,8 @@ class ProbeSuite:
             changed_total = dict.fromkeys(CHANGED_COLUMNS, 0.0)  # entries, over every layer
             for name, param in self.layer_params.items():
                 current = master_weight(self.optimizer, param).detach()
-                delta = current.to("cpu", torch.float64) - self.initial[name].double()
+                # on the weights' device: a paper-scale layer's spectrum there, not on the host's CPU
+                delta = current.double() - self.initial[name].to(current.device, torch.float64)
                 changed = self._changed(param, name)
                 for column, fraction in changed.items():  # NaN (no master somewhere) stays NaN
                     changed_total[column] += fraction * param.numel()
@@ -538,7 +543,7 @@ class ProbeSuite:
     def _layer_row(self, step: int, matrix: str, name: str, tensor: torch.Tensor, rows: ProbeRows,
                    **extras):
         device = tensor.device if tensor.is_cuda else "cpu"
-        sigma = torch.linalg.svdvals(tensor.to(device, torch.float64)).cpu()
+        sigma = singular_values(tensor.to(device, torch.float64), self.cfg.layer_spectrum).cpu()
         alpha, r2 = fit_power_law(sigma)
         self._add(
             rows, step, matrix, "all", sigma, layer=name,

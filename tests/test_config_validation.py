@@ -33,7 +33,7 @@ REFUSED = [
     ("fault.kind=segfault", "fault.kind='segfault': must be one of crash, interrupt, nan_loss"),
     ("fault.step=-1", "fault.step=-1: must be >= 0"),
     ("model.autocast_head=true", "model.autocast='none': must be bf16 with model.autocast_head=true"),
-    ("probes.layer_spectrum=qr", "probes.layer_spectrum='qr': must be one of gram, svd"),
+    ("probes.layer_spectrum=qr", "probes.layer_spectrum='qr': must be one of svd, gram"),
 ]
 
 

@@ -139,7 +139,7 @@ def test_layer_spectrum_of_a_rank_deficient_matrix_leaves_only_round_off():
     generator = torch.Generator().manual_seed(5)
     matrix = torch.randn(8, 3, generator=generator, dtype=torch.float64) @ torch.randn(
         3, 20, generator=generator, dtype=torch.float64)
-    by_gram, by_svd = singular_values(matrix), singular_values(matrix, "svd")
+    by_gram, by_svd = singular_values(matrix, "gram"), singular_values(matrix)  # svd: the default
     assert numerical_rank(by_gram) == numerical_rank(by_svd) == 3
     assert float(by_gram[3:].max()) < 1.5e-7 * float(by_gram[0])
     torch.testing.assert_close(by_gram[:3], by_svd[:3], atol=1e-10 * float(by_svd[0]), rtol=0)

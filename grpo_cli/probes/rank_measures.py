@@ -11,7 +11,7 @@ import torch
 
 from grpo_cli import measures
 
-SPECTRUM_METHODS = ("gram", "svd")  # probes.layer_spectrum: how `singular_values` computes
+SPECTRUM_METHODS = ("svd", "gram")  # probes.layer_spectrum: how `singular_values` computes
 
 
 def all_rank_measures(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:  # sigma [K]
@@ -32,16 +32,18 @@ def singular_values_from_gram(gram: torch.Tensor) -> torch.Tensor:  # [..., n] f
     return eigenvalues.clamp(min=0.0).sqrt().flip(-1)
 
 
-def singular_values(matrix: torch.Tensor, method: str = "gram") -> torch.Tensor:  # [min(m, n)] float64
-    """Singular values of a 2-D matrix [m, n] in float64, descending, on its device.
+def singular_values(matrix: torch.Tensor, method: str = "svd") -> torch.Tensor:  # [min(m, n)] float64
+    """Singular values of a 2-D matrix [m, n] in float64, descending, on its device
+    (`probes.layer_spectrum`).
 
-    `gram`: sqrt(eig) of the smaller Gram, A A^T or A^T A [min(m, n)]^2 (`singular_values_from_gram`):
-    one matrix product and a symmetric eigensolver. Values below ~1.5e-8 sigma_1 are round-off
-    there, which is below the float32 (6e-8) and bf16 rounding of the matrices the probes
-    decompose; `rank_rtol` must stay above it. `svd`: `torch.linalg.svdvals`, exact to round-off
-    all the way down. On CUDA that is cuSOLVER's Jacobi SVD, which is slow for matrices of a
-    thousand columns and more (and may stop short of convergence); on a CPU, LAPACK's gesdd, about
-    2-3x the Gram route's time at SmolLM2's and 1536 x 4608 shapes (docs/speed.md).
+    `svd`: `torch.linalg.svdvals`, exact to round-off (~1e-16 sigma_1). `gram`: sqrt(eig) of the
+    smaller Gram, A A^T or A^T A (`singular_values_from_gram`): one matrix product and a symmetric
+    eigensolver, 3-10x faster at the paper preset's shapes on a CPU (scripts/bench_layer_spectra.py),
+    and on CUDA it avoids cuSOLVER's Jacobi SVD, slow for matrices of a thousand columns and more.
+    Its values below ~1.5e-8 sigma_1 are round-off: the rank measures agree with `svd`'s to ~1e-6
+    or better on the CPU preset's gradients, but `powerlaw_alpha`, which fits log sigma over every
+    non-zero value, reads a different tail when a gradient's spectrum runs below that floor (up
+    to 20% on the CPU preset's lm_head gradients, whose rows scale with tiny probabilities).
     """
     if matrix.ndim != 2:
         raise ValueError(f"singular_values needs a 2-D matrix, got shape {tuple(matrix.shape)}")

@@ -10,8 +10,9 @@ training step's own forward and backward where that is exact (grpo_cli/probes/fu
 from a separate pass. Layer matrices are the captured batch gradients (`layer`), accumulated
 updates W_t - W_0 (`update`, read from the optimizer's fp32 master weights where it keeps them)
 and accumulated raw gradients sum_t G_t (`grad_sum`, float32, before clipping; what `update` would
-be without Adam's per-coordinate normalisation) of selected 2-D weights, whose float64 singular
-values come from the smaller Gram by default (`probes.layer_spectrum`: rank_measures.singular_values).
+be without Adam's per-coordinate normalisation) of selected 2-D weights, decomposed in float64 on
+their device: svdvals, or with `probes.layer_spectrum=gram` (the paper presets) the smaller Gram's
+eigenvalues (rank_measures.singular_values).
 """
 
 from __future__ import annotations

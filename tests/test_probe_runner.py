@@ -379,8 +379,8 @@ def test_non_zero_rows_count_rollouts_with_any_non_zero_token_advantage(tmp_path
 
 
 def test_layer_spectra_by_gram_and_by_svd_agree(tmp_path):
-    """probes.layer_spectrum: the default Gram route and svdvals record the same layer, update and
-    grad_sum measures (a rank-one update: numerical rank 1 either way; every rank measure within
+    """probes.layer_spectrum: the Gram route (the paper presets') and svdvals (the default) record
+    the same layer, update and grad_sum measures (a rank-one update: numerical rank 1 either way; every rank measure within
     1e-9 relative or 1e-7 absolute). Only the power-law fit, which reads the null tail's round-off,
     may differ."""
     rows = {}

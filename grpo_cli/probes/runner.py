@@ -314,8 +314,9 @@ class ProbeSuite:
             for name, param in self.layer_params.items():
                 current = master_weight(self.optimizer, param).detach()
                 # on the weights' device: a paper-scale layer's spectrum there, not on the host's CPU
-                delta = current.double() - self.initial[name].to(current.device, torch.float64)
-                changed = self._changed(param, name)
+                initial = self.initial[name].to(current.device)  # W_0 moved once for both uses
+                delta = current.double() - initial.double()
+                changed = self._changed(param, initial)
                 for column, fraction in changed.items():  # NaN (no master somewhere) stays NaN
                     changed_total[column] += fraction * param.numel()
                 self._layer_row(step, "update", name, delta, rows, **changed)
@@ -530,9 +531,10 @@ class ProbeSuite:
             rows.ranks.append(row)
 
     # ---- layer matrices ------------------------------------------------------------------------
-    def _changed(self, param: torch.Tensor, name: str) -> dict[str, float]:
-        """Fraction of `name`'s entries changed since W_0, per CHANGED_COLUMNS (NaN: no master)."""
-        initial, size = self.initial[name], max(param.numel(), 1)
+    def _changed(self, param: torch.Tensor, initial: torch.Tensor) -> dict[str, float]:
+        """Fraction of `param`'s entries changed since W_0 (`initial`), per CHANGED_COLUMNS (NaN:
+        no master)."""
+        size = max(param.numel(), 1)
         master = master_weight(self.optimizer, param) if keeps_master(self.optimizer, param) else None
         full = param if master is None else master  # the full-precision weights
         return {

@@ -111,3 +111,11 @@ def test_gradient_report_blames_the_norm_only_when_the_norm_stopped_the_step():
     p.grad = torch.ones(2)
     assert gradient_report([("w", p)]) == "every gradient of the 1 tensors is finite"
     assert gradient_report([("w", p)], norm_failed=True).endswith("(their norm overflowed: lower optim.lr)")
+
+
+def test_a_report_that_cannot_be_read_does_not_hide_the_failure(tmp_path):
+    """The diagnosis runs on the failure path: if it fails itself (here: no micro-batch output to
+    read), the message says so instead of raising over the NonFiniteLossError it explains."""
+    setup = setup_for(tmp_path)
+    report = setup.trainer._non_finite_report(None, [], None, True)
+    assert report.startswith("(where the NaN or inf is could not be read: RuntimeError"), report

@@ -622,14 +622,17 @@ class GRPOTrainer:
                            targets: Targets, norm_failed: bool) -> str:
         """Where a non-finite loss or norm came from (train/non_finite.py): the gradients by
         parameter, then the batch's inputs. The failure path only: its host reads stop nothing."""
-        named = list(self.model.named_parameters())
-        if self.value_head is not None:
-            named += [(f"value_head.{name}", p) for name, p in self.value_head.named_parameters()]
-        logprobs = torch.cat([output.logprobs for output in outputs])  # [N, L]
-        embeddings = self.model.get_input_embeddings()
-        vocab = getattr(embeddings, "num_embeddings", None)
-        return (f"{gradient_report(named, norm_failed)}; "
-                f"{batch_report(batch, logprobs, targets.advantages, vocab)}")
+        try:
+            named = list(self.model.named_parameters())
+            if self.value_head is not None:
+                named += [(f"value_head.{name}", p) for name, p in self.value_head.named_parameters()]
+            logprobs = torch.cat([output.logprobs for output in outputs])  # [N, L]
+            embeddings = self.model.get_input_embeddings()
+            vocab = getattr(embeddings, "num_embeddings", None)
+            return (f"{gradient_report(named, norm_failed)}; "
+                    f"{batch_report(batch, logprobs, targets.advantages, vocab)}")
+        except Exception as error:  # the diagnosis must never hide the failure it explains
+            return f"(where the NaN or inf is could not be read: {type(error).__name__}: {error})"
 
     def _graphs_hint(self) -> str:
         """What a non-finite loss or norm says when this run decodes in CUDA graphs: full runs

@@ -118,4 +118,4 @@ def test_a_report_that_cannot_be_read_does_not_hide_the_failure(tmp_path):
     read), the message says so instead of raising over the NonFiniteLossError it explains."""
     setup = setup_for(tmp_path)
     report = setup.trainer._non_finite_report(None, [], None, True)
-    assert report.startswith("(where the NaN or inf is could not be read: RuntimeError"), report
+    assert report.startswith("(where the NaN or inf is could not be read: ValueError: torch.cat()"), report

@@ -159,6 +159,31 @@ def test_buffers_reused_across_rollouts_give_what_fresh_buffers_give(tokenizer):
     assert len(reused.graph_decoder.buckets) == 2
 
 
+# An evaluation's bucket (greedy, R = 1, its own prompts and length) between training rollouts
+# (sampled, R = 4), as a run interleaves them: each rollout must be what a fresh decoder gives.
+INTERLEAVED = [("eval", 0), ("train", 3), ("eval", 0), ("train", 4), ("train", 3)]
+
+
+def interleaved_rollouts_match_fresh_ones(model, tokenizer, device, atol):
+    """`INTERLEAVED` through one long-lived graph decoder against a fresh eager one each time."""
+    runs = {
+        "eval": (SamplingSettings(group_size=1, max_new_tokens=24, temperature=0.0),
+                 prompts_of(tokenizer, ["9+9=?\n", "Sam has 12 pens and gives 5 away. How many are left?\n"])),
+        "train": (SamplingSettings(group_size=4, max_new_tokens=16, temperature=1.0), prompts_of(tokenizer)),
+    }
+    reused = graph_backend(model, tokenizer, device)
+    for kind, seed in INTERLEAVED:
+        settings, prompts = runs[kind]
+        fresh = graph_backend(model, tokenizer, device, capture_graphs=False).generate(prompts, settings, seed)
+        assert_same_batch(fresh, reused.generate(prompts, settings, seed), atol=atol)
+    return reused
+
+
+def test_an_evaluation_bucket_between_rollouts_leaves_them_unchanged(tokenizer):
+    reused = interleaved_rollouts_match_fresh_ones(peaked_llama(tokenizer, eos_boost=2.0), tokenizer, CPU, 0)
+    assert len(reused.graph_decoder.buckets) == 2
+
+
 def test_weights_changed_in_place_reach_the_next_rollout(tokenizer):
     """As an optimizer step does: the fused q/k/v and gate/up copies are refreshed (without
     the refresh, rows part from the reference after the first token, which the prefill draws)."""
@@ -362,6 +387,17 @@ def test_cuda_graph_replay_follows_weights_changed_in_place(tokenizer, autocast)
     assert not torch.equal(after.input_ids, before.input_ids)
     assert_same_batch(expected, after, atol=BF16_TOLERANCE if autocast else 1e-5)
     assert captured.graph_decoder.captures == 1
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_graph_buckets_captured_in_turn_do_not_disturb_each_other(tokenizer, dtype):
+    """The evaluation's capture before step 0 is one of what the H200 NaN needed: two buckets
+    captured and replayed in turn, every replay against a fresh eager decode."""
+    reused = interleaved_rollouts_match_fresh_ones(cuda_llama(tokenizer, dtype), tokenizer, CUDA,
+                                                   CUDA_TOLERANCE[dtype])
+    assert reused.graph_decoder.captures == 2
 
 
 @pytest.mark.gpu

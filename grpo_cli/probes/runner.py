@@ -315,7 +315,7 @@ class ProbeSuite:
                 current = master_weight(self.optimizer, param).detach()
                 # on the weights' device: a paper-scale layer's spectrum there, not on the host's CPU
                 initial = self.initial[name].to(current.device)  # W_0 moved once for both uses
-                delta = current.double() - initial.double()
+                delta = current.to(torch.float64, copy=True).sub_(initial)  # one float64 copy
                 changed = self._changed(param, initial)
                 for column, fraction in changed.items():  # NaN (no master somewhere) stays NaN
                     changed_total[column] += fraction * param.numel()

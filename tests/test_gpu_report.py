@@ -304,3 +304,20 @@ def test_run_reader_tells_probe_steps_by_ranks_csv(tmp_path):
     timings = pd.read_csv(run_dir / "timings.csv")
     whole, phase = collect.probe_step_costs(timings, timings["step"].isin(collect.probe_steps(run_dir)))
     assert whole == pytest.approx([7.75 / 0.35, 0.65 / 0.35]) and phase == pytest.approx([5.0 / 0.35, 0.6 / 0.35])
+
+
+def test_layer_spectra_figures_keep_the_routes_that_finished(tmp_path):
+    """bench_layer_spectra.py's CSV: a route's total row becomes its figure; svd, cut by the time
+    limit after one shape, has no total and so no figure."""
+    path = tmp_path / "layer_spectra.csv"
+    path.write_text(
+        "shapes,device,method,rows,columns,count,seconds\n"
+        "nemotron_4b,cuda,gram,3072,3072,3,0.1\n"
+        "nemotron_4b,cuda,gram,1024,3072,3,0.05\n"
+        "nemotron_4b,cuda,gram,3072,9216,3,0.2\n"
+        "nemotron_4b,cuda,gram,0,0,27,3.15\n"
+        "nemotron_4b,cuda,svd,3072,3072,3,9.0\n")
+    figures = collect.layer_spectra_figures("layer_spectra", path)
+    assert [(f.key, f.value, f.unit) for f in figures] == [("layer_spectra.gram.probe_step_s", 3.15, "s")]
+    assert "27 float64 decompositions" in figures[0].label and figures[0].note == "nemotron_4b, cuda"
+    assert collect.layer_spectra_figures("layer_spectra", tmp_path / "missing.csv") == []

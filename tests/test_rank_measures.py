@@ -198,18 +198,29 @@ def test_top1_energy_share_closed_forms():
     assert top1_energy_share(sigma) == pytest.approx(1 / stable_rank(sigma))
 
 
-def test_layer_spectra_benchmark_runs_and_finds_the_routes_agree():
-    """scripts/bench_layer_spectra.py at the CPU preset's shapes: a line per shape, a total per
-    route, and every gap between the routes far below the Gram's floor."""
+def test_layer_spectra_benchmark_runs_and_finds_the_routes_agree(tmp_path):
+    """scripts/bench_layer_spectra.py at the CPU preset's shapes: a timing per route and shape,
+    each route's probe-step total (also in its CSV), and a gap between the routes far below the
+    Gram's floor."""
+    import csv
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_layer_spectra.py"
-    result = subprocess.run([sys.executable, str(script), "--shapes", "tiny", "--repeats", "1", "--threads", "1"],
-                            capture_output=True, text=True, check=True, timeout=120)
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 4 and lines[-1].startswith("a probe step's layer spectra (tiny"), result.stdout
-    gaps = [float(gap) for gap in re.findall(r"max \|gap\| ([0-9.e+-]+) sigma_1", result.stdout)]
-    assert len(gaps) == 3 and max(gaps) < 1e-10, result.stdout
+    out = tmp_path / "spectra.csv"
+    result = subprocess.run([sys.executable, str(script), "--shapes", "tiny", "--repeats", "1", "--threads", "1",
+                             "--out", str(out)], capture_output=True, text=True, check=True, timeout=120)
+    assert len(re.findall(r"^(gram|svd): \d+ x \d+ on cpu: ", result.stdout, re.M)) == 6, result.stdout
+    gap = float(re.search(r"largest gap between the routes: ([0-9.e+-]+) sigma_1", result.stdout).group(1))
+    assert gap < 1e-10, result.stdout
+    with open(out, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["method"] for row in rows] == ["gram"] * 4 + ["svd"] * 4  # 3 shapes, then the total
+    totals = [row for row in rows if row["rows"] == "0"]
+    assert [int(row["count"]) for row in totals] == [42, 42]  # 14 weights x 3 ways
+    for total in totals:
+        parts = [row for row in rows if row["method"] == total["method"] and row["rows"] != "0"]
+        expected = sum(3 * int(row["count"]) * float(row["seconds"]) for row in parts)
+        assert float(total["seconds"]) == pytest.approx(expected)

@@ -153,6 +153,17 @@ def rollout_figures(step: str, csv_path: Path) -> list[Figure]:
     return figures
 
 
+def layer_spectra_figures(step: str, csv_path: Path) -> list[Figure]:
+    """Seconds of a probe step's layer spectra per route (scripts/bench_layer_spectra.py's total
+    rows); a route the time limit cut has none."""
+    if not csv_path.exists():
+        return []
+    return [Figure(f"{step}.{row['method']}.probe_step_s", f"{row['method']}: a probe step's layer "
+                   f"spectra ({int(row['count'])} float64 decompositions)", float(row["seconds"]), "s",
+                   f"{row['shapes']}, {row['device']}")
+            for row in pd.read_csv(csv_path).to_dict("records") if int(row["rows"]) == 0]
+
+
 def rehearsal_figures(step: str, root: Path) -> list[Figure]:
     """Peak GiB per phase beside the plan (docs/gpu_memory_plan.md section 8) and step time."""
     figures = []

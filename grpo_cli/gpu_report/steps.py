@@ -11,7 +11,9 @@ A `Step` is a command line, a limit, a dry-run `check` (does the command compose
                                 random bf16 weights, 64 rows x 512 new tokens): hf_static eager
                                 and in CUDA graphs (seconds a rollout, tok/s)
   4 bench_25m, bench_smollm2    grpo bench --vs-trl (ratio of step times)
-  5 rehearsal                   experiment=paper_rehearsal at full size (peak memory per phase);
+  5 layer_spectra               the paper preset's nine layer weights' float64 spectra (up to
+                                3072 x 9216): probes.layer_spectrum=gram, then svd (seconds)
+    rehearsal                   experiment=paper_rehearsal at full size (peak memory per phase);
                                 rollout.backend=hf_static when vLLM is absent
   6 gpu_smollm2                 experiment=gpu_smollm2 for a few steps
 """
@@ -144,6 +146,19 @@ def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -
     )
 
 
+def layer_spectra_step(settings: Settings) -> Step:
+    script = Path("scripts/bench_layer_spectra.py")
+    csv_path = settings.out_dir / "steps" / "layer_spectra.csv"
+    args = ["--shapes", "nemotron_4b", "--device", "cuda", "--methods", "gram,svd", "--repeats", "1"]
+    return Step(
+        "layer_spectra", 5, "the paper preset's layer spectra (nine weights up to 3072 x 9216, "
+        "float64, x 3 ways): the Gram route, then svdvals",
+        [settings.python, str(script), *args, "--out", str(csv_path)], 150,
+        lambda: checks.check_script(settings.python, script, args, REPO),
+        lambda log: collect.layer_spectra_figures("layer_spectra", csv_path),
+    )
+
+
 def rehearsal_step(settings: Settings) -> Step:
     overrides = ["experiment=paper_rehearsal", f"rollout.backend={settings.rehearsal_backend}",
                  *run_overrides(settings, "rehearsal")]
@@ -172,7 +187,7 @@ def smollm2_step(settings: Settings) -> Step:
 
 
 def plan(settings: Settings) -> list[Step]:
-    """Every step, in the issue's order; limits add up to about 32.5 minutes (the budget cuts)."""
+    """Every step, in the issue's order; limits add up to about 35 minutes (the budget cuts)."""
     return [
         *tests_steps(settings),
         rank_collapse_step(settings, "bfloat16"),
@@ -181,6 +196,7 @@ def plan(settings: Settings) -> list[Step]:
         nemotron_rollout_step(settings),
         bench_step(settings, "25m", ["model.dtype=float32"], 120),
         bench_step(settings, "smollm2", ["rollout.group_size=8"], 180),
+        layer_spectra_step(settings),
         rehearsal_step(settings),
         smollm2_step(settings),
     ]

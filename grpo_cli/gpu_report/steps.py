@@ -104,33 +104,34 @@ def rank_collapse_step(settings: Settings, dtype: str) -> Step:
     )
 
 
+def script_step(settings: Settings, name: str, group: int, title: str, script: str, args: list[str],
+                timeout_s: int, figures: Callable[[str, Path], list[Figure]]) -> Step:
+    """A benchmark under scripts/ that appends its rows to steps/<name>.csv (`--out`), checked by
+    its own `--dry-run`; `figures(name, csv_path)` reads them."""
+    path = Path(script)
+    csv_path = settings.out_dir / "steps" / f"{name}.csv"
+    return Step(name, group, title, [settings.python, str(path), *args, "--out", str(csv_path)],
+                timeout_s, lambda: checks.check_script(settings.python, path, args, REPO),
+                lambda log: figures(name, csv_path))
+
+
 def rollout_step(settings: Settings) -> Step:
-    script = Path("scripts/bench_rollout.py")
-    csv_path = settings.out_dir / "steps" / "rollout.csv"
     args = ["--device", "cuda", "--dtype", "bfloat16", "--size", "smollm2", "--prompts", "8",
             "--group-size", "8", "--max-new-tokens", "64", "--repeats", "3",
             "--backends", "hf_generate,hf_static,hf_static_graphs", "--train-pass"]
-    return Step(
-        "rollout", 3, "rollout tok/s, SmolLM2-135M shape, 64 rows x 64 new tokens, bf16; training pass",
-        [settings.python, str(script), *args, "--out", str(csv_path)], 150,
-        lambda: checks.check_script(settings.python, script, args, REPO),
-        lambda log: collect.rollout_figures("rollout", csv_path),
-    )
+    return script_step(settings, "rollout", 3, "rollout tok/s, SmolLM2-135M shape, 64 rows x 64 new "
+                       "tokens, bf16; training pass", "scripts/bench_rollout.py", args, 150,
+                       collect.rollout_figures)
 
 
 def nemotron_rollout_step(settings: Settings) -> Step:
-    script = Path("scripts/bench_rollout.py")
-    csv_path = settings.out_dir / "steps" / "rollout_nemotron.csv"
     args = ["--device", "cuda", "--dtype", "bfloat16", "--size", "nemotron_4b", "--prompts", "8",
             "--group-size", "8", "--max-new-tokens", "512", "--repeats", "1",
             "--backends", "hf_static,hf_static_graphs"]
-    return Step(
-        "rollout_nemotron", 3, "rollout of the rehearsal's shape, Nemotron-Mini-4B architecture, "
-        "64 rows x 512 new tokens, bf16: hf_static eager and in CUDA graphs",
-        [settings.python, str(script), *args, "--out", str(csv_path)], 240,
-        lambda: checks.check_script(settings.python, script, args, REPO),
-        lambda log: collect.rollout_figures("rollout_nemotron", csv_path),
-    )
+    return script_step(settings, "rollout_nemotron", 3, "rollout of the rehearsal's shape, "
+                       "Nemotron-Mini-4B architecture, 64 rows x 512 new tokens, bf16: hf_static "
+                       "eager and in CUDA graphs", "scripts/bench_rollout.py", args, 240,
+                       collect.rollout_figures)
 
 
 def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -> Step:
@@ -147,16 +148,10 @@ def bench_step(settings: Settings, size: str, args: list[str], timeout_s: int) -
 
 
 def layer_spectra_step(settings: Settings) -> Step:
-    script = Path("scripts/bench_layer_spectra.py")
-    csv_path = settings.out_dir / "steps" / "layer_spectra.csv"
     args = ["--shapes", "nemotron_4b", "--device", "cuda", "--methods", "gram,svd", "--repeats", "1"]
-    return Step(
-        "layer_spectra", 5, "the paper preset's layer spectra (nine weights up to 3072 x 9216, "
-        "float64, x 3 ways): the Gram route, then svdvals",
-        [settings.python, str(script), *args, "--out", str(csv_path)], 150,
-        lambda: checks.check_script(settings.python, script, args, REPO),
-        lambda log: collect.layer_spectra_figures("layer_spectra", csv_path),
-    )
+    return script_step(settings, "layer_spectra", 5, "the paper preset's layer spectra (nine weights "
+                       "up to 3072 x 9216, float64, x 3 ways): the Gram route, then svdvals",
+                       "scripts/bench_layer_spectra.py", args, 150, collect.layer_spectra_figures)
 
 
 def rehearsal_step(settings: Settings) -> Step:

@@ -402,6 +402,43 @@ def test_cuda_graph_buckets_captured_in_turn_do_not_disturb_each_other(tokenizer
 
 @pytest.mark.gpu
 @requires_cuda
+def test_a_graph_outlives_another_graph_captured_on_the_same_stream(tokenizer):
+    """pytorch/pytorch#193402 (graph_decode.clear_cublas_workspaces): `torch.cuda.graph` captures
+    every graph on one stream, and torch releases a stream's cuBLAS workspaces when a graph
+    captured on it is destroyed. Here one decoder's graph is destroyed (as a finished test's
+    backend is when the garbage collector gets to it, mid-way through the next test) while a
+    second decoder's graph, captured after it, lives on. What the first one released goes to new
+    tensors; the survivor's replays must leave them intact and still give the eager step's tokens.
+    The MLP's wide inner dimension (K = 16384 in down_proj at 12 rows) is the shape cuBLAS runs
+    with a split-K workspace."""
+    import gc
+
+    model = peaked_llama(tokenizer, eos_boost=2.0, intermediate_size=16384).to(CUDA)
+    settings = SamplingSettings(group_size=4, max_new_tokens=20, temperature=1.0)
+    prompts = prompts_of(tokenizer)
+    eager = graph_backend(model, tokenizer, CUDA, capture_graphs=False)
+    first, survivor = graph_backend(model, tokenizer, CUDA), graph_backend(model, tokenizer, CUDA)
+    first.generate(prompts, settings, 3)
+    survivor.generate(prompts, settings, 3)
+    assert first.graph_decoder.captures == 1 and survivor.graph_decoder.captures == 1
+    del first
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # what the first graph's pool held goes back to the device ...
+    sentinels = ([torch.full((8 << 20,), 7.0, device=CUDA) for _ in range(16)]  # ... and to these
+                 + [torch.full((1 << 18,), 7.0, device=CUDA) for _ in range(64)])  # 16 x 32 MiB, 64 x 1 MiB
+    for seed in (4, 5):
+        expected = eager.generate(prompts, settings, seed)
+        actual = survivor.generate(prompts, settings, seed)
+        assert_same_batch(expected, actual, atol=1e-5)
+    torch.cuda.synchronize()
+    overwritten = sum(int((sentinel != 7.0).sum()) for sentinel in sentinels)
+    assert overwritten == 0, f"{overwritten} entries of tensors allocated after the first graph died were overwritten"
+    assert survivor.graph_decoder.captures == 1
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_cuda_run_with_cuda_graphs(tmp_path, cache_dir):
     import json
 

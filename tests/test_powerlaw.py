@@ -37,6 +37,21 @@ def test_fit_window_and_zero_values():
     assert 1.0 < alpha_all < 3.0 and r2_all < 1.0
 
 
+def test_values_below_the_rank_cut_are_not_fitted():
+    """A rank-deficient matrix's spectrum: a power law over its rank, then what svdvals leaves of
+    its zeros. Above rtol * sigma_1 (the probes pass probes.rank_rtol) the fit is the power law's;
+    over every non-zero value it measures the cliff down to the round-off."""
+    signal = 2.0 * RANKS[:20] ** -1.5  # sigma_20 ~ 0.011 sigma_1
+    round_off = torch.logspace(-16, -15, 30, dtype=torch.float64)
+    sigma = torch.cat([round_off, signal])
+    alpha, r2 = fit_power_law(sigma, rtol=1e-6)
+    assert alpha == pytest.approx(1.5, abs=1e-12) and r2 == pytest.approx(1.0, abs=1e-12)
+    alpha_all, r2_all = fit_power_law(sigma)
+    assert alpha_all > 5.0 and r2_all < 0.8
+    assert fit_power_law(sigma, rtol=0.05) == pytest.approx((1.5, 1.0))  # sigma_k > 0.05 sigma_1: k <= 7
+    assert all(math.isnan(v) for v in fit_power_law(sigma, rtol=0.3))  # two values above the cut
+
+
 def test_too_few_values_give_nan_and_flat_gives_zero():
     assert all(math.isnan(v) for v in fit_power_law(torch.tensor([1.0, 0.5, 0.0, 0.0])))
     assert all(math.isnan(v) for v in fit_power_law(torch.ones(10), k_min=9))

@@ -381,8 +381,8 @@ def test_non_zero_rows_count_rollouts_with_any_non_zero_token_advantage(tmp_path
 def test_layer_spectra_by_gram_and_by_svd_agree(tmp_path):
     """probes.layer_spectrum: the Gram route (the paper presets') and svdvals (the default) record
     the same layer, update and grad_sum measures (a rank-one update: numerical rank 1 either way; every rank measure within
-    1e-9 relative or 1e-7 absolute). Only the power-law fit, which reads the null tail's round-off,
-    may differ."""
+    1e-9 relative or 1e-7 absolute). The power-law fit too: it reads only values above rank_rtol
+    sigma_1, not the null tail's round-off, where the routes differ."""
     rows = {}
     for method in ("gram", "svd"):
         model = tiny_model().float()
@@ -407,3 +407,8 @@ def test_layer_spectra_by_gram_and_by_svd_agree(tmp_path):
             # floor (~1e-8 sigma_1), which move erank_entropy of a rank-one update by ~1e-8
             assert rows["gram"][key][measure] == pytest.approx(by_svd[measure], rel=1e-9, abs=1e-7,
                                                                nan_ok=True), (key, measure)
+        assert rows["gram"][key]["powerlaw_alpha"] == pytest.approx(by_svd["powerlaw_alpha"], rel=1e-9,
+                                                                    nan_ok=True), key
+    fitted = [row["powerlaw_alpha"] for row in rows["svd"].values() if not math.isnan(row["powerlaw_alpha"])]
+    assert len(fitted) == sum(matrix == "grad_sum" for matrix, _ in rows["svd"])  # full-rank random gradients
+    assert math.isnan(rows["svd"][("update", name)]["powerlaw_alpha"])  # rank one: nothing above the cut to fit

@@ -41,9 +41,9 @@ def singular_values(matrix: torch.Tensor, method: str = "svd") -> torch.Tensor: 
     eigensolver, 3-10x faster at the paper preset's shapes on a CPU (scripts/bench_layer_spectra.py),
     and on CUDA it avoids cuSOLVER's Jacobi SVD, slow for matrices of a thousand columns and more.
     Its values below ~1.5e-8 sigma_1 are round-off: the rank measures agree with `svd`'s to ~1e-6
-    or better on the CPU preset's gradients, but `powerlaw_alpha`, which fits log sigma over every
-    non-zero value, reads a different tail when a gradient's spectrum runs below that floor (up
-    to 20% on the CPU preset's lm_head gradients, whose rows scale with tiny probabilities).
+    or better on the CPU preset's gradients, and `powerlaw_alpha` (fitted above `rank_rtol`
+    sigma_1, probes/powerlaw.py) to ~1e-7; fitted over every non-zero value it differed by up to
+    20% on the CPU preset's lm_head gradients, whose spectrum runs below that floor.
     """
     if matrix.ndim != 2:
         raise ValueError(f"singular_values needs a 2-D matrix, got shape {tuple(matrix.shape)}")

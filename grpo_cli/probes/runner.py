@@ -547,7 +547,7 @@ class ProbeSuite:
                    **extras):
         device = tensor.device if tensor.is_cuda else "cpu"
         sigma = singular_values(tensor.to(device, torch.float64), self.cfg.layer_spectrum).cpu()
-        alpha, r2 = fit_power_law(sigma)
+        alpha, r2 = fit_power_law(sigma, rtol=self.cfg.rank_rtol)
         self._add(
             rows, step, matrix, "all", sigma, layer=name,
             sparsity=gradient_sparsity(tensor, self.cfg.sparsity_rtol),

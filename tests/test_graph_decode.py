@@ -437,6 +437,24 @@ def test_a_graph_outlives_another_graph_captured_on_the_same_stream(tokenizer):
     assert survivor.graph_decoder.captures == 1
 
 
+def test_the_cublas_clash_script_plans_anywhere_and_runs_where_cuda_is():
+    """scripts/cublas_graph_clash.py, the GPU visit's check of pytorch/pytorch#193402: its plan
+    prints anywhere; without CUDA it refuses in one line, with CUDA it reads both modes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "cublas_graph_clash.py"
+    plan = subprocess.run([sys.executable, str(script), "--dry-run"], capture_output=True, text=True)
+    assert plan.returncode == 0 and plan.stdout.startswith("plan:"), plan.stderr
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    if torch.cuda.is_available():
+        assert ran.returncode == 0, ran.stderr
+        assert "plain: overwritten" in ran.stdout and "bracketed: overwritten 0, product ok" in ran.stdout
+    else:
+        assert ran.returncode != 0 and "needs a CUDA device" in ran.stderr
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_cuda_run_with_cuda_graphs(tmp_path, cache_dir):

@@ -275,8 +275,8 @@ def clear_cublas_workspaces() -> None:
     torch caches one cuBLAS workspace per handle and stream, and a graph captured on a stream
     embeds that workspace's address. `torch.cuda.graph` captures every graph on one shared
     stream, so a later capture reuses the workspace an earlier one allocated inside its own
-    private pool. torch releases the workspaces of a graph's stream when the graph is destroyed
-    (pytorch/pytorch#175276; #193402 reports the clash), after which that memory can go to
+    private pool. torch versions with pytorch/pytorch#175276 (2026-02) release the workspaces of
+    a graph's stream when the graph is destroyed (#193402 reports the clash); that memory can go to
     other tensors while a live graph still writes its GEMM scratch there: a graph destroyed
     mid-run (a finished test's decoder, collected by the garbage collector) would corrupt the
     run that holds the other. Cleared before a capture, the workspace is allocated in the new
@@ -284,8 +284,9 @@ def clear_cublas_workspaces() -> None:
     shares it. torch's own CUDA-graph trees do this (torch/_inductor/cudagraph_trees.py,
     `clear_cublass_cache`), as torch's maintainers advised in #192061. A suspect, not a proven
     cause, of the NaN that full runs with graphs met in the gpu tier on an H200
-    (docs/gpu_report_2026-11-28b_H200.md); tests/test_graph_decode.py's
-    `test_a_graph_outlives_another_graph_captured_on_the_same_stream` checks it on a GPU."""
+    (docs/gpu_report_2026-11-28b_H200.md): scripts/cublas_graph_clash.py says whether a torch
+    has the clash, and tests/test_graph_decode.py's
+    `test_a_graph_outlives_another_graph_captured_on_the_same_stream` checks the decoder."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # absent from CPU-only builds
     if clear is not None and torch.cuda.is_available():
         clear()

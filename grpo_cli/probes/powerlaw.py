@@ -29,7 +29,7 @@ def fit_power_law(
     """
     # numpy: a layer's spectrum is short, and torch's per-op overhead dominated the fit
     s = np.sort(sigma.detach().reshape(-1).double().cpu().numpy())[::-1]  # [K] descending
-    s = s[s > (rtol * s[0] if s.size else 0.0)]  # above the cut, and non-zero
+    s = s[s > max(rtol * s[0] if s.size else 0.0, 0.0)]  # above the cut, and non-zero
     ranks = np.arange(1, s.size + 1, dtype=np.float64)  # [K'] 1-based
     keep = ranks >= k_min
     if k_max is not None:

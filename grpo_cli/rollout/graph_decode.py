@@ -23,7 +23,11 @@ exceeds their GPU time (issue 16). Here the token step is made capturable and re
   the exponential race (sampling.race_tokens) from a device generator registered with each graph
   (`CUDAGraph.register_generator_state`; a replay reads the generator's current seed and offset,
   so seeding it before a rollout makes the graph's draws those of the eager step);
-- `tokens_per_replay` (k) tokens per replay, then one host read of "all rows done".
+- `tokens_per_replay` (k) tokens per replay, then one host read of "all rows done";
+- one more host read a rollout: its log-probs must be finite, else `decode` raises (the rollout
+  then falls back to the eager loop at `rollout.cuda_graphs` auto, and is an error at `true`),
+  so a graph that reads or writes the wrong memory stops at its own output, not later as a NaN
+  gradient norm.
 
 The prefill (one eager forward per rollout, its shape varies with the prompts) stays outside the
 graphs. Off CUDA the same `advance` runs eagerly: that is what the CPU tests check against the
@@ -215,7 +219,15 @@ class GraphDecoder:
             bucket.run()
             if replay < replays - 1 and bool(bucket.done.all()):  # the one host read per k tokens
                 break
-        return bucket.tokens[:, :max_new].clone(), bucket.logprobs[:, :max_new].clone()
+        tokens, logprobs = bucket.tokens[:, :max_new].clone(), bucket.logprobs[:, :max_new].clone()
+        finite = torch.isfinite(logprobs).all(dim=1)  # [N]
+        if not bool(finite.all()):  # one host read a rollout
+            rows = (~finite).nonzero().flatten().tolist()
+            raise RuntimeError(
+                f"the graph decode gave non-finite log-probs in {len(rows)} of {finite.numel()} rows "
+                f"(first: {rows[:5]}); the policy's own forward decides whether the weights or "
+                "the graphs are at fault (docs/gpu_report_2026-11-28b_H200.md)")
+        return tokens, logprobs
 
     def _check_tensors_unmoved(self) -> None:
         """Drop every bucket if a parameter of the policy now lives at another address (graphs

@@ -22,7 +22,7 @@ EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), bu
 device without host reads (the exponential race that `multinomial` itself runs for one sample),
 k tokens per CUDA graph replay on CUDA, the same step run eagerly elsewhere (the CPU tests).
 With `graphs_fallback` (`rollout.cuda_graphs` left at auto), a graph decode that fails (a model
-without a graph-ready step, a capture CUDA refuses) warns once and the loop decodes eagerly from
+without a graph-ready step, a capture CUDA refuses, non-finite log-probs) warns once and the loop decodes eagerly from
 then on, with the draws the graphs would have made (multinomial's stream for the seed).
 
 `compile=True` wraps the one-token step in `torch.compile` instead; the cache is then one

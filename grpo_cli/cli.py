@@ -102,6 +102,8 @@ def config(
 ) -> None:
     """Print the composed config for the given overrides (e.g. `grpo config experiment=smoke`)."""
     from grpo_cli.config.compose import compose_config, to_yaml
+    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.hydra_app import composition_error_line
     from grpo_cli.validate import validate_config
 
     try:
@@ -110,8 +112,8 @@ def config(
     except Exception as error:  # compose and value errors name the bad key; show just that
         if debug():
             raise
-        detail = f" ({error.__cause__})" if error.__cause__ else ""
-        for line in f"{error}{detail}".splitlines():
+        text = str(error) if isinstance(error, ConfigError) else composition_error_line(error)
+        for line in text.splitlines():
             typer.secho(f"config error: {line}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
     typer.echo(to_yaml(cfg, resolve=resolve))

@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
-from grpo_cli.config.errors import ConfigError, InputError, debug
+from grpo_cli.config.errors import ConfigError, InputError, debug, unknown_key_hint
 from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 from grpo_cli.results.lock import RunLockedError, check_free
@@ -248,11 +248,14 @@ def composition_error_line(error: Exception) -> str:
     Value 'abc' of type 'str' could not be converted to Integer' (its full_key, reference_type
     and object_type lines left out: the override names the key)."""
     lines = [line.strip() for line in f"{error}\n{error.__cause__ or ''}".splitlines()]
+    hint = unknown_key_hint(error)  # replaces Hydra's "use +key=value" (the schema refuses it)
     text, listing = "", False  # listing: the lines after "Available options in 'experiment':"
-    for line in dict.fromkeys(lines):
+    for line in dict.fromkeys(lines + ([hint] if hint else [])):
         if line.startswith("Config search path"):
             break
         if not line or line.startswith(("full_key:", "reference_type", "object_type")):
+            continue
+        if hint and line.startswith("To append to your config use"):
             continue
         if listing or text.endswith(":"):
             text += (", " if listing else " ") + line

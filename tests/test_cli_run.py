@@ -171,10 +171,37 @@ def test_typo_in_config_key_names_the_key(tmp_path, cache_dir):
     result = grpo_run(tmp_path, cache_dir, "rollout.group_sise=4")
     assert result.exit_code != 0
     assert "group_sise" in result.output
+    assert "did you mean rollout.group_size?" in result.output
+    assert "+rollout.group_sise" not in result.output  # Hydra's advice; the schema refuses it
 
     config = CliRunner().invoke(app, ["config", "optim.lr=fast"])
     assert config.exit_code == 2
-    assert "optim.lr" in config.output
+    assert "optim.lr" in config.output and "did you mean" not in config.output
+    config = CliRunner().invoke(app, ["config", "probes.evry=3"])
+    assert config.exit_code == 2
+    assert "did you mean probes.every?" in config.output
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    ("rollout.grup_size=4", "did you mean rollout.group_size?"),
+    ("rolout.group_size=4", "did you mean rollout.group_size?"),  # the top level's key, and the rest
+    ("model.hidden=8", "did you mean model.hidden_size?"),
+    ("rollout.zzzz=3", "rollout has no key 'zzzz' (`grpo config` lists every key)"),
+    ("zzzz=3", "the top level has no key 'zzzz'"),
+    ("optim.lr=fast", None),  # a bad value, not an unknown key
+    ("experiment=smok", None),  # a missing option: Hydra lists the options
+])
+def test_an_unknown_key_gets_the_schemas_nearest_names(override, hint):
+    from grpo_cli.config.compose import compose_config
+    from grpo_cli.config.errors import unknown_key_hint
+
+    with pytest.raises(Exception) as caught:
+        compose_config([override])
+    found = unknown_key_hint(caught.value)
+    if hint is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(hint)
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path, cache_dir):

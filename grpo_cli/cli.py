@@ -143,6 +143,7 @@ def analyze(
     from grpo_cli.analysis.docs_blocks import DocsBlockError
     from grpo_cli.analysis.docs_blocks import write_docs as write_docs_block
     from grpo_cli.analysis.grouping import GroupingError
+    from grpo_cli.analysis.load import NoRunsFound
     from grpo_cli.analysis.pipeline import NoUsableRuns
 
     try:
@@ -161,7 +162,7 @@ def analyze(
             source = " ".join(str(p) for p in paths)
             typer.echo(f"rewrote {write_docs_block(result, docs_page, write_docs, source)} "
                        f"(block {write_docs})")
-    except NoUsableRuns as error:
+    except (NoUsableRuns, NoRunsFound) as error:
         typer.secho(f"nothing analysed: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=1) from None
     except (GroupingError, DocsBlockError, ValueError) as error:  # bad options or markers

@@ -22,6 +22,16 @@ def test_sweep_whose_runs_all_failed_is_a_message_not_a_crash(tmp_path):
     assert not list(tmp_path.rglob("*.png"))  # no empty figures
 
 
+def test_a_folder_without_runs_is_a_message_not_a_traceback(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a run")
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "empty")])
+    assert result.exit_code == 1
+    assert "nothing analysed: no run directories" in result.output
+    assert str(tmp_path / "empty") in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def tear_last_line(out):
     with open(out / "metrics.csv", "a") as handle:
         handle.write("8,0.12")  # killed while writing step 8: reward_mean cut short, no newline

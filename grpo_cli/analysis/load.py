@@ -322,19 +322,23 @@ def find_contradictions(run: Run) -> list[str]:
     return found
 
 
+class NoRunsFound(FileNotFoundError):
+    """A path given to analyse does not exist, or holds no run directory."""
+
+
 def load_runs(paths: list[Path]) -> list[Run]:
     """Every run under `paths` (runs or sweeps), each directory once, in path order."""
     seen: set[Path] = set()
     runs: list[Run] = []
     for path in paths:
         if not Path(path).exists():
-            raise FileNotFoundError(f"no such directory: {path}")
+            raise NoRunsFound(f"no such directory: {path}")
         for run_dir in find_run_dirs(Path(path)):
             if run_dir.resolve() not in seen:
                 seen.add(run_dir.resolve())
                 runs.append(load_run(run_dir))
     if not runs:
-        raise FileNotFoundError(
+        raise NoRunsFound(
             f"no run directories (containing {', '.join(RUN_MARKERS)}) under: "
             + ", ".join(str(p) for p in paths)
         )

@@ -223,7 +223,7 @@ def probe(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
     ctx: typer.Context,
-    steps: Annotated[int, typer.Option(help="Timed steps (after one warm-up step).")] = 5,
+    steps: Annotated[int, typer.Option(help="Timed steps (after one warm-up step).", min=1)] = 5,
     vs_trl: Annotated[bool, typer.Option("--vs-trl", help="Alternate with TRL's GRPOTrainer.")] = False,
 ) -> None:
     """Time GRPO steps on a fixed model and batch; split by phase; optionally against TRL.
@@ -234,9 +234,25 @@ def bench(
     --trl-gradient-checkpointing. The phases are those of timings.csv, from the loop `grpo run`
     uses. docs/speed.md has the measured ratios.
     """
-    from grpo_cli.bench.step_bench import run_bench
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    run_bench(list(ctx.args), steps=steps, vs_trl=vs_trl)
+    from grpo_cli.bench.step_bench import prepare_bench, run_prepared
+    from grpo_cli.hydra_app import composition_error_line
+    from grpo_cli.validate import validate_bench_config
+
+    try:
+        options, cfg = prepare_bench(list(ctx.args), vs_trl=vs_trl)
+        validate_bench_config(cfg)  # ConfigError (a ValueError): one line per problem
+    except (ValueError, HydraException, OmegaConfBaseException) as error:  # a flag or an override
+        if debug():
+            raise
+        hydra_words = isinstance(error, (HydraException, OmegaConfBaseException))
+        text = composition_error_line(error) if hydra_words else str(error)
+        for line in text.splitlines():
+            typer.secho(f"config error: {line}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    run_prepared(options, cfg, steps=steps, vs_trl=vs_trl)
 
 
 if __name__ == "__main__":  # pragma: no cover

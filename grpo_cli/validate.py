@@ -272,3 +272,14 @@ def validate_config(cfg: DictConfig) -> None:
     problems = config_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def validate_bench_config(cfg: DictConfig) -> None:
+    """`validate_config` for `grpo bench`, whose fixed-policy model sizes set `optim.lr=0` on
+    purpose (grpo_cli/bench/builder.py: every step then samples from the same policy), which a
+    run would refuse as training nothing; every other value is checked as for a run."""
+    zero_lr = cfg.optim.lr == 0
+    problems = [problem for problem in config_problems(cfg)
+                if not (zero_lr and problem.startswith("optim.lr="))]
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -31,6 +31,41 @@ def test_parse_bench_args_splits_flags_from_overrides():
         parse_bench_args(["--shared-prefix"])
 
 
+@pytest.mark.parametrize(("args", "line"), [
+    (["--model-size", "huge"], "config error: --model-size 'huge' is not one of tiny, 5m, 25m, smollm2"),
+    (["--fast"], "config error: unknown bench option '--fast'"),
+    (["rollout.grup_size=4"], "did you mean rollout.group_size?"),
+    (["rollout.group_size=0"], "config error: rollout.group_size=0: must be >= 1"),
+    (["--model-size", "25m", "optim.lr=-1"], "config error: optim.lr=-1.0: must be > 0"),
+    (["--steps", "0"], "--steps"),
+])
+def test_bench_refuses_bad_arguments_in_one_line_before_building_anything(args, line):
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 2
+    assert line in result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_bench_configs_pass_the_value_checks_with_their_fixed_policy_lr():
+    """The fixed-policy sizes' lr 0 passes (it is the bench's design); a run would refuse it."""
+    from grpo_cli.bench.step_bench import prepare_bench
+    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.validate import validate_bench_config, validate_config
+
+    for size in ("tiny", "5m", "25m", "smollm2"):
+        for vs_trl in (False, True):
+            validate_bench_config(prepare_bench(["--model-size", size], vs_trl=vs_trl)[1])
+    fixed = prepare_bench(["--model-size", "25m"])[1]
+    assert fixed.optim.lr == 0
+    with pytest.raises(ConfigError, match="optim.lr"):
+        validate_config(fixed)
+
+
 def test_run_bench_times_phases_and_writes_rows(tmp_path):
     out = tmp_path / "bench.csv"
     args = TINY + [f"cache_dir={tmp_path}", "rollout.backend=hf_static", "--shared-prompt-forward",

@@ -141,20 +141,33 @@ class GrpoStepper:
         return row
 
 
-def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> list[dict]:
-    """Time `steps` GRPO steps after one warm-up; print the phase split; return the rows."""
-    from rich.console import Console
-
-    from grpo_cli.bench.builder import build_setup
-
-    console = Console()
+def prepare_bench(overrides: list[str], vs_trl: bool = False):
+    """(BenchOptions, composed config) of a bench command line: ValueError for a bad bench flag
+    or model size, Hydra's and OmegaConf's errors for a bad override (`grpo bench` words them in
+    one line)."""
     options = parse_bench_args(overrides)
     extra = []
     if vs_trl:
         from grpo_cli.integrations.trl_setup import TRL_MATCHING_OVERRIDES
 
         extra = TRL_MATCHING_OVERRIDES
-    cfg = compose_bench_config(options, extra)
+    return options, compose_bench_config(options, extra)
+
+
+def run_bench(overrides: list[str], steps: int = 5, vs_trl: bool = False) -> list[dict]:
+    """Time `steps` GRPO steps after one warm-up; print the phase split; return the rows."""
+    return run_prepared(*prepare_bench(overrides, vs_trl), steps=steps, vs_trl=vs_trl)
+
+
+def run_prepared(options: BenchOptions, cfg, steps: int = 5, vs_trl: bool = False) -> list[dict]:
+    """`run_bench` from `prepare_bench`'s options and config."""
+    from rich.console import Console
+
+    from grpo_cli.bench.builder import build_setup
+
+    if steps < 1:
+        raise ValueError(f"--steps {steps}: at least one timed step")
+    console = Console()
     setup = build_setup(cfg, log=lambda message: console.print(f"[dim]{message}[/dim]"))
     console.print(describe(setup))
     label = (

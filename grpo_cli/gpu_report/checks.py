@@ -31,21 +31,16 @@ def check_overrides(override_sets: list[list[str]]) -> str:
 
 
 def check_bench(args: list[str], vs_trl: bool) -> str:
-    """Parse `grpo bench` arguments with the bench's parser, then compose its config (the bench
-    composes without `grpo run`'s value checks: its lr 0 would not pass them)."""
-    from grpo_cli.bench.step_bench import compose_bench_config, parse_bench_args
+    """Parse `grpo bench` arguments, compose and value-check its config, as `grpo bench` does
+    before it builds anything (`validate_bench_config`: lr 0 allowed)."""
+    from grpo_cli.bench.step_bench import prepare_bench
+    from grpo_cli.validate import validate_bench_config
 
     try:
-        options = parse_bench_args(args)
-        extra = []
-        if vs_trl:
-            from grpo_cli.integrations.trl_setup import TRL_MATCHING_OVERRIDES
-
-            extra = TRL_MATCHING_OVERRIDES
-        compose_bench_config(options, extra)
+        validate_bench_config(prepare_bench(args, vs_trl=vs_trl)[1])
     except Exception as error:
         raise StepBroken(f"grpo bench {' '.join(args)}: {str(error).splitlines()[0]}") from None
-    return "bench flags parsed, config composed"
+    return "bench flags parsed, config composed and validated"
 
 
 def check_script(python: str, script: Path, args: list[str], cwd: Path) -> str:

@@ -261,7 +261,7 @@ def composition_error_line(error: Exception) -> str:
             text += (", " if listing else " ") + line
             listing = True
         else:
-            text += (": " if text else "") + line
+            text = f"{text.rstrip('.')}: {line}" if text else line  # Hydra's "Could not override 'x'."
     return text or type(error).__name__
 
 

@@ -117,6 +117,24 @@ def test_bad_targets_and_options_are_one_line_errors(tmp_path, make, args, messa
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("probes.evry=3", "probes.evry=3: Key 'evry' not in 'ProbesConfig': did you mean probes.every?"),
+    ("optim.lr=fast", "optim.lr=fast: Value 'fast' of type 'str' could not be converted to Float"),
+])
+def test_a_bad_override_on_a_run_names_the_override_not_the_runs_file(tmp_path, override, message):
+    """A run directory's overrides merge into its saved config.yaml: an error there is the
+    override's (a misspelled key gets the schema's nearest name), not the file's."""
+    from grpo_cli.config.compose import compose_config, to_yaml
+    from grpo_cli.config.errors import ConfigError
+    from grpo_cli.train.probe_checkpoint import _run_config
+
+    (tmp_path / "config.yaml").write_text(to_yaml(compose_config(["experiment=smoke"]), resolve=True))
+    assert _run_config(tmp_path, ["probes.every=3"]).probes.every == 3
+    with pytest.raises(ConfigError) as refused:
+        _run_config(tmp_path, [override])
+    assert str(refused.value) == message
+
+
 def test_a_bad_override_is_refused_before_any_model_is_built(tmp_path, tiny_model_dir):
     typo = grpo_probe(tiny_model_dir, tmp_path / "out", "rollout.group_sise=3")
     assert typo.exit_code == 2 and "group_sise" in typo.output

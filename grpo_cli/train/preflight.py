@@ -267,9 +267,21 @@ def check_memory(cfg, shape: ModelShape, prompt_tokens: int, device) -> None:
     )
 
 
+def check_sampler_installed(cfg) -> None:
+    """ConfigError for `rollout.backend=vllm` where vllm is not installed (an optional extra), so
+    the run stops in one line before any weights are loaded."""
+    import importlib.util
+
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from grpo_cli.rollout.vllm_backend import INSTALL_HINT
+
+        raise ConfigError(f"rollout.backend=vllm: {INSTALL_HINT}")
+
+
 def check_before_building(cfg, task, device, log=print) -> bool:
     """Every check that needs no weights; False when the shape checks must wait for the loaded
     model (`check_loaded`)."""
+    check_sampler_installed(cfg)
     check_record_counts(cfg, task)
     if cfg.model.source == "hf" and cfg.model.weights == "pretrained" and cfg.model.path:
         from grpo_cli.models.policy import check_model_dir

@@ -45,7 +45,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or auto")
+        raise ConfigError("device=cuda: torch sees no CUDA device here; use device=cpu or auto")
     return torch.device(name)
 
 

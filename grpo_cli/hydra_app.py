@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
-from grpo_cli.config.errors import ConfigError, InputError, debug, unknown_key_hint
+from grpo_cli.config.errors import ConfigError, InputError, RunStopped, debug, unknown_key_hint
 from grpo_cli.config.resolvers import conf_dir, register_resolvers
 from grpo_cli.config.schema import register_configs
 from grpo_cli.results.lock import RunLockedError, check_free
@@ -315,8 +315,8 @@ def train_job(cfg: DictConfig) -> str:
         if multirun:  # recorded in run.json; the other members of the sweep still run
             record_member(Path(hydra_cfg.sweep.dir), run_dir.name, "failed", f"{type(error).__name__}: {error}")
             return "failed"
-        if isinstance(error, InputError) and not debug():
-            raise SystemExit(1) from None  # the line above names the file:line or path
+        if isinstance(error, (InputError, RunStopped)) and not debug():
+            raise SystemExit(1) from None  # the line above names the file:line or path, or the step
         raise
     if multirun:
         record_member(Path(hydra_cfg.sweep.dir), run_dir.name, status)

@@ -3,6 +3,7 @@
 ConfigError: every value check raises it (grpo_cli/validate.py, and checks that need the model).
 InputError: a file or path the config names cannot be used (a malformed data line, a missing
 model directory); its message names the file and line, or the path.
+RunStopped: training met something it cannot go on from (a NaN loss); the message names the step.
 """
 
 import dataclasses
@@ -17,6 +18,11 @@ class ConfigError(ValueError):
 
 class InputError(Exception):
     """Unusable input named by the config; the message is one line naming the file:line or path."""
+
+
+class RunStopped(Exception):
+    """A run stopped by what training met, not by a bug (a NaN loss): its message says what and
+    where, so `grpo run` ends with that line (status failed, exit 1) and no traceback."""
 
 
 def debug() -> bool:

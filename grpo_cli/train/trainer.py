@@ -33,6 +33,7 @@ from grpo_cli.algorithm.scored import (
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
+from grpo_cli.config.errors import RunStopped
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
 from grpo_cli.results.rows import metrics_row
@@ -61,7 +62,7 @@ from grpo_cli.train.problem_success import ProblemSuccess
 LOGGED_TERMS = ("loss", "pg_loss", "clip_frac", "entropy_sum", "kl_sum", "value_loss")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RuntimeError, RunStopped):
     """The loss became NaN or infinite; the run stops with status failed."""
 
 

@@ -44,7 +44,8 @@ OLDEST_TRANSFORMERS_TESTS ?= tests/test_models.py tests/test_static_decode.py te
 .PHONY: help setup test test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/\$$(VENV)/$(VENV)/g' -e 's/\$$(VLLM_GPU)/$(VLLM_GPU)/g' \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

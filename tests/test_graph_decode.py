@@ -352,6 +352,10 @@ def test_cuda_graph_replay_decodes_nemotron_as_the_eager_step(tokenizer, tempera
         actual = captured.generate(prompts_of(tokenizer), settings, seed)
         assert_same_batch(expected, actual, atol=CUDA_TOLERANCE[torch.bfloat16])
     assert captured.graph_decoder.captures == 1
+    # the bf16 model's keys and values are cached float32, as attention reads them (no cast a call)
+    layers = [layer for bucket in captured.graph_decoder.buckets.values() for layer in bucket.cache.layers]
+    assert layers and all(part.dtype == torch.float32 for layer in layers
+                          for part in (layer.prompt_keys, layer.prompt_values, layer.keys, layer.values))
 
 
 @pytest.mark.gpu

@@ -23,10 +23,10 @@ from grpo_cli.rollout.llama_decode import (
 )
 from grpo_cli.rollout.sampling import filter_top_p
 from grpo_cli.rollout.static_decode import (
+    ATTENDED_DTYPE,
     PreallocatedLayer,
     SharedPrefixLayer,
     StaticDecodeBackend,
-    attended_dtype,
 )
 from grpo_cli.train.autocast import keep_lm_head_fp32
 
@@ -303,9 +303,9 @@ def test_onednn_reordered_bf16_linear_equals_f_linear():
 
 
 def test_shared_prefix_cache_keeps_keys_as_attention_reads_them():
-    """On a CPU the cache stores the prompt part and the completion buffers contiguous float32
-    (what two_part_attention attends in), equal to the bf16 keys given; the prefill's own
-    attention gets back the tensors it passed."""
+    """The cache stores the prompt part and the completion buffers contiguous float32 (what
+    two_part_attention attends in, on every device), equal to the bf16 keys given; the prefill's
+    own attention gets back the tensors it passed."""
     layer = SharedPrefixLayer(capacity=4)
     keys = torch.randn(2, 5, 3, 8).to(torch.bfloat16).transpose(1, 2)  # [B, H_kv, P, D], a view
     values = torch.randn(2, 5, 3, 8).to(torch.bfloat16).transpose(1, 2)
@@ -317,7 +317,7 @@ def test_shared_prefix_cache_keeps_keys_as_attention_reads_them():
     step = torch.randn(8, 3, 1, 8).to(torch.bfloat16)  # N = B * R rows, one token
     completion_keys, _ = layer.update(step, step)
     assert completion_keys.dtype == torch.float32 and torch.equal(completion_keys, step.float())
-    assert attended_dtype(step) == torch.float32
+    assert ATTENDED_DTYPE == torch.float32
 
 
 def test_all_done_check_every_k_tokens_gives_the_same_batch(tokenizer):

@@ -124,25 +124,29 @@ class PreallocatedLayer(DynamicLayer):
             self.values = self.value_buffer[:, :, :filled]
 
 
-def attended_dtype(states: torch.Tensor) -> torch.dtype:
-    """The dtype the cache keeps keys and values in. decode_attention.two_part_attention attends
-    in float32, and the prefill's keys are a transposed view (bf16 under autocast), which every
-    layer and token copied and cast: ~0.5 s of a SmolLM2 CPU rollout's 6 s. So on a CPU the cache
-    stores them contiguous float32 once (bf16 -> float32 is exact: the same values). On CUDA it
-    keeps the model's dtype (contiguous): there float32 would double the cache's memory, GBs at
-    paper scale (Nemotron-4B: 128 KiB a token in bf16), for casts that are cheap on a GPU."""
-    return torch.float32 if states.device.type == "cpu" else states.dtype
+# The dtype the decode caches keep keys and values in, on every device.
+#
+# decode_attention.two_part_attention attends in float32. A bf16 cache (the model's dtype) made
+# it cast every cached key and value on every call: on a CPU ~0.5 s of a SmolLM2 rollout's 6 s
+# (the prefill's keys are a transposed view, copied and cast by every layer and token); on
+# CUDA, in the graph decoder (which attends over the bucket's whole capacity), ~13 GB of casts
+# and ~9 GB of float32 reads a token at the paper rehearsal's shape against the weights' ~8.4 GB
+# (docs/speed.md, "Where the time goes now"). Stored float32 once, when written (bf16 -> float32
+# is exact: the same values, so the same attention), the cast is gone and each call reads the
+# cache once. The price is memory: twice a bf16 cache's, 256 KiB a token for Nemotron-Mini-4B
+# (8 GiB for the rehearsal's 64 rows x 512 tokens, against 4 GiB).
+ATTENDED_DTYPE = torch.float32
 
 
 def _as_attended(states: torch.Tensor) -> torch.Tensor:
-    return states.to(attended_dtype(states)).contiguous()
+    return states.to(ATTENDED_DTYPE).contiguous()
 
 
 class SharedPrefixLayer(DynamicLayer):
     """Prompt keys/values once per prompt [B, H_kv, P, D]; completion ones per row [N, H_kv, T, D].
 
     The first `update` (the prefill, B rows) stores the prompt part (contiguous, in
-    `attended_dtype`) and returns the prefill's own keys and values; later ones (N = B*R rows,
+    `ATTENDED_DTYPE`) and returns the prefill's own keys and values; later ones (N = B*R rows,
     one token) write the completion buffers (same dtype) in place and return the filled part.
     `shared_prefix_attention` reads the prompt part from here.
     """
@@ -168,7 +172,7 @@ class SharedPrefixLayer(DynamicLayer):
             return key_states, value_states
         if self.key_buffer is None:
             rows, heads, _, head_dim = key_states.shape
-            dtype = attended_dtype(key_states)
+            dtype = ATTENDED_DTYPE
             self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=dtype)
             self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1],
                                                        dtype=dtype)

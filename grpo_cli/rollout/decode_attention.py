@@ -1,7 +1,7 @@
 """Attention of one new query per row, as plain tensor functions (the decode loop's hot path).
 
 `two_part_attention` reads a group's prompt keys once for its R rows (grpo_cli/rollout/
-static_decode.py's shared-prefix cache); `one_query_attention` reads one cache per row.
+decode_cache.py's shared-prefix cache); `one_query_attention` reads one cache per row.
 
 Half-precision (bf16/fp16) inputs are attended in float32 and the output cast back, as fused
 SDPA kernels accumulate: bf16 scores would round each logit to ~3 significant digits. On CPU

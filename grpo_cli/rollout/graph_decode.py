@@ -173,7 +173,7 @@ class DecodeBucket:
 
 
 class GraphDecoder:
-    """Decodes from a shared-prefix prefill (static_decode.SharedPrefixLayer) with one
+    """Decodes from a shared-prefix prefill (decode_cache.SharedPrefixLayer) with one
     DecodeBucket per shape, captured in a CUDA graph when `capture` (default: on CUDA)."""
 
     def __init__(self, model, device: torch.device, stop_ids: list[int], pad_id: int,

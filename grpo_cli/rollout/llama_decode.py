@@ -203,7 +203,7 @@ def layer_norm_1p(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 class LlamaDecodeStep:
     """Callable with `StaticDecodeBackend._decode_step`'s signature, on the shared-prefix cache
-    (`static_decode.SharedPrefixLayer`: prompt keys once per group, completion keys per row)."""
+    (`decode_cache.SharedPrefixLayer`: prompt keys once per group, completion keys per row)."""
 
     def __init__(self, model: nn.Module, max_positions: int = 0, rollout_rows: int = 0):
         """`rollout_rows` > 0: the step serves one rollout of that many rows, and its matmul

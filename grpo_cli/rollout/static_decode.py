@@ -4,9 +4,10 @@ Same contract and batch layout as `HFGenerateBackend` (left-padded prompts, comp
 EOS, sampler log-probs = log-softmax of the raw logits at the sampled token), but faster:
 
 - the R completions of a prompt share one prefill: each prompt is run once, so the prefill costs
-  B rows, not B*R; its keys and values are kept once per prompt, and a one-token step attends to
-  them with each group's R queries stacked (`shared_prefix_attention`, a two-part softmax over
-  prompt and completion keys) instead of reading R copies of the prompt cache;
+  B rows, not B*R; its keys and values are kept once per prompt (decode_cache.py), and a
+  one-token step attends to them with each group's R queries stacked
+  (`attention_routing.shared_prefix_attention`, a two-part softmax over prompt and completion
+  keys) instead of reading R copies of the prompt cache;
 - completion keys and values go into buffers preallocated to max_new_tokens and written in place
   (no per-token `torch.cat`); the 4-D attention mask is a view of one buffer (no per-token mask
   building);
@@ -35,16 +36,20 @@ transformers' DynamicCache (repeated R times) and their own attention.
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.modeling_utils import AttentionInterface
+from transformers.cache_utils import Cache
 
+from grpo_cli.rollout.attention_routing import (
+    DECODE_MATH_ATTENTION,
+    SHARED_PREFIX_ATTENTION,
+    attention_routed,
+    shared_prefix_calls,
+    supports_shared_prefix,
+)
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, assemble_batch, left_pad
-from grpo_cli.rollout.decode_attention import one_query_attention, two_part_attention
+from grpo_cli.rollout.decode_cache import SharedPrefixLayer, make_cache, num_layers
 from grpo_cli.rollout.graph_decode import GraphDecoder
 from grpo_cli.rollout.hf_backend import completion_mask_through_eos
 from grpo_cli.rollout.llama_decode import (
@@ -62,221 +67,6 @@ CAPACITY_BUCKET = 64  # compiled decode: cache capacity rounded up to a multiple
 # row ~2.7 ms of matmul a token (docs/speed_log.md); packing and the matmuls both scale with the weights
 REPACK_ROW_TOKENS = 192
 
-
-class PreallocatedLayer(DynamicLayer):
-    """A KV cache layer with room for `capacity` positions, written in place.
-
-    `update` returns views of the filled part, or with `full_view` the whole buffer (fixed shapes
-    for torch.compile; the caller masks the unfilled columns).
-    """
-
-    def __init__(self, capacity: int, full_view: bool = False):
-        super().__init__()
-        self.capacity = capacity
-        self.full_view = full_view
-        self.length = 0
-        self.position: torch.Tensor | None = None  # [1] long, next write column (compile path)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, head_dim = key_states.shape
-        self.dtype, self.device = key_states.dtype, key_states.device
-        shape = (batch, heads, self.capacity, head_dim)
-        self.key_buffer = key_states.new_zeros(shape)  # [N, H, capacity, D]
-        self.value_buffer = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
-        self.position = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[-2]
-        if self.full_view:  # no Python-side counters: the compiled step must not guard on them
-            columns = self.position + torch.arange(new, device=self.device)  # [new]
-            self.key_buffer.index_copy_(2, columns, key_states)
-            self.value_buffer.index_copy_(2, columns, value_states)
-            self.position.add_(new)
-            self.keys, self.values = self.key_buffer, self.value_buffer
-            return self.keys, self.values
-        self.key_buffer[:, :, self.length : self.length + new] = key_states
-        self.value_buffer[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        if self.full_view:
-            return int(self.position.item()) if self.position is not None else 0
-        return self.length
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.capacity if self.full_view else self.length + query_length), 0
-
-    def get_max_length(self) -> int:
-        return self.capacity
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
-            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
-            filled = self.capacity if self.full_view else self.length
-            self.keys = self.key_buffer[:, :, :filled]
-            self.values = self.value_buffer[:, :, :filled]
-
-
-# The dtype the decode caches keep keys and values in, on every device.
-#
-# decode_attention.two_part_attention attends in float32. A bf16 cache (the model's dtype) made
-# it cast every cached key and value on every call: on a CPU ~0.5 s of a SmolLM2 rollout's 6 s
-# (the prefill's keys are a transposed view, copied and cast by every layer and token); on
-# CUDA, in the graph decoder (which attends over the bucket's whole capacity), ~13 GB of casts
-# and ~9 GB of float32 reads a token at the paper rehearsal's shape against the weights' ~8.4 GB
-# (docs/speed.md, "Where the time goes now"). Stored float32 once, when written (bf16 -> float32
-# is exact: the same values, so the same attention), the cast is gone and each call reads the
-# cache once. The price is memory: twice a bf16 cache's, 256 KiB a token for Nemotron-Mini-4B
-# (8 GiB for the rehearsal's 64 rows x 512 tokens, against 4 GiB).
-ATTENDED_DTYPE = torch.float32
-
-
-def _as_attended(states: torch.Tensor) -> torch.Tensor:
-    return states.to(ATTENDED_DTYPE).contiguous()
-
-
-class SharedPrefixLayer(DynamicLayer):
-    """Prompt keys/values once per prompt [B, H_kv, P, D]; completion ones per row [N, H_kv, T, D].
-
-    The first `update` (the prefill, B rows) stores the prompt part (contiguous, in
-    `ATTENDED_DTYPE`) and returns the prefill's own keys and values; later ones (N = B*R rows,
-    one token) write the completion buffers (same dtype) in place and return the filled part.
-    `shared_prefix_attention` reads the prompt part from here.
-    """
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity  # completion tokens
-        self.length = 0  # completion tokens written
-        self.prompt_keys: torch.Tensor | None = None
-        self.prompt_values: torch.Tensor | None = None
-        self.key_buffer: torch.Tensor | None = None
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if self.prompt_keys is None:  # the prefill: its own attention reads key_states as given
-            self.prompt_keys, self.prompt_values = _as_attended(key_states), _as_attended(value_states)
-            self.keys, self.values = key_states, value_states
-            return key_states, value_states
-        if self.key_buffer is None:
-            rows, heads, _, head_dim = key_states.shape
-            dtype = ATTENDED_DTYPE
-            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=dtype)
-            self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1],
-                                                       dtype=dtype)
-        new = key_states.shape[-2]
-        self.key_buffer[:, :, self.length : self.length + new] = key_states
-        self.value_buffer[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        prompt = 0 if self.prompt_keys is None else self.prompt_keys.shape[-2]
-        return prompt + self.length
-
-    def keep_rows(self, keep: torch.Tensor, prompt_of_kept: torch.Tensor | None) -> None:
-        """Drop the completion rows not in `keep` [n'] (indices into the current rows). The
-        prompt part becomes one copy per kept row, `prompt_of_kept` [n'] (indices into the
-        current prompt rows), or, once it is per row (None), follows `keep`."""
-        self.prompt_keys = self.prompt_keys[keep if prompt_of_kept is None else prompt_of_kept]
-        self.prompt_values = self.prompt_values[keep if prompt_of_kept is None else prompt_of_kept]
-        if self.key_buffer is not None:  # else no completion token is cached yet
-            self.key_buffer, self.value_buffer = self.key_buffer[keep], self.value_buffer[keep]
-            self.keys = self.key_buffer[:, :, : self.length]
-            self.values = self.value_buffer[:, :, : self.length]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
-
-SHARED_PREFIX_ATTENTION = "grpo_shared_prefix"
-_active_caches: list[Cache] = []  # the shared-prefix cache of the decode loop in progress
-_attention_calls = [0]  # how many layers routed attention through us (a routing check)
-
-
-def shared_prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                            **kwargs):
-    """Attention of one new token per row over its group's shared prompt and its own completion.
-
-    query [N, H, 1, D]; key/value [N, H_kv, t, D] (completion part); the prompt part
-    [B, H_kv, P, D] comes from the layer's cache; attention_mask [N, 1, 1, P + t] bool. Scores
-    of both parts go through one softmax, so this is exact attention over prompt + completion.
-    Anything else (the prefill) goes to SDPA. Returns ([N, 1, H, D], None).
-    """
-    _attention_calls[0] += 1
-    layer = _active_caches[-1].layers[module.layer_idx] if _active_caches else None
-    # no completion buffer yet: the prefill (the prompt part is stored before any buffer)
-    if not isinstance(layer, SharedPrefixLayer) or query.shape[2] != 1 or layer.key_buffer is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    output = two_part_attention(query, layer.prompt_keys, layer.prompt_values, key, value,
-                                attention_mask, scaling)
-    return output, None
-
-
-AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
-
-DECODE_MATH_ATTENTION = "grpo_decode_math"
-
-
-def decode_math_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                          **kwargs):
-    """One-query attention as matmul + softmax (compiled decode: inductor fuses it; CPU SDPA
-    kernels are slow for a single query). Anything else goes to SDPA."""
-    if query.shape[2] != 1 or attention_mask is None or attention_mask.dtype != torch.bool:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return one_query_attention(query, key, value, attention_mask, scaling), None
-
-
-AttentionInterface.register(DECODE_MATH_ATTENTION, decode_math_attention)
-
-
-def supports_shared_prefix(model) -> bool:
-    config = model.config.get_text_config(decoder=True)
-    return (
-        full_attention_only(model.config)
-        and getattr(config, "attn_logit_softcapping", None) is None
-        and model.config._attn_implementation in ("sdpa", "eager")
-    )
-
-
-@contextmanager
-def attention_routed(model, name: str, cache: Cache | None = None):
-    """Route the model's attention through the registered function `name` while decoding (or,
-    for train/autocast.py, while scoring)."""
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    if cache is not None:
-        _active_caches.append(cache)
-    try:
-        yield
-    finally:
-        if cache is not None:
-            _active_caches.pop()
-        config._attn_implementation = previous
-
-
 def graph_decode_problem(model, device: torch.device) -> str | None:
     """Why `rollout.cuda_graphs` cannot decode `model` on `device` (None: it can)."""
     if device.type != "cuda":
@@ -293,23 +83,6 @@ def graph_ready_model_problem(model) -> str | None:
     return (f"{type(model).__name__} (model_type {kind}) has no graph-ready decode step; it "
             "needs a Llama, Qwen2, Mistral or Nemotron model with full attention, plain nn.Linear "
             "projections (no LoRA) and a position-only RoPE")
-
-
-def full_attention_only(config) -> bool:
-    text = config.get_text_config(decoder=True)
-    layer_types = getattr(text, "layer_types", None)
-    return not layer_types or all(kind == "full_attention" for kind in layer_types)
-
-
-def num_layers(model) -> int:
-    return model.config.get_text_config(decoder=True).num_hidden_layers
-
-
-def make_cache(config, capacity: int, full_view: bool) -> Cache:
-    if not full_attention_only(config):
-        return DynamicCache(config=config)
-    layers = config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[PreallocatedLayer(capacity, full_view) for _ in range(layers)])
 
 
 def prefill_mask(prompt_mask: torch.Tensor, kv_width: int | None = None) -> torch.Tensor:
@@ -504,14 +277,14 @@ class StaticDecodeBackend:
         """Run the B prompts once into `cache`; the last position's raw logits [B, V] float32."""
         shared = isinstance(cache.layers[0], SharedPrefixLayer) if cache.layers else False
         positions = (unique_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        _attention_calls[0] = 0
+        shared_prefix_calls[0] = 0
         output = model(
             input_ids=unique_ids,
             attention_mask=prefill_mask(unique_mask, capacity if full_view else None),
             position_ids=positions,
             use_cache=True, logits_to_keep=1, **cache_argument(cache),
         )
-        if shared and _attention_calls[0] != len(cache.layers):
+        if shared and shared_prefix_calls[0] != len(cache.layers):
             raise RuntimeError(
                 f"{type(model).__name__} does not route attention through transformers' "
                 "AttentionInterface; use rollout.backend=hf"

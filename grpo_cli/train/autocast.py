@@ -26,7 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-from grpo_cli.rollout.static_decode import attention_routed
+from grpo_cli.rollout.attention_routing import attention_routed
 
 AUTOCAST_KINDS = ("none", "bf16")
 

@@ -32,6 +32,7 @@ from grpo_cli.algorithm.logprobs import (
     sum_pi_squared_terms,
 )
 from grpo_cli.rollout.batch import RolloutBatch, replace_tensors
+from grpo_cli.rollout.decode_cache import full_attention_only
 from grpo_cli.runtime.transformers_api import cache_argument
 
 
@@ -99,8 +100,6 @@ def checkpointing(model) -> bool:
 
 
 def can_share(model, batch: RolloutBatch, want_hidden: bool) -> bool:
-    from grpo_cli.rollout.static_decode import full_attention_only
-
     width = batch.input_ids.shape[1]
     return (
         not want_hidden  # the ppo value head reads every column's hidden state

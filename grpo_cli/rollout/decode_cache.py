@@ -16,6 +16,18 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
+def _write_next_columns(layer, key_states: torch.Tensor, value_states: torch.Tensor):
+    """Write the new columns [N, H, new, D] at `layer.length` into its buffers in place; the
+    filled part of each buffer becomes `layer.keys` / `layer.values` and is returned."""
+    new = key_states.shape[-2]
+    layer.key_buffer[:, :, layer.length : layer.length + new] = key_states
+    layer.value_buffer[:, :, layer.length : layer.length + new] = value_states
+    layer.length += new
+    layer.keys = layer.key_buffer[:, :, : layer.length]
+    layer.values = layer.value_buffer[:, :, : layer.length]
+    return layer.keys, layer.values
+
+
 class PreallocatedLayer(DynamicLayer):
     """A KV cache layer with room for `capacity` positions, written in place.
 
@@ -42,20 +54,15 @@ class PreallocatedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[-2]
         if self.full_view:  # no Python-side counters: the compiled step must not guard on them
+            new = key_states.shape[-2]
             columns = self.position + torch.arange(new, device=self.device)  # [new]
             self.key_buffer.index_copy_(2, columns, key_states)
             self.value_buffer.index_copy_(2, columns, value_states)
             self.position.add_(new)
             self.keys, self.values = self.key_buffer, self.value_buffer
             return self.keys, self.values
-        self.key_buffer[:, :, self.length : self.length + new] = key_states
-        self.value_buffer[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-        return self.keys, self.values
+        return _write_next_columns(self, key_states, value_states)
 
     def get_seq_length(self) -> int:
         if self.full_view:
@@ -125,17 +132,10 @@ class SharedPrefixLayer(DynamicLayer):
             return key_states, value_states
         if self.key_buffer is None:
             rows, heads, _, head_dim = key_states.shape
-            dtype = ATTENDED_DTYPE
-            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=dtype)
+            self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, head_dim, dtype=ATTENDED_DTYPE)
             self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1],
-                                                       dtype=dtype)
-        new = key_states.shape[-2]
-        self.key_buffer[:, :, self.length : self.length + new] = key_states
-        self.value_buffer[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-        return self.keys, self.values
+                                                       dtype=ATTENDED_DTYPE)
+        return _write_next_columns(self, key_states, value_states)
 
     def get_seq_length(self) -> int:
         prompt = 0 if self.prompt_keys is None else self.prompt_keys.shape[-2]

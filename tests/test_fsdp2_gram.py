@@ -93,7 +93,7 @@ def fsdp2_worker(rank: int, port: int, out: str) -> None:
 
 def exit_without_teardown() -> None:
     """End a worker that has finished (its result is on disk) without the interpreter's
-    teardown. The DeviceMesh outlives `destroy_process_group` (DTensor's sharding caches hold
+    teardown. The DeviceMesh outlives `destroy_process_group` (DTensorSpec objects still hold
     it), so its gloo threads are still running when the interpreter's teardown destroys them:
     "terminate called without an active exception", SIGABRT, in about one worker run of four
     (measured 5 of 20 on 2026-11-29; 0 of 40 with this exit). Reached only when the work

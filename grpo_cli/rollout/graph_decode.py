@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_cli.rollout.base import SamplingSettings
+from grpo_cli.rollout.decode_cache import ATTENDED_DTYPE
 from grpo_cli.rollout.llama_decode import LlamaDecodeStep
 from grpo_cli.rollout.sampling import race_tokens
 from grpo_cli.rollout.stop_tokens import is_stop
@@ -64,8 +65,6 @@ class BucketKey:
     completion_capacity: int  # completion columns (a multiple of tokens_per_replay)
     temperature: float
     top_p: float
-    key_dtype: torch.dtype  # of the prefill's keys and values
-    value_dtype: torch.dtype
     autocast: bool  # captured under torch.autocast
 
 
@@ -114,10 +113,10 @@ class DecodeBucket:
             _, kv_heads, _, key_dim = source.prompt_keys.shape
             value_dim = source.prompt_values.shape[-1]
             layers.append(GraphKVLayer(
-                torch.zeros(key.groups, kv_heads, key.prompt_capacity, key_dim, dtype=key.key_dtype, device=device),
-                torch.zeros(key.groups, kv_heads, key.prompt_capacity, value_dim, dtype=key.value_dtype, device=device),
-                torch.zeros(rows, kv_heads, width, key_dim, dtype=key.key_dtype, device=device),
-                torch.zeros(rows, kv_heads, width, value_dim, dtype=key.value_dtype, device=device),
+                torch.zeros(key.groups, kv_heads, key.prompt_capacity, key_dim, dtype=ATTENDED_DTYPE, device=device),
+                torch.zeros(key.groups, kv_heads, key.prompt_capacity, value_dim, dtype=ATTENDED_DTYPE, device=device),
+                torch.zeros(rows, kv_heads, width, key_dim, dtype=ATTENDED_DTYPE, device=device),
+                torch.zeros(rows, kv_heads, width, value_dim, dtype=ATTENDED_DTYPE, device=device),
                 self.column,
             ))
         self.cache = GraphCache(layers)
@@ -197,13 +196,11 @@ class GraphDecoder:
         the raw logits, T = max_new_tokens, as the hf_static loop does."""
         groups, prompt_length = prompt_mask.shape
         max_new, group_size = settings.max_new_tokens, settings.group_size
-        sample = prefill_layers[0]
         key = BucketKey(
             groups=groups, group_size=group_size,
             prompt_capacity=round_up(prompt_length, PROMPT_BUCKET),
             completion_capacity=round_up(max_new, self.tokens_per_replay),
             temperature=float(settings.temperature), top_p=float(settings.top_p),
-            key_dtype=sample.prompt_keys.dtype, value_dtype=sample.prompt_values.dtype,
             autocast=torch.is_autocast_enabled(self.device.type),
         )
         self._check_tensors_unmoved()

@@ -92,6 +92,21 @@ def test_comparison_puts_outcome_rank_slope_and_difference_on_each_matrix(runs):
     assert {r["outcome"] for r in rows.values()} == {"grpo"}
 
 
+def test_one_table_for_several_measures_holds_each_measures_own(runs):
+    """`grpo analyze` builds the same-rows table once for every measure: one measure's rows of
+    it are that measure's own table, in its order, and the comparison reads the same from it."""
+    for run in runs:
+        run.ranks = run.ranks.assign(participation_ratio=run.ranks["erank_entropy"] / 2)
+    rules = Rules(last_fraction=0.25)
+    both = credit_compare.same_rows_table(runs, ["participation_ratio", "erank_entropy"], rules)
+    alone = credit_compare.same_rows_table(runs, ["erank_entropy"], rules)
+    assert len(both) > len(alone) > 0
+    picked = credit_compare.measure_rows(both, ["erank_entropy"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(picked, alone)
+    pd.testing.assert_frame_equal(credit_compare.comparison_table(runs, ["erank_entropy"], rules, both),
+                                  credit_compare.comparison_table(runs, ["erank_entropy"], rules))
+
+
 def test_no_comparison_without_both_kinds_of_estimator(runs):
     grpo_only = [run for run in runs if run.variant == "grpo"]
     assert credit_compare.comparison_table(grpo_only, ["erank_entropy"], Rules(last_fraction=0.25)).empty

@@ -12,6 +12,7 @@ import pytest
 from results_factory import write_run
 
 from grpo_cli.analysis.claims import falsifier_claim
+from grpo_cli.analysis.credit_compare import same_rows_table
 from grpo_cli.analysis.grouping import group_runs
 from grpo_cli.analysis.load import load_runs
 from grpo_cli.analysis.rules import Rules
@@ -147,3 +148,17 @@ def test_claim4_figure_draws_the_deciding_reading(tmp_path):
     drawn = [list(line.get_ydata()) for line in ranks.lines if list(line.get_xdata()) == [4, 8]]
     # outcome (2.2 and 2.3 over the two groups) and per-token (3.5, 3.6) ranks at R = 4, 8
     assert drawn == [pytest.approx([2.25, 2.25]), pytest.approx([3.55, 3.55])]
+
+
+def test_a_shared_same_rows_table_reads_as_claim_4s_own(tmp_path):
+    """`grpo analyze` builds one same-rows table for every measure it reads and hands claim 4
+    that table: the claim reads exactly as from the table of its own measure."""
+    runs = _sweep(tmp_path, {"informative": 3.5, "zero_groups": 0, "batch": 3.5, "nonzero": 4})
+    for run in runs:  # another measure, listed first in the shared table
+        run.ranks = run.ranks.assign(participation_ratio=run.ranks["erank_entropy"] + 1.0)
+    shared = same_rows_table(runs, ["participation_ratio", "erank_entropy"], Rules())
+    assert set(shared["measure"]) > {"erank_entropy", "erank_entropy per non-zero row"}
+    alone, given = falsifier_claim(runs, Rules()), falsifier_claim(runs, Rules(), shared)
+    assert alone.verdict == "supported"
+    assert given.verdict == alone.verdict and given.evidence == alone.evidence
+    pd.testing.assert_frame_equal(given.table, alone.table)

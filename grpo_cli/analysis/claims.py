@@ -384,22 +384,23 @@ def _zero_advantage_evidence(zero_adv: list[Part], held_p: list[float], rules: R
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------
-def falsifier_claim(runs: list[Run], rules: Rules) -> Claim:
-    """Claim 4 on claim 2's matrix and rows, the batch matrix beside it (analysis/falsifier.py)."""
-    verdict, evidence, table, parts = falsifier_reading(runs, rules)
+def falsifier_claim(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None) -> Claim:
+    """Claim 4 on claim 2's matrix and rows, the batch matrix beside it (analysis/falsifier.py;
+    `same_rows`: the runs' credit_compare.same_rows_table, where the caller has it)."""
+    verdict, evidence, table, parts = falsifier_reading(runs, rules, same_rows)
     return Claim(4, verdict, evidence, table, parts=parts)
 
 
 def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules,
-                 weights: pd.DataFrame) -> list[Claim]:
+                 weights: pd.DataFrame, same_rows: pd.DataFrame | None = None) -> list[Claim]:
     """The four claims, in order, each with its rule text filled in (`weights`: claim 1b's
-    token_weights.token_weight_table)."""
+    token_weights.token_weight_table; `same_rows`: claim 4's, see `falsifier_claim`)."""
     families = Families.of(runs)
     claims = [
         credit_claim(runs, rules, weights, families),
         rank_claim(runs, verdicts, matched, rules),
         sparsity_claim(runs, rules),
-        falsifier_claim(runs, rules),
+        falsifier_claim(runs, rules, same_rows),
     ]
     for claim in claims[1:]:
         claim.rule = rules.text(claim.number, families)

@@ -118,15 +118,24 @@ def same_rows_table(runs: list[Run], measures: list[str], rules: Rules) -> pd.Da
     return pd.concat(parts, ignore_index=True)[columns]
 
 
-def comparison_table(runs: list[Run], measures: list[str], rules: Rules) -> pd.DataFrame:
+def measure_rows(table: pd.DataFrame, measures: list[str]) -> pd.DataFrame:
+    """The rows of a `same_rows_table` for `measures` (and their readings per non-zero row), in
+    its order: that table as `same_rows_table(runs, measures, rules)` would build it."""
+    return table[table["measure"].isin([*measures, *(m + PER_ROW for m in measures)])]
+
+
+def comparison_table(runs: list[Run], measures: list[str], rules: Rules,
+                     same_rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per matrix x measure x outcome variant x per-token variant: the reading, the
     outcome rank per R and its slope per doubling (judged R), the per-token rank per R, and the
-    difference per R and on average (empty without both kinds of estimator)."""
+    difference per R and on average (empty without both kinds of estimator). `same_rows`: the
+    runs' `same_rows_table` for these measures or more, where the caller has it."""
     facts = {run.variant: run.estimator_facts for run in runs}
     estimators = {variant: f["name"] for variant, f in facts.items()}
     outcome = sorted(v for v, f in facts.items() if estimator_family(f) == OUTCOME)
     per_token = sorted(v for v, f in facts.items() if estimator_family(f) == PER_TOKEN)
-    summary = rank_summary(last_part_means(same_rows_table(runs, measures, rules), rules.last_fraction))
+    table = same_rows_table(runs, measures, rules) if same_rows is None else measure_rows(same_rows, measures)
+    summary = rank_summary(last_part_means(table, rules.last_fraction))
     if summary.empty or not outcome or not per_token:
         return pd.DataFrame()
     means = {key: dict(zip(part["group_size"].astype(int), part["mean"], strict=True))

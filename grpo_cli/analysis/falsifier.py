@@ -136,12 +136,17 @@ def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
     return cc.deciding_stat(have[0] & have[1])
 
 
-def training_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part], list[str]]:
+def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None
+                   ) -> tuple[list[dict], list[Part], list[str]]:
     """Deciding parts from training runs (per pair of variants x judged R), the table rows, and
-    the side reading's sentences."""
+    the side reading's sentences. `same_rows`: a `same_rows_table` of these runs or more, with
+    `rules.rank_measure` among its measures, where the caller has one."""
     outcome, per_token, label = _families(runs)
     measure = rules.rank_measure
-    table = cc.same_rows_table(runs, [measure], rules)
+    if same_rows is None:
+        table = cc.same_rows_table(runs, [measure], rules)
+    else:
+        table = cc.measure_rows(same_rows[same_rows["run_id"].isin([str(run.path) for run in runs])], [measure])
     window = last_part(table, rules.last_fraction)
     deciding = window[(window["matrix"] == rules.rank_matrix) & (window["measure"] == measure)]
     rows, parts, side = [], [], []
@@ -265,11 +270,11 @@ def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
     return rows, parts
 
 
-def falsifier_reading(runs: list[Run], rules: Rules
+def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None
                       ) -> tuple[str, str, pd.DataFrame, list[Part]]:
     """Claim 4 (module docstring): (verdict, evidence, table, parts): deciding parts from
     training runs and `grpo probe` pairs on claim 2's matrix and rows; the whole-batch side
-    reading in the evidence."""
+    reading in the evidence. `same_rows`: see `training_parts`."""
     outcome, per_token, _ = _families(runs)
     if not outcome or not per_token:
         families = Families.of(runs)
@@ -278,7 +283,7 @@ def falsifier_reading(runs: list[Run], rules: Rules
                 f"({families.named(families.per_token)}); `make reproduce-cpu` runs both",
                 pd.DataFrame(), [])
     training = [r for r in runs if not is_probe(r)]
-    rows, parts, side = training_parts(training, rules) if training else ([], [], [])
+    rows, parts, side = training_parts(training, rules, same_rows) if training else ([], [], [])
     probe_rows, probe = probe_parts(runs, rules)
     rows, parts = rows + probe_rows, parts + probe
     frame = pd.DataFrame(rows)

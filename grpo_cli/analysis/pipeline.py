@@ -253,14 +253,18 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     comp_table = comp.composition_table(analysed, measures)
     result.composition = comp.departure(comp_table)
     result.token_weights = token_weights.token_weight_table(analysed)
-    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights)
+    # ranks on the same rows for every estimator, once: claim 4 decides on its measure, the
+    # credit comparison shows every measure analysed
+    same_rows = credit_compare.same_rows_table(
+        analysed, [*measures, *([] if rules.rank_measure in measures else [rules.rank_measure])], rules)
+    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights, same_rows)
     result.collapse = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     result.stages = collapse.stage_table(result.collapse)
     result.stage_readings = collapse.stage_readings(result.stages, rules)
     result.collapse_warnings = collapse.collapse_warnings(result.stages, rules)
     result.matching_coverage, result.matching_bins = matching.matching_tables(
         analysed, result.collapse, result.progress_bins, rules)
-    result.credit_comparison = credit_compare.comparison_table(analysed, measures, rules)
+    result.credit_comparison = credit_compare.comparison_table(analysed, measures, rules, same_rows)
     result.same_checkpoint = same_checkpoint.checkpoint_table(analysed, ranks, rules)
     return comp_table
 

@@ -47,12 +47,14 @@ def default_steps(steps_per_run: list[list[int]]) -> list[int]:
     return sorted({pool[0], middle, pool[-1]})
 
 
-def normalised_spectra(table: pd.DataFrame) -> pd.DataFrame:
-    """matrix, index (1-based, descending), value = sigma_index / sigma_1, aggregated per matrix."""
+def normalised_spectra(table: pd.DataFrame, by: tuple[str, ...] = ()) -> pd.DataFrame:
+    """[*by], matrix, index (1-based, descending), value = sigma_index / sigma_1, aggregated per
+    matrix (and per value of the `by` columns, e.g. step: one call for all of a run's steps)."""
     table = table[pd.to_numeric(table["sigma"], errors="coerce").notna()].copy()
     table["sigma"] = table["sigma"].astype(float)
-    keys = ["matrix", "layer", "group"]
-    table = table.sort_values([*keys, "sigma"], ascending=[True, True, True, False])
+    by = list(by)
+    keys = [*by, "matrix", "layer", "group"]
+    table = table.sort_values([*keys, "sigma"], ascending=[True] * len(keys) + [False])
     table["index"] = table.groupby(keys).cumcount() + 1
     top = table.groupby(keys)["sigma"].transform("max")
     table = table[top > 0].assign(value=lambda t: t["sigma"] / top[top > 0])
@@ -60,13 +62,14 @@ def normalised_spectra(table: pd.DataFrame) -> pd.DataFrame:
     for matrix, rows in table.groupby("matrix"):
         if matrix in PER_GROUP_MATRICES:
             rows = rows[rows["group"].str.match(r"g\d")]
-        elif matrix in LAYER_MATRICES:
-            shortest = rows.groupby(["layer", "group"])["index"].max().min()
+        elif matrix in LAYER_MATRICES:  # up to the shortest layer spectrum (per `by` value)
+            length = rows.groupby([*by, "layer", "group"])["index"].transform("max")
+            shortest = length.groupby([rows[column] for column in by]).transform("min") if by else length.min()
             rows = rows[rows["index"] <= shortest]
         else:
             rows = rows[rows["group"].isin(["all", ""])]
-        parts.append(rows.groupby("index", as_index=False)["value"].mean().assign(matrix=matrix))
-    return pd.concat(parts) if parts else pd.DataFrame(columns=["index", "value", "matrix"])
+        parts.append(rows.groupby([*by, "index"], as_index=False)["value"].mean().assign(matrix=matrix))
+    return pd.concat(parts) if parts else pd.DataFrame(columns=[*by, "index", "value", "matrix"])
 
 
 def _spectra_at_steps(runs: list[Run], steps: list[int] | None) -> tuple[list[int], list[pd.DataFrame]]:
@@ -80,9 +83,9 @@ def _spectra_at_steps(runs: list[Run], steps: list[int] | None) -> tuple[list[in
         if not have or not chosen:
             continue
         nearest = {s: min(have, key=lambda a, s=s: abs(a - s)) for s in chosen}
-        table = read_spectra(run, sorted(set(nearest.values())))
+        spectra = normalised_spectra(read_spectra(run, sorted(set(nearest.values()))), by=("step",))
         for wanted, actual in nearest.items():
-            spectrum = normalised_spectra(table[table["step"] == actual])
+            spectrum = spectra[spectra["step"] == actual].drop(columns="step")
             parts.append(
                 spectrum.assign(step=wanted, group_size=run.group_size, variant=run.variant)
             )

@@ -113,6 +113,10 @@ def config_problems(cfg: DictConfig) -> list[str]:
         if not good:
             problems.append(f"{key}={current!r}: must be {allowed}")
 
+    def unread(key: str, setting: str) -> None:  # a value that the run would silently ignore
+        if value(key) not in (None, ""):
+            problems.append(f"{key}={value(key)!r}: must be null {setting}")
+
     def choice(key: str, allowed: tuple[str, ...]) -> None:
         need(key, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
@@ -152,6 +156,9 @@ def config_problems(cfg: DictConfig) -> list[str]:
     if value("model.lora.enabled"):
         at_least("model.lora.r", 1)
         unit("model.lora.dropout")
+    if value("model.source") == "char_llama" and value("model.weights") == "pretrained":
+        unread("model.path", "with model.source=char_llama (built locally; model.source=hf or gguf_package "
+                             "reads a path)")
     at_least("model.warm_start.steps", 0)
     at_least("model.warm_start.batch_size", 1)
     positive("model.warm_start.lr")
@@ -159,6 +166,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
     # task
     choice("task.name", names["task.name"])
     choice("task.reward", names["task.reward"])
+    if value("task.name") == "arith":
+        unread("task.path", "with task.name=arith (generated problems; task=gsm8k reads task.path)")
     need("task.train_size", lambda v: v == -1 or v >= 1, ">= 1 (or -1 for all)")
     at_least("task.eval_size", 0)
     at_least("task.warm_start_size", 0)

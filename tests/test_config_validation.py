@@ -122,3 +122,21 @@ def test_run_help_is_grpos_own_usage_with_examples():
     assert "grpo run experiment=smoke" in result.output and "--hydra-help" in result.output
     assert "powered by Hydra" not in result.output
     assert "algorithm=dr_grpo|grpo|otb|ppo|process|reinforce|rloo" in result.output
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.path=/models/my-llama", "model.path='/models/my-llama': must be null with model.source=char_llama"),
+    ("task.path=/data/gsm8k", "task.path='/data/gsm8k': must be null with task.name=arith"),
+])
+def test_a_path_the_run_would_ignore_is_refused(override, message):
+    """The tiny preset builds its model and generates its problems: a path given to it would be
+    silently ignored (the run trains the local model on arithmetic), so it is refused instead."""
+    problems = config_problems(compose_config(["experiment=smoke", override]))
+    assert len(problems) == 1 and problems[0].startswith(message), problems
+
+
+def test_the_same_paths_are_read_where_the_source_reads_them():
+    assert config_problems(compose_config(["experiment=smoke", "model=hf", "model.path=/models/x"])) == []
+    assert config_problems(compose_config(["experiment=smoke", "task=gsm8k", "task.path=/data/gsm8k"])) == []
+    rehearsal = ["experiment=smoke", "model=nemotron_4b", "model.weights=random"]
+    assert config_problems(compose_config(rehearsal)) == []

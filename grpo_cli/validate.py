@@ -190,6 +190,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
         need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.draw=inverse_cdf")
         if value("rollout.cuda_graphs") is not None:  # null (auto) turns the graphs off with inverse_cdf
             need("rollout.cuda_graphs", lambda v: not v, "false with rollout.draw=inverse_cdf")
+    if value("rollout.compile_decode"):  # only the hf_static loop has a decode step to compile
+        need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.compile_decode=true")
     if value("rollout.cuda_graphs"):  # the model and the resolved device are checked at setup
         need("rollout.backend", lambda v: v == "hf_static", "hf_static with rollout.cuda_graphs=true")
         need("rollout.compile_decode", lambda v: not v, "false with rollout.cuda_graphs=true")

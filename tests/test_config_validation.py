@@ -34,6 +34,7 @@ REFUSED = [
     ("fault.step=-1", "fault.step=-1: must be >= 0"),
     ("model.autocast_head=true", "model.autocast='none': must be bf16 with model.autocast_head=true"),
     ("probes.layer_spectrum=qr", "probes.layer_spectrum='qr': must be one of svd, gram"),
+    ("rollout.compile_decode=true", "rollout.backend='hf': must be hf_static with rollout.compile_decode=true"),
 ]
 
 

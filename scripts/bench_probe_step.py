@@ -41,6 +41,7 @@ PHASES = ("forward", "backward", "probes", "rollout", "total")
 def main() -> None:
     from grpo_cli.bench.builder import build_setup
     from grpo_cli.config.compose import compose_config
+    from grpo_cli.probes.capture import step_capture
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=8)
@@ -59,15 +60,15 @@ def main() -> None:
     step = args.after_steps
     for setup in setups.values():
         for earlier in range(step):  # grad_sum's running sum, as grpo run keeps it
-            setup.trainer.step(earlier, capture=setup.probes and setup.probes.step_capture(
-                earlier, setup.model, probe=False))
+            setup.trainer.step(earlier, capture=setup.probes and step_capture(
+                setup.probes, earlier, setup.model, probe=False))
     times = {name: {phase: [] for phase in PHASES} for name in configs}
     for _ in range(args.repeats):
         for name, (_, probed) in configs.items():
             setup = setups[name]
             timer = setup.trainer.timer
             timer.clear()
-            capture = setup.probes and setup.probes.step_capture(step, setup.model, timer, probe=probed)
+            capture = setup.probes and step_capture(setup.probes, step, setup.model, timer, probe=probed)
             output = setup.trainer.step(step, capture=capture)
             if probed:
                 with timer.phase("probes"):

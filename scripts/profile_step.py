@@ -22,6 +22,7 @@ def main() -> None:
     from grpo_cli.bench.builder import build_setup
     from grpo_cli.bench.profile import profiled
     from grpo_cli.config.compose import compose_config
+    from grpo_cli.probes.capture import step_capture
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=1, help="steps before the profiled one")
@@ -34,7 +35,7 @@ def main() -> None:
 
     def step(index: int) -> dict[str, float]:
         trainer.timer.clear()
-        capture = probes and probes.step_capture(index, setup.model, trainer.timer, probe=True)
+        capture = probes and step_capture(probes, index, setup.model, trainer.timer, probe=True)
         output = trainer.step(index, capture=capture)
         if probes:
             with trainer.timer.phase("probes"):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from step_parity import GradForwards, setup_for
 
+from grpo_cli.probes.capture import step_capture
 from grpo_cli.probes.fused import score_blocks_from_advantage, score_groups_to_recompute
 from grpo_cli.probes.gram import group_blocks, per_rollout_grams
 from grpo_cli.train.policy_forward import checkpointing
@@ -33,7 +34,7 @@ def probe_step(tmp_path, fused: bool | str, *overrides, rewards=REWARDS, update=
     cycle = itertools.cycle(rewards)
     setup.task.reward = lambda text, problem: next(cycle)  # scored in row order
     before = copy.deepcopy(setup.model)
-    capture = setup.probes.step_capture(0, setup.model)
+    capture = step_capture(setup.probes, 0, setup.model)
     with GradForwards(setup.model) as counter:
         output = setup.trainer.step(0, capture=capture, update=update)
     if forwards is not None:
@@ -224,7 +225,7 @@ def test_live_rows_with_no_live_row_keep_fusing(tmp_path):
     rows = {name: [(r["matrix"], r["group"], r["k"], r["sigma"]) for r in setup.probes.record(0, output, setup.model).spectra]
             for name, setup, output in (("fused", fused_setup, fused), ("separate", separate_setup, separate))}
     assert rows["fused"] == rows["separate"]
-    assert fused_setup.probes._fuse  # not switched to the separate pass
+    assert fused_setup.probes.fuse_training_pass  # not switched to the separate pass
 
 
 def test_an_unknown_fused_gram_setting_is_refused(tmp_path):

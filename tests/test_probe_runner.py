@@ -11,8 +11,10 @@ from conftest import outcome_advantages, tiny_llama
 from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import AlgorithmConfig, ProbesConfig
 from grpo_cli.measures import RANK_MEASURES
+from grpo_cli.probes.capture import step_capture
+from grpo_cli.probes.fused import per_rollout_advantage
 from grpo_cli.probes.gram import per_rollout_grams
-from grpo_cli.probes.runner import ProbeSuite, per_rollout_advantage
+from grpo_cli.probes.runner import ProbeSuite
 from grpo_cli.rollout.batch import RolloutBatch
 from grpo_cli.train.trainer import StepOutput
 
@@ -309,17 +311,17 @@ def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_st
     for p in model.parameters():
         p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
     suite = ProbeSuite(ProbesConfig(matrices=["layer", "grad_sum"]), model, tmp_path / "w0.pt")
-    quiet = suite.step_capture(1, model, probe=False)
+    quiet = step_capture(suite, 1, model, probe=False)
     assert not quiet.training_pass
     assert quiet.before_update(None, None, None, fused=False) == ({}, {})
     quiet.after_backward()
     quiet.after_backward()  # a second pass (num_iterations = 2) adds its gradient too
     torch.testing.assert_close(suite.grad_sum[name], torch.full((16, 16), 2.0))
-    probing = suite.step_capture(2, model, probe=True)
+    probing = step_capture(suite, 2, model, probe=True)
     layer_grads, grams = probing.before_update(None, None, None, fused=False)
     assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
     quiet_off = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=0), model, tmp_path / "w1.pt")
-    assert quiet_off.step_capture(1, model, probe=False) is None
+    assert step_capture(quiet_off, 1, model, probe=False) is None
 
 
 def test_off_probe_steps_measure_the_gradients_sparsity_in_closed_form(tmp_path):
@@ -332,8 +334,8 @@ def test_off_probe_steps_measure_the_gradients_sparsity_in_closed_form(tmp_path)
         p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
     n = sum(p.numel() for p in model.parameters())
     suite = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=2), model, tmp_path / "w0.pt")
-    assert suite.step_capture(3, model, probe=False) is None
-    capture = suite.step_capture(4, model, probe=False)
+    assert step_capture(suite, 3, model, probe=False) is None
+    capture = step_capture(suite, 4, model, probe=False)
     assert capture.before_update(None, None, None, fused=False) == ({}, {})
     assert capture.metrics["grad_sparsity"] == pytest.approx(1 - 256 / n, abs=1e-12)
     assert capture.metrics["grad_hoyer"] == pytest.approx((math.sqrt(n) - 16) / (math.sqrt(n) - 1), abs=1e-12)

@@ -57,6 +57,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.probes.chunked_gram import ChunkShare, ShareBuilder, _close, _squared_norm
 from grpo_cli.probes.per_sample import LayerCapture
 from grpo_cli.probes.sketch import project_gradient
@@ -134,6 +135,16 @@ class TrainingPassFactors:
         target = _squared_norm(grad, self.builder.chunk_elems).to(gram.device)
         scale = float(gram.diagonal().clamp(min=0).sqrt().sum()) ** 2
         return _close(gram.sum(), target, scale, self.builder.rtol)
+
+
+def per_rollout_advantage(
+    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
+) -> torch.Tensor | None:  # [N]
+    """Each rollout's advantage when all its completion tokens share one; None otherwise."""
+    low, high, has_tokens = advantage_range(advantages, completion_mask)
+    if bool(((high != low) & has_tokens).any()):
+        return None
+    return torch.where(has_tokens, high, 0.0)
 
 
 def score_groups_to_recompute(

@@ -21,14 +21,12 @@ import math
 import re
 import statistics
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_cli.algorithm.advantages import advantage_range
 from grpo_cli.algorithm.optim import keeps_master, master_weight
 from grpo_cli.config.errors import ConfigError, InputError
 from grpo_cli.config.schema import ProbesConfig
@@ -39,18 +37,13 @@ from grpo_cli.measures import (
     top1_energy_share,
 )
 from grpo_cli.probes.cancellation import coherence, mean_cosine
-from grpo_cli.probes.chunked_gram import ShareBuilder, check_rtol
 from grpo_cli.probes.composition import (
     composition_applies,
     distinct_rows,
     distinct_spectrum,
     group_composition,
 )
-from grpo_cli.probes.fused import (
-    TrainingPassFactors,
-    score_blocks_from_advantage,
-    score_groups_to_recompute,
-)
+from grpo_cli.probes.fused import per_rollout_advantage
 from grpo_cli.probes.gradient_stats import (
     gradient_metrics,
     layer_batch_norms,
@@ -59,7 +52,7 @@ from grpo_cli.probes.gradient_stats import (
     rollout_rows,
 )
 from grpo_cli.probes.gram import group_blocks, group_sum_gram, per_rollout_grams
-from grpo_cli.probes.per_sample import CHUNK_ELEMS, select_params
+from grpo_cli.probes.per_sample import select_params
 from grpo_cli.probes.powerlaw import fit_power_law
 from grpo_cli.probes.rank_measures import (
     all_rank_measures,
@@ -75,7 +68,6 @@ from grpo_cli.probes.sparsity import (
 from grpo_cli.probes.step import ProbedStep
 from grpo_cli.runtime.files import DISK_HINT, UnsafeCheckpointError, load_plain, save_atomic
 from grpo_cli.runtime.sharded import whole
-from grpo_cli.runtime.timing import PhaseTimer
 
 PER_ROLLOUT_MATRICES = ("rollout_group", "rollout_batch", "score_group", "group_batch")
 # entries of W_t that differ from W_0: in the weights as the model holds them (bf16 when it is
@@ -106,16 +98,6 @@ def mean_abs_cosine(gram: torch.Tensor) -> float:  # gram [R, R]
     sub = gram[keep][:, keep] / torch.outer(norms[keep], norms[keep])
     off = ~torch.eye(sub.shape[0], dtype=torch.bool, device=sub.device)
     return float(sub[off].abs().mean())
-
-
-def per_rollout_advantage(
-    advantages: torch.Tensor, completion_mask: torch.Tensor  # [N, L] each
-) -> torch.Tensor | None:  # [N]
-    """Each rollout's advantage when all its completion tokens share one; None otherwise."""
-    low, high, has_tokens = advantage_range(advantages, completion_mask)
-    if bool(((high != low) & has_tokens).any()):
-        return None
-    return torch.where(has_tokens, high, 0.0)
 
 
 def nonzero_advantage_rows(
@@ -166,7 +148,7 @@ class ProbeSuite:
         self.matrices = set(probes_cfg.matrices)
         self._hooks_verified = False  # the Gram hooks' consistency check passed once (rollout_grams)
         # per-rollout Grams from the training pass (fused.py) until the hooks fail there once
-        self._fuse = probes_cfg.fused_gram != "never" and probes_cfg.gram_method != "per_sample"
+        self.fuse_training_pass = probes_cfg.fused_gram != "never" and probes_cfg.gram_method != "per_sample"
         pattern = re.compile(probes_cfg.layer_regex)
         self.layer_params = {
             name: p
@@ -245,6 +227,21 @@ class ProbeSuite:
         back to per_sample; the separate pass skips the check (and its weight gradients) from then on."""
         return self._hooks_verified
 
+    def hooks_passed(self) -> None:
+        """The hooks' consistency check passed (on the training pass: StepCapture)."""
+        self._hooks_verified = True
+
+    def fall_back_to_separate_pass(self) -> None:
+        """A use the training pass's hooks missed: every later probe takes the separate pass."""
+        self.fuse_training_pass = False
+        warnings.warn("probes: per-rollout factors of the training pass failed their check; "
+                      "using a separate pass", stacklevel=3)
+
+    @property
+    def per_rollout_matrices(self) -> bool:
+        """Whether a probed matrix is per-rollout (PER_ROLLOUT_MATRICES: from the rows' Grams)."""
+        return bool(self.matrices & set(PER_ROLLOUT_MATRICES))
+
     def due(self, step: int, total_steps: int) -> bool:
         every = self.cfg.every
         return every > 0 and (step % every == 0 or step == total_steps - 1)
@@ -283,23 +280,13 @@ class ProbeSuite:
             if p.grad is not None
         }
 
-    def step_capture(self, step: int, model: torch.nn.Module, timer: PhaseTimer | None = None,
-                     probe: bool = True) -> StepCapture | None:
-        """What step `step` asks of the trainer's update (`GRPOTrainer.step(capture=...)`): on a
-        probe step the pre-update gradients, on every step grad_sum's running sum, off probe
-        steps the gradient's sparsity where `sparsity_due`; None when it asks nothing."""
-        sparsity = not probe and self.sparsity_due(step)
-        if not probe and not sparsity and "grad_sum" not in self.matrices:
-            return None
-        return StepCapture(self, step, model, timer, probe=probe, sparsity=sparsity)
-
     def record(self, step: int, output: ProbedStep, model: torch.nn.Module) -> ProbeRows:
         rows = ProbeRows()
         rows.metrics = dict(self._sparsity)
         captured, self._probed_squares = self._probed_squares, None
         names, squares = captured if captured is not None else ([], None)
         squares = None if squares is None else squares.cpu()  # [P'] ||G_p||^2, one host read
-        if self.matrices & set(PER_ROLLOUT_MATRICES):
+        if self.per_rollout_matrices:
             probed = math.nan if squares is None else float(squares.sum().sqrt())  # no grad at all: 0
             self._per_rollout(step, output, model, rows, probed)
         if squares is not None and squares.numel():  # the batch gradient per layer (grad_norms.csv)
@@ -451,7 +438,7 @@ class ProbeSuite:
         return {"advantage": advantage, "score_blocks": group_blocks(score, size),
                 "param_diagonals": diagonals}
 
-    def _score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
+    def score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
         """K_score [M, M] of the given rows (whole groups) from a separate pass."""
         rows = rows.to(batch.input_ids.device)
         result = per_rollout_grams(
@@ -570,101 +557,3 @@ class ProbeSuite:
                 for k, value in enumerate(sigma.tolist())
             )
         return row
-
-
-class StepCapture:
-    """One probe step's part in the trainer's update (`GRPOTrainer.step(capture=...)`).
-
-    `training_pass`: this step takes the per-rollout factors from the training forward and
-    backward (fused.py); the trainer says whether its loss allows it. `unshare_prompts`: it may
-    also run each row's prompt forward where training shares prompts (probes.fused_gram=always;
-    under `auto` such steps take the separate pass: on the CPU preset, whose prompts are longer
-    than its completions, the unshared forward costs what the separate pass saves, docs/speed_log.md).
-    `micro_batch(rows)` wraps one micro-batch's forward and backward of the batch rows `rows`
-    (with train.backward_live_rows, only the rows that have a gradient); `before_update` runs after
-    the last backward and before the optimizer: the batch gradients of the layer matrices and the
-    per-rollout Grams, all at the weights the loss was computed at.
-    """
-
-    def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module,
-                 timer: PhaseTimer | None = None, probe: bool = True, sparsity: bool = False):
-        self.suite, self.step, self.model, self.timer = suite, step, model, timer
-        self.probe = probe  # False: a step that only adds to grad_sum and/or measures sparsity
-        self.sparsity = sparsity  # off a probe step: grad_sparsity / grad_hoyer (metrics)
-        self.metrics: dict[str, float] = {}  # what an off-probe step measured, for metrics.csv
-        self.per_rollout = probe and bool(suite.matrices & set(PER_ROLLOUT_MATRICES))
-        self.training_pass = suite._fuse and self.per_rollout
-        self.unshare_prompts = suite.cfg.fused_gram == "always"
-        self.source = ""  # where the per-rollout Grams came from: training_pass | separate_pass
-        self._factors: TrainingPassFactors | None = None
-
-    @contextmanager
-    def micro_batch(self, rows: list[int]):  # the batch rows this forward and backward hook, in order
-        if self._factors is None:
-            cfg = self.suite.cfg
-            device = next(self.model.parameters()).device
-            builder = ShareBuilder(cfg.gram_method, check_rtol(self.model), device, cfg.sketch_dim,
-                                   self.step, CHUNK_ELEMS)
-            self._factors = TrainingPassFactors(self.model, self.suite.gram_params, builder)
-        with self._factors.micro_batch(rows):
-            yield
-            if self.timer is not None:  # turning the factors into Gram shares is probe time
-                self.timer.start("probes")
-        if self.timer is not None:
-            self.timer.stop("probes")
-
-    def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
-        """(layer batch gradients, per-rollout Grams) for `StepOutput` (empty off probe steps)."""
-        suite = self.suite
-        if not self.probe:
-            if self.sparsity:
-                self.metrics = suite.measure_sparsity()
-            return {}, {}
-        layer_grads = suite.capture_layer_grads()
-        if not self.per_rollout:
-            return layer_grads, {}
-        grams = self._fused_grams(batch, advantages, loss_weights) if fused else None
-        self.source = "separate_pass" if grams is None else "training_pass"
-        if grams is None:
-            grams = suite.rollout_grams(self.step, batch, loss_weights, advantages, self.model)
-        return layer_grads, grams
-
-    def after_backward(self) -> None:
-        """Every pass of every step, before clipping: grad_sum += G_t."""
-        if "grad_sum" in self.suite.matrices:
-            self.suite.accumulate_gradients()
-
-    def _fused_grams(self, batch, advantages, weights) -> dict[str, torch.Tensor] | None:
-        suite = self.suite
-        factors, self._factors = self._factors, None
-        if factors is None:  # nothing hooked: no row had a gradient (train.backward_live_rows)
-            gram = torch.zeros(batch.num_rollouts, batch.num_rollouts, dtype=torch.float64,
-                               device=next(self.model.parameters()).device)
-        else:
-            gram, _ = factors.gram(not suite._hooks_verified, batch.num_rollouts)
-        if gram is None:  # a use the hooks missed: the separate pass from now on
-            suite._fuse = False
-            warnings.warn("probes: per-rollout factors of the training pass failed their check; "
-                          "using a separate pass", stacklevel=2)
-            return None
-        suite._hooks_verified = suite._hooks_verified or factors is not None
-        grams = {"advantage": gram,  # [N, N]
-                 "param_diagonals": suite.param_diagonals({} if factors is None else factors.diagonals,
-                                                          batch.num_rollouts, gram.device)}
-        if not suite.needs_score:
-            return grams
-        size = batch.group_size
-        per_rollout = per_rollout_advantage(advantages, batch.completion_mask)  # [N] or None
-        recompute = score_groups_to_recompute(per_rollout, batch.num_rollouts // size)
-        blocks = (
-            score_blocks_from_advantage(group_blocks(gram, size), per_rollout)
-            if per_rollout is not None
-            else gram.new_full((len(recompute), size, size), math.nan)
-        )  # [B, R, R]
-        groups = recompute.nonzero().flatten()  # [G]
-        if groups.numel():
-            rows = (groups.unsqueeze(1) * size + torch.arange(size)).flatten()  # [G * R]
-            separate = suite._score_rows_gram(self.step, batch, weights, rows, self.model)
-            blocks[groups.to(blocks.device)] = group_blocks(separate, size).to(blocks.device)
-        grams["score_blocks"] = blocks
-        return grams

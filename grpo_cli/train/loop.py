@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo_cli.probes.capture import step_capture
 from grpo_cli.probes.runner import ProbeRows
 from grpo_cli.results.rows import timing_row
 from grpo_cli.runtime.memory import PhaseMemory
@@ -71,7 +72,7 @@ class TrainingLoop:
             # ---- the GRPO step (its phases are timed inside; the probes' hook reads its gradients;
             # update=False stops before the optimizer: grpo probe) ----
             capture = (None if self.probes is None
-                       else self.probes.step_capture(step, self.model, timer, probe=probe_now))
+                       else step_capture(self.probes, step, self.model, timer, probe=probe_now))
             output = self.trainer.step(step, capture=capture, update=update)
             # ---- probes: spectra of this step's gradients ----
             if probe_now:

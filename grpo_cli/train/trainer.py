@@ -130,7 +130,7 @@ class MicroBatchOutput:
 
 class ProbeCapture(Protocol):
     """Everything the probes ask of a step's update, the one hook between trainer and probes
-    (grpo_cli/probes/runner.py: StepCapture). Probe steps read the first pass's gradients;
+    (grpo_cli/probes/capture.py: StepCapture). Probe steps read the first pass's gradients;
     `grad_sum` reads every pass's raw gradient."""
 
     training_pass: bool  # wants the per-rollout factors of the training forward and backward

@@ -32,7 +32,7 @@ def setup_for(cache_dir, *overrides):
 
 
 class GradientSnapshot:
-    """A `ProbeCapture` (grpo_cli/train/trainer.py) that copies every .grad before the update."""
+    """A `ProbeCapture` (grpo_cli/train/step_data.py) that copies every .grad before the update."""
 
     training_pass = False
     unshare_prompts = False

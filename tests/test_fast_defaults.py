@@ -56,7 +56,7 @@ def test_a_non_finite_loss_in_a_graph_decoding_run_names_the_graphs(tmp_path):
     """Full runs decoding in CUDA graphs met NaN gradients on an H200 (2026-11-28): the error of
     such a run points at `rollout.cuda_graphs=false`; a run without graphs does not. On a CPU
     the graph decoder's step runs eagerly, so the same trainer serves both."""
-    from grpo_cli.train.trainer import NonFiniteLossError
+    from grpo_cli.train.pass_reading import NonFiniteLossError
 
     cfg = compose_config(TINY + ["rollout.backend=hf_static", "rollout.draw=multinomial",
                                  "fault.step=0", "fault.kind=nan_loss", f"cache_dir={tmp_path}"])

@@ -13,7 +13,7 @@ from step_parity import setup_for
 
 from grpo_cli.rollout.batch import assemble_batch
 from grpo_cli.train.non_finite import batch_report, gradient_report
-from grpo_cli.train.trainer import NonFiniteLossError
+from grpo_cli.train.pass_reading import NonFiniteLossError
 
 
 def small_batch():
@@ -118,4 +118,4 @@ def test_a_report_that_cannot_be_read_does_not_hide_the_failure(tmp_path):
     read), the message says so instead of raising over the NonFiniteLossError it explains."""
     setup = setup_for(tmp_path)
     report = setup.trainer._non_finite_report(None, [], None, True)
-    assert report.startswith("(where the NaN or inf is could not be read: ValueError: torch.cat()"), report
+    assert report.startswith(". (where the NaN or inf is could not be read: ValueError: torch.cat()"), report

@@ -16,7 +16,7 @@ from grpo_cli.probes.fused import per_rollout_advantage
 from grpo_cli.probes.gram import per_rollout_grams
 from grpo_cli.probes.runner import ProbeSuite
 from grpo_cli.rollout.batch import RolloutBatch
-from grpo_cli.train.trainer import StepOutput
+from grpo_cli.train.step_data import StepOutput
 
 GROUP_SIZE = 2
 

@@ -15,7 +15,8 @@ from step_parity import setup_for
 
 from grpo_cli.config.schema import TrainConfig
 from grpo_cli.train.loop import TrainingLoop
-from grpo_cli.train.trainer import GRPOTrainer, NonFiniteLossError
+from grpo_cli.train.pass_reading import NonFiniteLossError
+from grpo_cli.train.trainer import GRPOTrainer
 
 # grpo-cli's own reads in a step of one pass (docs/speed_log.md): the token counts, the pass's
 # logged terms with its gradient norm (the non-finite checks), and the metrics row.
@@ -55,9 +56,12 @@ def test_host_reads_do_not_grow_with_micro_batches_or_rows(tmp_path, rows):
     reads = step_reads(tmp_path, *rows)
     own = sites(reads["own"])
     assert len(reads["own"]) == OWN_READS_PER_STEP, own
-    # the metrics row's one read is the batch readings' (probes/step_metrics.py), the others the trainer's
+    # the metrics row's one read is the batch readings' (probes/step_metrics.py), the pass's is
+    # pass_reading.py's (one pass here), the plan's the trainer's
     assert sum("probes/step_metrics.py" in site and "(read_batch)" in site for site in own) == 1, own
-    assert all("grpo_cli/train/trainer.py" in site or "(read_batch)" in site for site in own), own
+    assert sum("train/pass_reading.py" in site and "(read_pass)" in site for site in own) == 1, own
+    assert all("grpo_cli/train/trainer.py" in site or "(read_batch)" in site or "(read_pass)" in site
+               for site in own), own
     assert len(reads["rollout"]) > 0  # the counter sees the sampler's reads, set apart here
     # transformers' SDPA mask builder checks each forward's padding (masking_utils
     # `_ignore_causal_mask_sdpa`): one read per model call, the training forward's only ones

@@ -14,7 +14,7 @@ from grpo_cli.rollout.batch import RolloutBatch
 @dataclass
 class ProbedStep:
     """What a probe reads from one training step: grpo-cli's trainer returns one
-    (grpo_cli.train.trainer.StepOutput adds the metrics row), the TRL callback builds one."""
+    (grpo_cli.train.step_data.StepOutput adds the metrics row), the TRL callback builds one."""
 
     batch: RolloutBatch
     advantages: torch.Tensor  # [N, L]

@@ -17,7 +17,8 @@ from grpo_cli.probes.runner import ProbeRows
 from grpo_cli.results.rows import timing_row
 from grpo_cli.runtime.memory import PhaseMemory
 from grpo_cli.train.evaluate import evaluate
-from grpo_cli.train.trainer import StepOutput, step_seed
+from grpo_cli.train.step_data import StepOutput
+from grpo_cli.train.trainer import step_seed
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

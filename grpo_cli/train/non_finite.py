@@ -1,7 +1,7 @@
 """What a non-finite loss or gradient norm says about where the NaN or inf came from.
 
-A step stops on a non-finite loss or gradient norm before any weight moves (trainer.py
-`_read_pass`). The bare number does not say where to look: a NaN in the rollout (the sampler's
+A step stops on a non-finite loss or gradient norm before any weight moves (pass_reading.py
+`read_pass`). The bare number does not say where to look: a NaN in the rollout (the sampler's
 log-probs or tokens), in the training forward (its log-probs, possibly only where the completion
 mask hides them from the loss but not from the backward: 0 * NaN is NaN), in the advantages, or in
 the gradients of some layers only. This module reads those tensors once, on the failure path

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, field
+from contextlib import ExitStack
 from functools import partial
-from typing import Protocol
 
 import torch
 
@@ -33,9 +30,7 @@ from grpo_cli.algorithm.scored import (
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
-from grpo_cli.config.errors import RunStopped
-from grpo_cli.probes.step import ProbedStep
-from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
+from grpo_cli.probes.step_metrics import read_batch, step_metrics
 from grpo_cli.results.rows import metrics_row
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
@@ -50,6 +45,7 @@ from grpo_cli.train.credit import (
 )
 from grpo_cli.train.fault import Fault
 from grpo_cli.train.non_finite import batch_report, gradient_report
+from grpo_cli.train.pass_reading import NonFiniteLossError, logged_totals, read_pass
 from grpo_cli.train.policy_forward import (
     forward_policy,
     in_row_order,
@@ -57,96 +53,14 @@ from grpo_cli.train.policy_forward import (
     token_probabilities,
 )
 from grpo_cli.train.problem_success import ProblemSuccess
-
-# What each micro-batch logs, as one [6] tensor read back once per pass
-LOGGED_TERMS = ("loss", "pg_loss", "clip_frac", "entropy_sum", "kl_sum", "value_loss")
-
-
-class NonFiniteLossError(RuntimeError, RunStopped):
-    """The loss became NaN or infinite; the run stops with status failed."""
-
-
-@dataclass
-class StepOutput(ProbedStep):
-    """One GRPO step: what the probes read (batch, advantages, scores, loss weights; on probe
-    steps the gradients captured before the update) and its metrics.csv row."""
-
-    metrics: dict = field(default_factory=dict)  # one row of metrics.csv (grpo_cli/results/rows.py)
-
-
-@dataclass
-class Targets:
-    """What the update trains toward, from the advantages phase."""
-
-    advantages: torch.Tensor  # [N, L] each token's advantage
-    returns: torch.Tensor | None  # [N, L] the value head's targets (estimators with values)
-    tis: torch.Tensor  # [N, L] truncated importance weights (ones when algorithm.tis_cap <= 0)
-    old_logprobs: torch.Tensor | None  # [N, L] None with one pass: the training forward's own serve
-    ref_logprobs: torch.Tensor | None  # [N, L] the reference's, for the KL term (None when off)
-    single_pass: bool  # one pass at ratio 1, no value head, no TIS
-
-
-@dataclass(frozen=True)
-class UpdatePlan:
-    """What every pass of one step's update shares, fixed before the first (`_plan_update`)."""
-
-    micro: list[slice]  # the micro-batches' row ranges
-    shares: list[float]  # each micro-batch's share of the batch's completion tokens
-    batch_tokens: float  # completion tokens in the batch (mask sum)
-    completion_positions: int  # ... as positions: the size of the metrics' log-prob gather
-    constant: int  # loss normaliser of algorithm.loss_agg=constant
-    weights: torch.Tensor  # [N, L] the loss's aggregation weights (the probes read them)
-    fused: bool  # the probes take their per-rollout factors from this forward and backward
-    shared_prompt_forward: bool  # one prompt forward per distinct prompt (off when fused)
-    prompt_keys: list[tuple[int, ...]] | None  # [N] each row's prompt tokens
-    widths: list[int] | None  # [N] each row's completion columns through its last token (buckets > 1)
-    live: list[bool] | None  # [N] rows whose loss has a gradient (train.backward_live_rows), else None
-    nan_loss: bool  # fault.kind=nan_loss: the last micro-batch's loss becomes NaN (fault.py)
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """What one step's update returns: its first pass's readings, what every pass adds to the
-    token-weight counts, and on probe steps what the probes captured before the optimizer."""
-
-    grad_norm: float  # the first pass's gradient norm, before clipping
-    losses: LossTotals  # the first pass's logged terms (`logged_totals`)
-    policy_logprobs: torch.Tensor  # [N, L] the first pass's log-probs, for the log-prob guard
-    # every pass: (informative rollouts with uniform token loss weights, informative rollouts,
-    # their summed relative weight spread) [3], `uniform_weight_rollouts` summed
-    token_weight_counts: torch.Tensor
-    layer_grads: dict[str, torch.Tensor]  # probe steps: batch gradients (else empty)
-    rollout_grams: dict[str, torch.Tensor]  # ... and per-rollout Grams
-
-
-@dataclass(frozen=True)
-class MicroBatchOutput:
-    """What one micro-batch's forward and backward give its pass (no host read)."""
-
-    terms: torch.Tensor  # [6] LOGGED_TERMS, float64
-    logprobs: torch.Tensor  # [n, L] the policy's log-probs of its rows, detached
-    token_weight_counts: torch.Tensor  # [3] `uniform_weight_rollouts` of its rows
-
-
-class ProbeCapture(Protocol):
-    """Everything the probes ask of a step's update, the one hook between trainer and probes
-    (grpo_cli/probes/capture.py: StepCapture). Probe steps read the first pass's gradients;
-    `grad_sum` reads every pass's raw gradient."""
-
-    training_pass: bool  # wants the per-rollout factors of the training forward and backward
-    unshare_prompts: bool  # ... even where that means each row's own prompt forward
-
-    def micro_batch(self, rows: list[int]) -> AbstractContextManager:
-        """Around one micro-batch's forward and backward of the batch rows `rows` (in order):
-        every row of the micro-batch, or with train.backward_live_rows those with a gradient."""
-
-    def before_update(self, batch: RolloutBatch, advantages: torch.Tensor, loss_weights: torch.Tensor,
-                      fused: bool) -> tuple[dict, dict]:
-        """After the first pass's backward, before the optimizer: (layer_grads, rollout_grams),
-        both empty on a step that probes nothing."""
-
-    def after_backward(self) -> None:
-        """After every pass's backward, before clipping (grad_sum += G_t)."""
+from grpo_cli.train.step_data import (
+    MicroBatchOutput,
+    ProbeCapture,
+    StepOutput,
+    Targets,
+    UpdatePlan,
+    UpdateResult,
+)
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -406,7 +320,7 @@ class GRPOTrainer:
         """Forward, backward and optimizer per micro-batch, for each of algorithm.num_iterations
         passes (`apply=False`: the first pass's forward, backward and probes only, no optimizer).
         No host read per micro-batch: the logged terms stay tensors until one read per pass
-        (`_read_pass`), which stops the run on a non-finite loss or norm before any update."""
+        (`pass_reading.read_pass`), which stops the run on a non-finite loss or norm before any update."""
         algorithm, timer = self.cfg.algorithm, self.timer
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.model.train()
@@ -425,8 +339,8 @@ class GRPOTrainer:
                         p.grad = torch.zeros_like(p)
             with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
                 norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            values, norm = self._read_pass(step, [output.terms for output in outputs], norm_tensor,
-                                           partial(self._non_finite_report, batch, outputs, targets))  # host read
+            values, norm = read_pass(step, [output.terms for output in outputs], norm_tensor,  # host read
+                                     partial(self._non_finite_report, batch, outputs, targets))
             if first:
                 grad_norm, losses = norm, logged_totals(
                     values, plan.shares, plan.batch_tokens,
@@ -600,29 +514,15 @@ class GRPOTrainer:
         return (in_row_order([out[0] for out in outputs], groups),
                 in_row_order([out[1] for out in outputs], groups), hidden)
 
-    def _read_pass(self, step: int, logged: list[torch.Tensor], norm: torch.Tensor,
-                   explain: Callable[[bool], str]) -> tuple[list[list[float]], float]:
-        """The pass's one host read: each micro-batch's LOGGED_TERMS [micro-batches, 6] and the
-        gradient norm. A non-finite loss or norm stops the run here, before any update, with
-        `explain(norm_failed)` (where the NaN or inf is: `_non_finite_report`) in the message."""
-        read = torch.cat([torch.stack(logged).flatten(), norm.double().reshape(1)]).tolist()
-        width = len(LOGGED_TERMS)
-        values = [read[start : start + width] for start in range(0, len(read) - 1, width)]
-        bad = next((row for row in values if not math.isfinite(row[0])), None)
-        if bad is not None:
-            raise NonFiniteLossError(
-                f"step {step}: loss is {bad[0]} (pg_loss {bad[1]}); lower optim.lr or check the "
-                f"rewards{self._graphs_hint()}. {explain(False)}"
-            )
-        if not math.isfinite(read[-1]):
-            raise NonFiniteLossError(
-                f"step {step}: gradient norm is {read[-1]}{self._graphs_hint()}. {explain(True)}")
-        return values, read[-1]
-
     def _non_finite_report(self, batch: RolloutBatch, outputs: list[MicroBatchOutput],
                            targets: Targets, norm_failed: bool) -> str:
-        """Where a non-finite loss or norm came from (train/non_finite.py): the gradients by
-        parameter, then the batch's inputs. The failure path only: its host reads stop nothing."""
+        """The tail of the message that stops a step on a non-finite loss or norm: the CUDA-graphs
+        hint, then where it came from (train/non_finite.py): the gradients by parameter, then the
+        batch's inputs. The failure path only: its host reads stop nothing."""
+        return f"{self._graphs_hint()}. {self._where_non_finite(batch, outputs, targets, norm_failed)}"
+
+    def _where_non_finite(self, batch: RolloutBatch, outputs: list[MicroBatchOutput],
+                          targets: Targets, norm_failed: bool) -> str:
         try:
             named = list(self.model.named_parameters())
             if self.value_head is not None:
@@ -708,25 +608,3 @@ class GRPOTrainer:
                                          size=plan.completion_positions)  # [T, 1]
         return (batch.sampler_logprobs - result.policy_logprobs).abs().flatten()[positions[:, 0]]
 
-
-def logged_totals(values: list[list[float]], shares: list[float], batch_tokens: float, *,
-                  kl_term: bool, value_term: bool) -> LossTotals:
-    """The first pass's logged terms, from each micro-batch's LOGGED_TERMS: losses summed,
-    clip_frac and value loss weighted by token share, entropy and kl per completion token; summed
-    in micro-batch order, as the per-micro-batch reads did. NaN for the kl without a KL term
-    (`kl_term`) and for the value loss without a value head (`value_term`)."""
-    totals = dict.fromkeys(LOGGED_TERMS, 0.0)
-    for row, share in zip(values, shares, strict=True):
-        terms = dict(zip(LOGGED_TERMS, row, strict=True))
-        totals["loss"] += terms["loss"]
-        totals["pg_loss"] += terms["pg_loss"]
-        totals["clip_frac"] += terms["clip_frac"] * share
-        totals["entropy_sum"] += terms["entropy_sum"] / max(batch_tokens, 1.0)
-        totals["kl_sum"] += terms["kl_sum"] / max(batch_tokens, 1.0)
-        totals["value_loss"] += terms["value_loss"] * share
-    return LossTotals(
-        loss=totals["loss"], pg_loss=totals["pg_loss"],
-        kl=totals["kl_sum"] if kl_term else math.nan,
-        value_loss=totals["value_loss"] if value_term else math.nan,
-        entropy=totals["entropy_sum"], clip_frac=totals["clip_frac"],
-    )

@@ -1,8 +1,8 @@
 """One step's part in the trainer's update: what a probe step captures before the optimizer.
 
-`step_capture` hands the trainer a `StepCapture` for a `ProbeSuite` (runner.py), which on a probe step
-takes the per-rollout Gram factors from the training forward and backward where that is exact
-(fused.py) and otherwise asks the suite for its separate pass; on every step it adds the pass's
+`step_capture` hands the trainer a `StepCapture` for a `ProbeSuite` (runner.py). On a probe step
+it takes the per-rollout Gram factors from the training forward and backward where that is exact
+(fused.py), else it asks the suite for its separate pass; on every step it adds the pass's
 gradient to `grad_sum`, and off probe steps it measures the gradient's sparsity where due.
 """
 

@@ -243,6 +243,10 @@ def test_cli_write_docs_and_confidence(tmp_path):
     bad = CliRunner().invoke(app, ["analyze", str(tmp_path / "res"), "--write-docs", "nope",
                                    "--docs-page", str(page)])
     assert bad.exit_code == 2 and "expected one" in bad.output
+    for option, name in (("--tolerance", "band"), ("--trend", "growth_tolerance")):
+        negative = CliRunner().invoke(app, ["analyze", str(tmp_path / "res"), option, "-0.1"])
+        assert negative.exit_code != 0, negative.output
+        assert f"{name} (grpo analyze {option}) must be >= 0, not -0.1" in negative.output
 
 
 def test_a_probe_run_resamples_its_groups_instead_of_seeds(tmp_path):

@@ -164,6 +164,10 @@ class Rules:
             raise ValueError(f"confidence must be in [0.5, 1), not {self.confidence}")
         if not 0 < self.last_fraction <= 1:
             raise ValueError(f"last_fraction must be in (0, 1], not {self.last_fraction}")
+        for name, option in (("band", "--tolerance"), ("growth_tolerance", "--trend")):
+            value = getattr(self, name)
+            if not value >= 0:  # a negative allowance would make claim 2 unprovable whatever the data
+                raise ValueError(f"{name} (grpo analyze {option}) must be >= 0, not {value}")
         if self.resamples < 100:
             raise ValueError(f"resamples must be at least 100, not {self.resamples}")
 

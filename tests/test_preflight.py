@@ -4,7 +4,6 @@ one line naming the file:line or the key (exit 1 for data, 2 for settings), and 
 stays empty: no model was built or warm-started."""
 
 import json
-import time
 
 import pytest
 from cli_helpers import grpo_run
@@ -27,15 +26,12 @@ def records(count: int) -> list[str]:
 def refused_early(tmp_path, *overrides, exit_code: int, message: str):
     """Run, then check the one printed line, the exit code, and that nothing was built."""
     cache = tmp_path / "cache"
-    began = time.monotonic()
     result = grpo_run(tmp_path / "results", cache, *overrides)
-    elapsed = time.monotonic() - began
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == exit_code, result.output
     assert len(lines) == 1 and message in lines[0], result.output
     assert "Traceback" not in result.output
     assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))  # no warm start
-    assert elapsed < 60, elapsed  # loose: a warm start alone takes longer on these machines
     return lines[0]
 
 

@@ -209,7 +209,8 @@ def test_rank_equal_to_r_is_contradicted(tmp_path):
     assert row["verdict"] == "contradicted"
     assert row["slope"] == pytest.approx(4.0)  # R=2 capped: means 4, 8 against log2 R = 2, 3
     assert row["max_deviation"] == pytest.approx(6.0)
-    assert "R=4, R=8 wholly outside [1.5, 2.5]" in row["sentence"]
+    assert ("R=4 [4.00, 4.00], R=8 [8.00, 8.00] wholly outside [1.5, 2.5] at 95.0%, the Bonferroni "
+            "level over the 2 judged R") in row["sentence"]
     assert set(result.verdicts["measure"]) == {"erank_entropy"}
 
 

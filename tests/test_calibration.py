@@ -15,7 +15,7 @@ import pytest
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import falsifier, trend
 from grpo_cli.analysis.claims import _trend_verdict
-from grpo_cli.analysis.rank_verdict import PerR, rank_bounds, slope_interval
+from grpo_cli.analysis.rank_verdict import PerR, level_part, rank_bounds, slope_interval
 from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED, Rules, combine, holm
 
 RULES = Rules()  # 90% intervals, one-sided trend level 0.05
@@ -23,7 +23,8 @@ JUDGED = [4, 8, 16]
 TRUE_SLOPE = 0.3  # rank units per doubling of R
 
 
-def _sweeps(count, seeds, sd_seed, sd_step, sd_group, rng, steps=24, groups=16, phi=0.2):
+def _sweeps(count, seeds, sd_seed, sd_step, sd_group, rng, steps=24, groups=16, phi=0.2,
+            slope=TRUE_SLOPE):
     """Window means [count, seeds, R] of simulated runs: rank = 2 + TRUE_SLOPE log2(R/4) + a
     seed x R effect + an AR(1) (phi) step process + group noise, each run averaged over its
     `steps` window steps of `groups` groups (what a run's window mean is)."""
@@ -34,7 +35,7 @@ def _sweeps(count, seeds, sd_seed, sd_step, sd_group, rng, steps=24, groups=16, 
         step_noise[..., k] = phi * step_noise[..., k - 1] + rng.normal(
             0, sd_step * math.sqrt(1 - phi**2), shape)
     group_noise = rng.normal(0, sd_group, (*shape, steps, groups)).mean(-1)
-    truth = 2 + TRUE_SLOPE * np.log2(np.array(JUDGED) / 4)  # [R]
+    truth = 2 + slope * np.log2(np.array(JUDGED) / 4)  # [R]
     return truth + rng.normal(0, sd_seed, shape) + (step_noise + group_noise).mean(-1)
 
 
@@ -101,6 +102,41 @@ def test_claim4_intervals_cover_90_percent():
         covered_diff += diff.low <= 0.3 <= diff.high
     for share in (covered_rank / len(outcome), covered_diff / len(outcome)):
         assert 0.86 <= share <= 0.95, (covered_rank, covered_diff)
+
+
+@pytest.mark.parametrize("edge", [2.5, 1.5])
+@pytest.mark.parametrize("sd_seed, sd_step, sd_group", [(0.03, 0.45, 0.74), (0.08, 0.71, 1.35)])
+def test_claim2c_reads_a_rank_on_the_bands_edge_outside_at_most_at_its_level(edge, sd_seed, sd_step,
+                                                                             sd_group):
+    """2c through its own path (level_part): 2000 sweeps of 4 seeds with the rank exactly on an
+    edge of the band (2 +- 0.5) at R = 4, 8, 16. Each R's 90% interval lies wholly beyond that
+    edge 5% of the time, so "some R wholly outside" read contradicted in 12.5-13.8% of sweeps
+    before the Bonferroni level; now at most 5% + 3 se (se 0.0049), and never supported beyond
+    the one-sided 5% either."""
+    rng = np.random.default_rng([int(10 * edge), int(100 * sd_seed)])
+    values = _sweeps(2000, 4, sd_seed, sd_step, sd_group, rng, slope=0.0) + (edge - 2)
+    verdicts = []
+    for sweep in values:
+        per_r = {r: PerR(bs.mean_interval(sweep[:, j], RULES.confidence, rng, 100,
+                                          rank_bounds("rollout_group", "mean", r)),
+                         sweep[:, j], tuple(range(4))) for j, r in enumerate(JUDGED)}
+        verdicts.append(level_part(per_r, JUDGED, RULES).verdict)
+    verdicts = np.array(verdicts)
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(verdicts))
+    assert np.mean(verdicts == CONTRADICTED) <= bound, np.mean(verdicts == CONTRADICTED)
+    assert np.mean(verdicts == CONTRADICTED) >= 0.01  # the rule still reads outside at the edge
+    assert np.mean(verdicts == SUPPORTED) <= bound
+
+
+def test_claim2c_bonferroni_level_closed_form():
+    """k judged R: each R's outside-reading interval is at 1 - 0.1 / k; with 4 seeds (3 df) and
+    se 0.1 the 96.67% half-width is t_3(0.98333) x 0.1 = 0.3740 (the 90% one: 2.3534 x 0.1)."""
+    assert RULES.level_confidence(3) == pytest.approx(1 - 0.1 / 3)
+    assert RULES.level_confidence(1) == RULES.confidence
+    iv = bs.Interval(3.0, 3.0 - 0.23534, 3.0 + 0.23534, 4, se=0.1, df=3)
+    low, high = bs.at_confidence(iv, RULES.level_confidence(3))
+    assert (low, high) == pytest.approx((3.0 - 0.37405, 3.0 + 0.37405), abs=2e-4)
+    assert bs.at_confidence(iv, 0.99, (0.0, 3.2))[1] == 3.2  # clipped like the interval
 
 
 def test_intervals_stay_in_the_range_a_rank_can_take():

@@ -122,6 +122,16 @@ def t_interval(estimate: float, se: float, df: int, n: int, confidence: float,
                     replicates, se, df)
 
 
+def at_confidence(interval: Interval, confidence: float,
+                  bounds: tuple[float, float] = UNBOUNDED) -> tuple[float, float]:
+    """`interval`'s t-interval at another two-sided `confidence` (the same estimate, se and
+    df), clipped to `bounds`; (-inf, inf) where it has none."""
+    if interval.df < 1 or not (interval.finite and math.isfinite(interval.se)):
+        return -math.inf, math.inf
+    half = t_quantile(0.5 + confidence / 2, interval.df) * interval.se
+    return max(interval.estimate - half, bounds[0]), min(interval.estimate + half, bounds[1])
+
+
 def mean_interval(values, confidence: float, rng: np.random.Generator, draws: int = DRAWS,
                   bounds: tuple[float, float] = UNBOUNDED) -> Interval:
     """The mean of independent `values` (one per seed) with its t-interval (n - 1 df)."""

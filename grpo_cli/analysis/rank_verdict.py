@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,14 +227,25 @@ def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], ru
     return [part_a, part_b], iv
 
 
-def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
-    """2c: every judged R's rank within target +- band."""
+def level_part(per_r: dict, judged: list[int], rules: Rules,
+               bounds: Callable[[int], tuple[float, float]] = lambda r: bs.UNBOUNDED) -> Part:
+    """2c: every judged R's rank within target +- band; an R reads wholly outside at the
+    Bonferroni level over the judged R (`Rules.level`). `bounds(R)`: the range a reading can
+    take (`rank_bounds`), which clips the wider intervals as it clips the others."""
     lo, hi = rules.target - rules.band, rules.target + rules.band
     question = f"is the rank ~{rules.target:g} (within {rules.band:g}) at every judged R?"
     if not judged:
         return Part("2c", question, NOT_JUDGED, "2c: not judged, no value of R.")
     ivs = [per_r[r].interval for r in judged]
-    verdict = rules.level([(iv.low, iv.high) for iv in ivs])
+    level_out = rules.level_confidence(len(judged))  # = confidence with one judged R
+    wide = [bs.at_confidence(iv, level_out, bounds(r)) for r, iv in zip(judged, ivs, strict=True)]
+    verdict = rules.level([(iv.low, iv.high) for iv in ivs], wide)
+
+    def outside(low: float, high: float) -> bool:
+        return high < lo or low > hi
+
+    bonferroni = (f" at {level_out:.1%}, the Bonferroni level over the {len(judged)} judged R"
+                  if len(judged) > 1 else "")
     values = ", ".join(f"R={r} {iv.text(2)}" for r, iv in zip(judged, ivs, strict=True))
     flip = math.nan
     if all(iv.replicates.size for iv in ivs):
@@ -242,16 +254,24 @@ def level_part(per_r: dict, judged: list[int], rules: Rules) -> Part:
         point = all(lo <= iv.estimate <= hi for iv in ivs)
         flip = float(np.mean(inside != point))
     seeds = None
-    if verdict == INCONCLUSIVE:
-        needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence) for iv in ivs
+    if verdict == INCONCLUSIVE:  # an R outside at `confidence` only must settle at the wider level
+        needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence) if not outside(iv.low, iv.high)
+                 else bs.seeds_to_settle(bs.Interval(iv.estimate, *band, iv.n, se=iv.se, df=iv.df),
+                                         [lo, hi], level_out)
+                 for iv, band in zip(ivs, wide, strict=True)
                  if iv.finite and not (lo <= iv.low and iv.high <= hi)]
         seeds = max(needs) if needs and all(needs) else None
     decided = {
         SUPPORTED: f"every interval inside [{lo:g}, {hi:g}]",
-        CONTRADICTED: f"{', '.join(f'R={r}' for r, iv in zip(judged, ivs, strict=True) if iv.high < lo or iv.low > hi)} wholly outside [{lo:g}, {hi:g}]",
+        CONTRADICTED: ", ".join(f"R={r} [{low:.2f}, {high:.2f}]" for r, (low, high)
+                                in zip(judged, wide, strict=True) if outside(low, high))
+        + f" wholly outside [{lo:g}, {hi:g}]{bonferroni}",
         INCONCLUSIVE: "; ".join(
-            f"R={r} straddles {lo:g} or {hi:g}" if iv.finite else f"R={r} has no interval"
-            for r, iv in zip(judged, ivs, strict=True) if not (lo <= iv.low and iv.high <= hi)),
+            (f"R={r} outside [{lo:g}, {hi:g}] at {rules.confidence:.0%} but not{bonferroni} "
+             f"([{low:.2f}, {high:.2f}])" if outside(iv.low, iv.high)
+             else f"R={r} straddles {lo:g} or {hi:g}") if iv.finite else f"R={r} has no interval"
+            for r, iv, (low, high) in zip(judged, ivs, wide, strict=True)
+            if not (lo <= iv.low and iv.high <= hi)),
         NOT_JUDGED: ", ".join(f"R={r}" for r, iv in zip(judged, ivs, strict=True)
                               if not iv.finite) + " with no interval",
     }[verdict]
@@ -298,7 +318,8 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
         judged = judged_group_sizes(sizes, rules.target)
         capped = capped_group_sizes(sizes, rules.target)
         slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules, rng)
-        parts = [*slope_pair, level_part(per_r, judged, rules)]
+        parts = [*slope_pair, level_part(per_r, judged, rules,
+                                         lambda r, m=matrix, s=stat: rank_bounds(m, s, r))]
         # a pair whose slope cannot be judged (one R, or none beyond the cap) gets no verdict:
         # the claim is about R. The verdict reads 2b and 2c; 2a is descriptive (Rules.rank_text)
         verdict = (NOT_JUDGED if any(p.verdict == NOT_JUDGED for p in parts)

@@ -131,12 +131,38 @@ def test_claim2c_reads_a_rank_on_the_bands_edge_outside_at_most_at_its_level(edg
 def test_claim2c_bonferroni_level_closed_form():
     """k judged R: each R's outside-reading interval is at 1 - 0.1 / k; with 4 seeds (3 df) and
     se 0.1 the 96.67% half-width is t_3(0.98333) x 0.1 = 0.3740 (the 90% one: 2.3534 x 0.1)."""
-    assert RULES.level_confidence(3) == pytest.approx(1 - 0.1 / 3)
-    assert RULES.level_confidence(1) == RULES.confidence
+    assert RULES.bonferroni(3) == pytest.approx(1 - 0.1 / 3)
+    assert RULES.bonferroni(1) == RULES.confidence
     iv = bs.Interval(3.0, 3.0 - 0.23534, 3.0 + 0.23534, 4, se=0.1, df=3)
-    low, high = bs.at_confidence(iv, RULES.level_confidence(3))
+    low, high = bs.at_confidence(iv, RULES.bonferroni(3))
     assert (low, high) == pytest.approx((3.0 - 0.37405, 3.0 + 0.37405), abs=2e-4)
     assert bs.at_confidence(iv, 0.99, (0.0, 3.2))[1] == 3.2  # clipped like the interval
+
+
+def test_claim4_part_reads_a_pair_on_both_edges_below_at_most_at_its_level():
+    """Claim 4's part through its own path (window_units, pair_intervals, judge_pair) with the
+    per-token rank exactly 2.5 and the difference exactly 0.5 at R = 8 (4 outcome seeds, 3
+    per-token ones): either interval wholly below contradicts, a union of two tests, which with
+    90% intervals read contradicted in 7.1% of 1000 such sweeps (another seed); at the Bonferroni
+    level over the two, 3.7% here, asserted at most 5% + 3 se (se 0.0069). Supported stays below
+    the same bound."""
+    rng = np.random.default_rng(47)
+    outcome = _sweeps(1000, 4, 0.08, 0.71, 1.35, rng, slope=0.0)[..., 1]  # truth 2.0
+    per_token = _sweeps(1000, 3, 0.15, 0.71, 1.35, rng, slope=0.0)[..., 1] + 0.5  # truth 2.5
+    verdicts = []
+    for base, other in zip(outcome, per_token, strict=True):
+        window = pd.DataFrame({
+            "variant": ["grpo"] * 4 + ["ppo"] * 3, "group_size": 8, "step": 0,
+            "run_id": [f"r{k}" for k in range(7)], "seed": [0, 1, 2, 3, 0, 1, 2],
+            "value": [*base, *other]})
+        a = falsifier.window_units(window, "grpo", 8, RULES, ("calibration",))
+        b = falsifier.window_units(window, "ppo", 8, RULES, ("calibration",))
+        outcome_iv, per_token_iv, diff = falsifier.pair_intervals(a, b, RULES, ("calibration",))
+        verdicts.append(falsifier.judge_pair("ppo - grpo", outcome_iv, per_token_iv, diff, RULES).verdict)
+    verdicts = np.array(verdicts)
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(verdicts))
+    assert 0.01 <= np.mean(verdicts == CONTRADICTED) <= bound, np.mean(verdicts == CONTRADICTED)
+    assert np.mean(verdicts == SUPPORTED) <= bound
 
 
 def test_intervals_stay_in_the_range_a_rank_can_take():

@@ -69,26 +69,34 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     """One deciding part: per-token minus outcome >= margin and per-token >= target + margin
     (Rules.well_above), with its sentence, flip probability and seeds that would settle it."""
     target, margin = rules.target, rules.margin
-    verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high))
+    level_below = rules.bonferroni(2)  # either interval wholly below contradicts: two tests
+    wide = (bs.at_confidence(diff, level_below), bs.at_confidence(per_token, level_below, (0.0, math.inf)))
+    verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high), wide)
     flip = math.nan
     if diff.replicates.size and per_token.replicates.size:
         above = (diff.replicates >= margin) & (per_token.replicates >= target + margin)
         point = diff.estimate >= margin and per_token.estimate >= target + margin
         flip = float(np.mean(above != point))
     seeds = None
-    if verdict == INCONCLUSIVE:
-        needs = [x for x in (bs.seeds_to_settle(diff, [margin], rules.confidence),
-                             bs.seeds_to_settle(per_token, [target + margin], rules.confidence))
-                 if x]
+    sides = ((diff, wide[0], margin, "the difference"),
+             (per_token, wide[1], target + margin, "the per-token rank"))
+    at_level = f" at {level_below:.0%}, the Bonferroni level over the two intervals"
+    if verdict == INCONCLUSIVE:  # an interval below at `confidence` only must settle at the wider level
+        needs = [x for x in (
+            bs.seeds_to_settle(iv, [bound], rules.confidence) if not iv.high < bound
+            else bs.seeds_to_settle(bs.Interval(iv.estimate, *band, iv.n, se=iv.se, df=iv.df),
+                                    [bound], level_below)
+            for iv, band, bound, _ in sides) if x]
         seeds = max(needs) if needs else None
-    below = [what for what, iv, bound in (
-        (f"the difference is wholly below {margin:g}", diff, margin),
-        (f"the per-token rank is wholly below {target + margin:g}", per_token, target + margin))
-        if iv.high < bound]
+    below = [f"{what} [{band[0]:.2f}, {band[1]:.2f}] is wholly below {bound:g}"
+             for _, band, bound, what in sides if band[1] < bound]
+    only_at_confidence = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
+                          for iv, band, bound, what in sides if iv.high < bound <= band[1]]
     decided = {
         SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
-        CONTRADICTED: " and ".join(below),
-        INCONCLUSIVE: f"an interval straddles {margin:g} (difference) or {target + margin:g} "
+        CONTRADICTED: " and ".join(below) + at_level,
+        INCONCLUSIVE: "; ".join(only_at_confidence) if only_at_confidence else
+                      f"an interval straddles {margin:g} (difference) or {target + margin:g} "
                       "(per-token rank)",
         NOT_JUDGED: "no interval of the difference (one unit on a side)",
     }[verdict]

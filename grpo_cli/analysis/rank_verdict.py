@@ -237,7 +237,7 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
     if not judged:
         return Part("2c", question, NOT_JUDGED, "2c: not judged, no value of R.")
     ivs = [per_r[r].interval for r in judged]
-    level_out = rules.level_confidence(len(judged))  # = confidence with one judged R
+    level_out = rules.bonferroni(len(judged))  # = confidence with one judged R
     wide = [bs.at_confidence(iv, level_out, bounds(r)) for r, iv in zip(judged, ivs, strict=True)]
     verdict = rules.level([(iv.low, iv.high) for iv in ivs], wide)
 

@@ -190,17 +190,18 @@ class Rules:
         """2b: is the growth small, |slope| <= growth_tolerance per doubling of R?"""
         return three_way(low, high, -self.growth_tolerance, self.growth_tolerance)
 
-    def level_confidence(self, judged: int) -> float:
-        """2c's level for reading some R wholly outside the band: Bonferroni over the `judged`
-        R, so that a rank on the band's edge at every R reads contradicted at most
-        (1 - confidence) / 2 of the time (tests/test_calibration.py)."""
-        return 1 - (1 - self.confidence) / max(judged, 1)
+    def bonferroni(self, tests: int) -> float:
+        """The two-sided level of each of `tests` intervals of which any one wholly outside
+        contradicts a part (2c: one per judged R; claim 4: the difference and the per-token
+        rank), so that the part reads contradicted on its region's edge at most (1 -
+        confidence) / 2 of the time, as one interval would (tests/test_calibration.py)."""
+        return 1 - (1 - self.confidence) / max(tests, 1)
 
     def level(self, intervals: Iterable[tuple[float, float]],
               outside: Iterable[tuple[float, float]] | None = None) -> str:
         """2c: is every judged R's rank within target +- band? Supported if every R's interval
         (at `confidence`) is inside: an intersection-union test, which needs no correction.
-        Contradicted if some R's interval at `level_confidence` (`outside`, one per R; default
+        Contradicted if some R's interval at `bonferroni(k)` (`outside`, one per R; default
         `intervals`) is wholly outside: one R wholly outside out of k is a union, and with
         k = 3 90% intervals it read a rank on the band's edge as outside in 12.5-13.8% of
         simulated sweeps against the stated 5%."""
@@ -215,14 +216,21 @@ class Rules:
         return SUPPORTED if all(p == SUPPORTED for p in parts) else INCONCLUSIVE
 
     # ---- claim 4 -----------------------------------------------------------------------------
-    def well_above(self, difference: tuple[float, float], per_token: tuple[float, float]) -> str:
+    def well_above(self, difference: tuple[float, float], per_token: tuple[float, float],
+                   below: tuple[tuple[float, float], tuple[float, float]] | None = None) -> str:
         """Claim 4 on one pair at one R: per-token minus outcome >= margin and per-token rank
-        >= target + margin (intervals of both)."""
+        >= target + margin. Supported if both intervals (at `confidence`) lie above, an
+        intersection of tests. Contradicted if either lies wholly below at `bonferroni(2)`
+        (`below`: the difference's and the per-token rank's intervals at that level; default
+        the same two): with 90% intervals, a pair on both edges read contradicted in 7.1% of
+        simulated sweeps against the stated 5%."""
         a = three_way(*difference, self.margin, math.inf)
         b = three_way(*per_token, self.target + self.margin, math.inf)
         if NOT_JUDGED in (a, b):
             return NOT_JUDGED
-        if CONTRADICTED in (a, b):
+        wide_difference, wide_per_token = below or (difference, per_token)
+        if CONTRADICTED in (three_way(*wide_difference, self.margin, math.inf),
+                            three_way(*wide_per_token, self.target + self.margin, math.inf)):
             return CONTRADICTED
         return SUPPORTED if a == b == SUPPORTED else INCONCLUSIVE
 
@@ -339,7 +347,8 @@ class Rules:
             f"{target} (R <= {target} is capped: a group of R rows has rank <= R): supported iff "
             f"the intervals of per-token minus outcome and of the per-token rank lie above "
             f"{self.margin:g} and {target} + {self.margin:g}; contradicted iff either lies "
-            "below. Where `grpo probe` directories of both estimators probed the same source, "
+            "wholly below even at the Bonferroni level over the two (1 - (1 - confidence) / 2). "
+            "Where `grpo probe` directories of both estimators probed the same source, "
             "checkpoint, seed and R (the very same rollouts), their latest checkpoint is read "
             "group by group (paired differences) and decides too. "
             f"{self.falsifier_matrix} is a side reading, not in the verdict: an estimator "

@@ -88,7 +88,11 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
                                     [bound], level_below)
             for iv, band, bound, _ in sides) if x]
         seeds = max(needs) if needs else None
-    below = [f"{what} [{band[0]:.2f}, {band[1]:.2f}] is wholly below {bound:g}"
+    def shown(band: tuple[float, float], signed: bool) -> str:  # as Interval.text shows it
+        form = "{:+.2f}" if signed else "{:.2f}"
+        return f"[{form.format(band[0])}, {form.format(band[1])}]"
+
+    below = [f"{what} {shown(band, what == 'the difference')} is wholly below {bound:g}"
              for _, band, bound, what in sides if band[1] < bound]
     only_at_confidence = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
                           for iv, band, bound, what in sides if iv.high < bound <= band[1]]

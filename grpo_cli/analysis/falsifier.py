@@ -94,12 +94,14 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
 
     below = [f"{what} {shown(band, what == 'the difference')} is wholly below {bound:g}"
              for _, band, bound, what in sides if band[1] < bound]
-    only_at_confidence = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
-                          for iv, band, bound, what in sides if iv.high < bound <= band[1]]
+    only_at_confidence = any(iv.high < bound <= band[1] for iv, band, bound, _ in sides)
+    unsettled = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
+                 if iv.high < bound else f"{what} straddles {bound:g}"
+                 for iv, band, bound, what in sides if iv.low <= bound <= band[1]]
     decided = {
         SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
         CONTRADICTED: " and ".join(below) + at_level,
-        INCONCLUSIVE: "; ".join(only_at_confidence) if only_at_confidence else
+        INCONCLUSIVE: "; ".join(unsettled) if only_at_confidence else
                       f"an interval straddles {margin:g} (difference) or {target + margin:g} "
                       "(per-token rank)",
         NOT_JUDGED: "no interval of the difference (one unit on a side)",

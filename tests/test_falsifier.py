@@ -162,3 +162,29 @@ def test_a_shared_same_rows_table_reads_as_claim_4s_own(tmp_path):
     assert alone.verdict == "supported"
     assert given.verdict == alone.verdict and given.evidence == alone.evidence
     pd.testing.assert_frame_equal(given.table, alone.table)
+
+
+def _t(estimate: float, se: float, df: int, n: int):
+    import numpy as np
+
+    from grpo_cli.analysis import bootstrap as bs
+
+    return bs.t_interval(estimate, se, df, n, 0.9, np.random.default_rng(0), 200)
+
+
+def test_a_part_reads_below_only_at_the_bonferroni_level_over_its_two_intervals():
+    """Difference 0.04 with se 0.15 on 3 df: its 90% interval ends at 0.04 + 2.3534 x 0.15 =
+    0.393 < 0.5, its 95% one at 0.04 + 3.1824 x 0.15 = 0.517 > 0.5: inconclusive, and the
+    sentence says why. With se 0.1 the 95% one ends at 0.358: contradicted, naming it."""
+    from grpo_cli.analysis.falsifier import judge_pair
+
+    rules = Rules()
+    outcome, per_token = _t(2.4, 0.1, 3, 4), _t(2.44, 0.1, 2, 3)  # per-token straddles 2.5
+    part = judge_pair("process vs grpo at R=8", outcome, per_token, _t(0.04, 0.15, 3, 3), rules)
+    assert part.verdict == "inconclusive"
+    assert ("the difference is below 0.5 at 90% but not at 95%, the Bonferroni level over the two "
+            "intervals; the per-token rank straddles 2.5") in part.sentence, part.sentence
+    part = judge_pair("process vs grpo at R=8", outcome, per_token, _t(0.04, 0.1, 3, 3), rules)
+    assert part.verdict == "contradicted"
+    assert ("the difference [-0.28, +0.36] is wholly below 0.5 at 95%, the Bonferroni level over "
+            "the two intervals") in part.sentence, part.sentence

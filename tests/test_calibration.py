@@ -78,6 +78,19 @@ def test_unpaired_slope_interval_covers_90_percent():
     assert 0.86 <= covered / len(values) <= 0.95
 
 
+def _claim4_pair(outcome, per_token):
+    """(outcome, per-token, difference) intervals of one simulated pair at R = 8 (4 outcome
+    seeds, 3 per-token ones) through claim 4's own path: falsifier.window_units, claim 2's
+    _per_r, then pair_intervals' Welch difference."""
+    window = pd.DataFrame({
+        "variant": ["grpo"] * 4 + ["ppo"] * 3, "group_size": 8, "step": 0,
+        "run_id": [f"r{k}" for k in range(7)], "seed": [0, 1, 2, 3, 0, 1, 2],
+        "value": [*outcome, *per_token]})
+    a = falsifier.window_units(window, "grpo", 8, RULES, ("calibration",))
+    b = falsifier.window_units(window, "ppo", 8, RULES, ("calibration",))
+    return falsifier.pair_intervals(a, b, RULES, ("calibration",))
+
+
 def test_claim4_intervals_cover_90_percent():
     """Claim 4's per-R readings through its own path (falsifier.window_units, claim 2's
     _per_r, then pair_intervals' Welch difference): 1000 sweeps of an outcome variant (4 seeds)
@@ -91,13 +104,7 @@ def test_claim4_intervals_cover_90_percent():
     truth = 2 + TRUE_SLOPE * 1.0  # R = 8
     covered_rank = covered_diff = 0
     for base, other in zip(outcome, per_token, strict=True):
-        window = pd.DataFrame({
-            "variant": ["grpo"] * 4 + ["ppo"] * 3, "group_size": 8, "step": 0,
-            "run_id": [f"r{k}" for k in range(7)], "seed": [0, 1, 2, 3, 0, 1, 2],
-            "value": [*base, *other]})
-        a = falsifier.window_units(window, "grpo", 8, RULES, ("calibration",))
-        b = falsifier.window_units(window, "ppo", 8, RULES, ("calibration",))
-        _, per_token_iv, diff = falsifier.pair_intervals(a, b, RULES, ("calibration",))
+        _, per_token_iv, diff = _claim4_pair(base, other)
         covered_rank += per_token_iv.low <= truth + 0.3 <= per_token_iv.high
         covered_diff += diff.low <= 0.3 <= diff.high
     for share in (covered_rank / len(outcome), covered_diff / len(outcome)):
@@ -151,13 +158,7 @@ def test_claim4_part_reads_a_pair_on_both_edges_below_at_most_at_its_level():
     per_token = _sweeps(1000, 3, 0.15, 0.71, 1.35, rng, slope=0.0)[..., 1] + 0.5  # truth 2.5
     verdicts = []
     for base, other in zip(outcome, per_token, strict=True):
-        window = pd.DataFrame({
-            "variant": ["grpo"] * 4 + ["ppo"] * 3, "group_size": 8, "step": 0,
-            "run_id": [f"r{k}" for k in range(7)], "seed": [0, 1, 2, 3, 0, 1, 2],
-            "value": [*base, *other]})
-        a = falsifier.window_units(window, "grpo", 8, RULES, ("calibration",))
-        b = falsifier.window_units(window, "ppo", 8, RULES, ("calibration",))
-        outcome_iv, per_token_iv, diff = falsifier.pair_intervals(a, b, RULES, ("calibration",))
+        outcome_iv, per_token_iv, diff = _claim4_pair(base, other)
         verdicts.append(falsifier.judge_pair("ppo - grpo", outcome_iv, per_token_iv, diff, RULES).verdict)
     verdicts = np.array(verdicts)
     bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(verdicts))

@@ -70,7 +70,8 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     (Rules.well_above), with its sentence, flip probability and seeds that would settle it."""
     target, margin = rules.target, rules.margin
     level_below = rules.bonferroni(2)  # either interval wholly below contradicts: two tests
-    wide = (bs.at_confidence(diff, level_below), bs.at_confidence(per_token, level_below, (0.0, math.inf)))
+    wide = (bs.at_confidence(diff, level_below),
+            bs.at_confidence(per_token, level_below, (0.0, math.inf)))  # a rank is >= 0
     verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high), wide)
     flip = math.nan
     if diff.replicates.size and per_token.replicates.size:
@@ -88,6 +89,7 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
                                     [bound], level_below)
             for iv, band, bound, _ in sides) if x]
         seeds = max(needs) if needs else None
+
     def shown(band: tuple[float, float], signed: bool) -> str:  # as Interval.text shows it
         form = "{:+.2f}" if signed else "{:.2f}"
         return f"[{form.format(band[0])}, {form.format(band[1])}]"

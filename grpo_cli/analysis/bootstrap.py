@@ -123,13 +123,15 @@ def t_interval(estimate: float, se: float, df: int, n: int, confidence: float,
 
 
 def at_confidence(interval: Interval, confidence: float,
-                  bounds: tuple[float, float] = UNBOUNDED) -> tuple[float, float]:
-    """`interval`'s t-interval at another two-sided `confidence` (the same estimate, se and
-    df), clipped to `bounds`; (-inf, inf) where it has none."""
+                  bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """`interval`'s t-interval at another two-sided `confidence` (the same estimate, se, df
+    and units; no draws), clipped to `bounds`; no interval where it has none."""
     if interval.df < 1 or not (interval.finite and math.isfinite(interval.se)):
-        return -math.inf, math.inf
+        return no_interval(interval.estimate, interval.n)
     half = t_quantile(0.5 + confidence / 2, interval.df) * interval.se
-    return max(interval.estimate - half, bounds[0]), min(interval.estimate + half, bounds[1])
+    return Interval(interval.estimate, max(interval.estimate - half, bounds[0]),
+                    min(interval.estimate + half, bounds[1]), interval.n, se=interval.se,
+                    df=interval.df)
 
 
 def mean_interval(values, confidence: float, rng: np.random.Generator, draws: int = DRAWS,

@@ -72,7 +72,8 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     level_below = rules.bonferroni(2)  # either interval wholly below contradicts: two tests
     wide = (bs.at_confidence(diff, level_below),
             bs.at_confidence(per_token, level_below, (0.0, math.inf)))  # a rank is >= 0
-    verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high), wide)
+    verdict = rules.well_above((diff.low, diff.high), (per_token.low, per_token.high),
+                               tuple((w.low, w.high) for w in wide))
     flip = math.nan
     if diff.replicates.size and per_token.replicates.size:
         above = (diff.replicates >= margin) & (per_token.replicates >= target + margin)
@@ -85,21 +86,20 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     if verdict == INCONCLUSIVE:  # an interval below at `confidence` only must settle at the wider level
         needs = [x for x in (
             bs.seeds_to_settle(iv, [bound], rules.confidence) if not iv.high < bound
-            else bs.seeds_to_settle(bs.Interval(iv.estimate, *band, iv.n, se=iv.se, df=iv.df),
-                                    [bound], level_below)
-            for iv, band, bound, _ in sides) if x]
+            else bs.seeds_to_settle(w, [bound], level_below)
+            for iv, w, bound, _ in sides) if x]
         seeds = max(needs) if needs else None
 
-    def shown(band: tuple[float, float], signed: bool) -> str:  # as Interval.text shows it
+    def shown(w: bs.Interval, signed: bool) -> str:  # the bounds as Interval.text shows them
         form = "{:+.2f}" if signed else "{:.2f}"
-        return f"[{form.format(band[0])}, {form.format(band[1])}]"
+        return f"[{form.format(w.low)}, {form.format(w.high)}]"
 
-    below = [f"{what} {shown(band, what == 'the difference')} is wholly below {bound:g}"
-             for _, band, bound, what in sides if band[1] < bound]
-    only_at_confidence = any(iv.high < bound <= band[1] for iv, band, bound, _ in sides)
+    below = [f"{what} {shown(w, what == 'the difference')} is wholly below {bound:g}"
+             for _, w, bound, what in sides if w.high < bound]
+    only_at_confidence = any(iv.high < bound <= w.high for iv, w, bound, _ in sides)
     unsettled = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
                  if iv.high < bound else f"{what} straddles {bound:g}"
-                 for iv, band, bound, what in sides if iv.low <= bound <= band[1]]
+                 for iv, w, bound, what in sides if iv.low <= bound <= w.high]
     decided = {
         SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
         CONTRADICTED: " and ".join(below) + at_level,

@@ -239,7 +239,7 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
     ivs = [per_r[r].interval for r in judged]
     level_out = rules.bonferroni(len(judged))  # = confidence with one judged R
     wide = [bs.at_confidence(iv, level_out, bounds(r)) for r, iv in zip(judged, ivs, strict=True)]
-    verdict = rules.level([(iv.low, iv.high) for iv in ivs], wide)
+    verdict = rules.level([(iv.low, iv.high) for iv in ivs], [(w.low, w.high) for w in wide])
 
     def outside(low: float, high: float) -> bool:
         return high < lo or low > hi
@@ -256,21 +256,20 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
     seeds = None
     if verdict == INCONCLUSIVE:  # an R outside at `confidence` only must settle at the wider level
         needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence) if not outside(iv.low, iv.high)
-                 else bs.seeds_to_settle(bs.Interval(iv.estimate, *band, iv.n, se=iv.se, df=iv.df),
-                                         [lo, hi], level_out)
-                 for iv, band in zip(ivs, wide, strict=True)
+                 else bs.seeds_to_settle(w, [lo, hi], level_out)
+                 for iv, w in zip(ivs, wide, strict=True)
                  if iv.finite and not (lo <= iv.low and iv.high <= hi)]
         seeds = max(needs) if needs and all(needs) else None
     decided = {
         SUPPORTED: f"every interval inside [{lo:g}, {hi:g}]",
-        CONTRADICTED: ", ".join(f"R={r} [{low:.2f}, {high:.2f}]" for r, (low, high)
-                                in zip(judged, wide, strict=True) if outside(low, high))
+        CONTRADICTED: ", ".join(f"R={r} [{w.low:.2f}, {w.high:.2f}]"
+                                for r, w in zip(judged, wide, strict=True) if outside(w.low, w.high))
         + f" wholly outside [{lo:g}, {hi:g}]{bonferroni}",
         INCONCLUSIVE: "; ".join(
             (f"R={r} outside [{lo:g}, {hi:g}] at {rules.confidence:.0%} but not{bonferroni} "
-             f"([{low:.2f}, {high:.2f}])" if outside(iv.low, iv.high)
+             f"([{w.low:.2f}, {w.high:.2f}])" if outside(iv.low, iv.high)
              else f"R={r} straddles {lo:g} or {hi:g}") if iv.finite else f"R={r} has no interval"
-            for r, iv, (low, high) in zip(judged, ivs, wide, strict=True)
+            for r, iv, w in zip(judged, ivs, wide, strict=True)
             if not (lo <= iv.low and iv.high <= hi)),
         NOT_JUDGED: ", ".join(f"R={r}" for r, iv in zip(judged, ivs, strict=True)
                               if not iv.finite) + " with no interval",

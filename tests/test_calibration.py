@@ -16,7 +16,7 @@ from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import falsifier, trend
 from grpo_cli.analysis.claims import _trend_verdict
 from grpo_cli.analysis.rank_verdict import PerR, level_part, rank_bounds, slope_interval
-from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED, Rules, combine, holm
+from grpo_cli.analysis.rules import CONTRADICTED, MIXED, SUPPORTED, Rules, combine, holm
 
 RULES = Rules()  # 90% intervals, one-sided trend level 0.05
 JUDGED = [4, 8, 16]
@@ -195,7 +195,7 @@ def test_claim3_part_false_positive_rate_is_the_level(phi):
     decline each read in 5% of them within Monte Carlo error (se 0.0034 at 0.05: asserted
     0.04-0.06, about +-3 se). The pooled Mann-Kendall read 6.4% (iid) and 12.7% (AR(1))."""
     rng = np.random.default_rng(int(10 * phi))
-    level, count = RULES.trend_level, 4000
+    level, count = RULES.one_sided_level, 4000
     up = down = 0
     for _ in range(count):
         series = _no_trend(rng, int(rng.integers(2, 5)), int(rng.integers(10, 101)), phi)
@@ -211,7 +211,7 @@ def test_claim3_claim_false_positive_rate_under_holm():
     0.05 + 3 se (se 0.0069) of sweeps (26% read contradicted before); no series crashes the
     test or the descriptive Mann-Kendall (whose Hamed-Rao factor is >= 1)."""
     rng = np.random.default_rng(42)
-    level, count = RULES.trend_level, 1000
+    level, count = RULES.one_sided_level, 1000
     verdicts = []
     for sweep in range(count):
         seeds = int(rng.integers(1, 5))
@@ -254,3 +254,138 @@ def test_seed_trend_closed_form():
     assert test["p_up"] == pytest.approx(0.5 - math.atan(2) / math.pi)
     assert test["slope"].low == pytest.approx(2 - 6.3138, abs=1e-3)
     assert math.isnan(trend.seed_trend([(steps, steps)], 0.9, np.random.default_rng(0))["p_up"])
+
+
+# ---- a claim's parts read together (Holm over their contradiction p-values) --------------------
+def test_p_below_is_the_level_at_which_the_interval_touches_the_bound():
+    """A t-interval at two-sided c lies wholly below b iff p_below(b) < (1 - c) / 2: with
+    estimate 3, se 0.1 and 3 df the 90% interval's top is 3 + t_3(0.95) x 0.1 = 3.23534, so
+    p_below there is 0.05; p_above mirrors it; a zero se gives 0 or 1; no interval, NaN."""
+    iv = bs.Interval(3.0, 3.0 - 0.235336, 3.0 + 0.235336, 4, se=0.1, df=3)
+    assert bs.p_below(iv, 3.235336) == pytest.approx(0.05, abs=1e-5)
+    assert bs.p_above(iv, 3.0 - 0.235336) == pytest.approx(0.05, abs=1e-5)
+    assert bs.p_below(iv, 3.0) == pytest.approx(0.5)
+    assert bs.p_below(iv, 2.0) == pytest.approx(bs.t_upper_tail(-10.0, 3))  # far above: ~0.999
+    point = bs.Interval(3.0, 3.0, 3.0, 4, se=0.0, df=3)
+    assert (bs.p_below(point, 3.5), bs.p_below(point, 2.5), bs.p_above(point, 2.5)) == (0.0, 1.0, 0.0)
+    assert math.isnan(bs.p_below(bs.no_interval(3.0, 1), 3.5))
+
+
+def test_family_wise_closed_form():
+    """Holm over the parts with a p-value: 0.01 and 0.02 of 3 adjust to 0.03 and 0.04 (both
+    kept at 0.05); 0.02 and 0.03 to 0.06 (both count as inconclusive); one part is its own
+    reading; supported and untested parts are left as they are."""
+    from grpo_cli.analysis.rules import INCONCLUSIVE, family_wise
+    c, s, i = CONTRADICTED, SUPPORTED, INCONCLUSIVE
+    read, adjusted = family_wise([c, c, i], [0.01, 0.02, 0.5], 0.05)
+    assert read == [c, c, i] and adjusted == pytest.approx([0.03, 0.04, 0.5])
+    assert family_wise([c, c, s], [0.02, 0.03, 0.9], 0.05)[0] == [i, i, s]
+    assert family_wise([c], [0.049], 0.05)[0] == [c]
+    assert family_wise([c, "not judged"], [0.049, math.nan], 0.05)[0] == [c, "not judged"]
+
+
+def test_read_together_says_what_the_correction_did():
+    from grpo_cli.analysis.rank_verdict import Part, read_together
+    from grpo_cli.analysis.rules import INCONCLUSIVE
+
+    def parts(*ps):
+        return [Part("4", f"p{k}", CONTRADICTED if p < 0.05 else INCONCLUSIVE, "", p_contradict=p)
+                for k, p in enumerate(ps)]
+    labels = ["a", "b", "c"]
+    read, text = read_together(group := parts(0.001, 0.04, 0.5), labels, RULES, "pairs")
+    assert read == [CONTRADICTED, INCONCLUSIVE, INCONCLUSIVE]
+    assert [p.counted_as for p in group] == read
+    assert "1 of the 2 contradicted pairs stays contradicted (adjusted p: a 0.003)" in text
+    assert "the other 1 count as inconclusive" in text
+    _, text = read_together(parts(0.02, 0.03, 0.5), labels, RULES, "pairs")
+    assert "none of the 2 contradicted pairs stays contradicted (smallest adjusted p 0.06)" in text
+    _, text = read_together(parts(0.001, 0.002, 0.5), labels, RULES, "pairs")
+    assert "every one of the 2 contradicted pairs stays contradicted (adjusted p: b 0.004, a 0.003)" in text
+    assert read_together(parts(0.3, 0.5), labels, RULES, "pairs")[1] == ""  # nothing contradicted
+    assert read_together(parts(0.01), labels, RULES, "pairs") == ([CONTRADICTED], "")  # one part
+
+
+def _read_against(verdicts: np.ndarray) -> float:
+    """The share of claim verdicts that assert a contradiction: contradicted, or mixed."""
+    return float(np.mean(np.isin(verdicts, [CONTRADICTED, MIXED])))
+
+
+def _claim4_sweep_parts(rng, shape=(3, 3, JUDGED)):
+    """One simulated `make settle` sweep at claim 4's edges: 3 outcome and 3 per-token variants,
+    each with its own runs of 4 seeds at R = 4, 8, 16; every outcome rank 2.0 and per-token
+    rank 2.5 (the difference exactly 0.5). Every pair's part through claim 4's own code
+    (pair_intervals' Welch difference, judge_pair)."""
+    outcomes, per_tokens, sizes = shape
+
+    def draw(shift):
+        return _sweeps(1, 4, 0.08, 0.71, 1.35, rng, slope=0.0)[0] + shift  # [seed, R]
+
+    outcome = [draw(0.0) for _ in range(outcomes)]
+    per_token = [draw(0.5) for _ in range(per_tokens)]
+    parts = []
+    for a in outcome:
+        for b in per_token:
+            for j, r in enumerate(sizes):
+                bounds = rank_bounds("rollout_group", "mean", r)
+                ia = bs.mean_interval(a[:, j], RULES.confidence, rng, RULES.resamples, bounds)
+                ib = bs.mean_interval(b[:, j], RULES.confidence, rng, RULES.resamples, bounds)
+                _, _, diff = falsifier.pair_intervals((ia, a[:, j]), (ib, b[:, j]), RULES, ("sim", r))
+                parts.append(falsifier.judge_pair(f"R={r}", ia, ib, diff, RULES))
+    return parts
+
+
+def test_claim4_claim_reads_pairs_on_their_edges_contradicted_at_most_at_its_level():
+    """600 simulated sweeps of settle's shape (27 pairs), every pair exactly on both edges.
+    Each pair reads contradicted at its own level in 3.5% of them (its one-sided 5%, Bonferroni
+    over its two intervals); a claim that reads a contradiction (contradicted, or mixed) when any
+    pair does read one in 39.5% of these sweeps (29.5% contradicted, 10% mixed). Read together
+    (Holm over the 27) 0.8%, asserted at most 5% + 3 se (se 0.0089); the uncorrected union on
+    the same sweeps must exceed 15% (so the test tells the two apart). Every part's
+    p_contradict agrees with its own reading."""
+    from grpo_cli.analysis.rank_verdict import read_together
+    rng = np.random.default_rng(2026)
+    count, together, alone = 600, [], []
+    for _ in range(count):
+        parts = _claim4_sweep_parts(rng)
+        for p in parts:
+            assert (p.verdict == CONTRADICTED) == (p.p_contradict < RULES.one_sided_level), p.sentence
+        alone.append(combine(p.verdict for p in parts))
+        together.append(combine(read_together(parts, [p.question for p in parts], RULES, "pairs")[0]))
+    together, alone = np.array(together), np.array(alone)
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / count)
+    assert _read_against(together) <= bound, _read_against(together)
+    assert _read_against(alone) > 0.15, _read_against(alone)
+    assert np.mean(together == SUPPORTED) <= bound
+
+
+def test_claim2_claim_reads_variants_on_the_bands_edge_contradicted_at_most_at_its_level():
+    """Claim 2 on 3 zero-sum variants whose rank sits exactly on the band's upper edge (2.5 at
+    R = 4, 8, 16; 4 seeds): each variant's 2c reads contradicted at its own level in ~5% of
+    sweeps (4.4% here), so the claim, which reads a contradiction (contradicted, or mixed beside
+    a supported 2b) when any variant's part does, read one in 12.9%. Read together
+    (claims._rank_parts_together: Holm over the 6 parts 2b and 2c) 2.5%, asserted at most
+    5% + 3 se (se 0.0069) of 1000 sweeps; the union must exceed 9% on the same sweeps."""
+    from grpo_cli.analysis.claims import _rank_parts_together
+    from grpo_cli.analysis.rank_verdict import slope_parts
+    rng = np.random.default_rng(2027)
+    count, together, alone = 1000, [], []
+    for _ in range(count):
+        rows = []
+        for variant in ("grpo", "dr_grpo", "rloo"):
+            sweep = _sweeps(1, 4, 0.08, 0.71, 1.35, rng, slope=0.0)[0] + 0.5  # [seed, R] at 2.5
+            per_r = {r: PerR(bs.mean_interval(sweep[:, j], RULES.confidence, rng, 100,
+                                              rank_bounds("rollout_group", "mean", r)),
+                             sweep[:, j], tuple(range(4))) for j, r in enumerate(JUDGED)}
+            (_, growth), _ = slope_parts(per_r, JUDGED, [], RULES, rng)
+            level = level_part(per_r, JUDGED, RULES)
+            for p in (growth, level):
+                assert (p.verdict == CONTRADICTED) == (p.p_contradict < RULES.one_sided_level)
+            rows.append({"variant": variant, "verdict": combine([growth.verdict, level.verdict]),
+                         "parts": [growth, level]})
+        primary = pd.DataFrame(rows)
+        alone.append(combine(primary["verdict"]))
+        together.append(combine(_rank_parts_together(primary, [], RULES)[0]))
+    together, alone = np.array(together), np.array(alone)
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / count)
+    assert _read_against(together) <= bound, _read_against(together)
+    assert _read_against(alone) > 0.09, _read_against(alone)

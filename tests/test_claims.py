@@ -99,7 +99,7 @@ def test_no_trend_series_read_supported_no_more_often_than_the_level():
     """Claim 3's false-positive rate over simulated no-trend sparsity series, 2-4 seeds of 3-8
     probe steps (the CPU presets' range) stays at or below the test level."""
     rng = np.random.default_rng(0)
-    level = Rules().trend_level
+    level = Rules().one_sided_level
     for seeds, points in ((2, 4), (4, 6), (3, 8)):
         hits = sum(
             mann_kendall(_series(*rng.normal(size=(seeds, points))), level)["p_up"] <= level
@@ -368,5 +368,22 @@ def test_claim3_sparsity_explained_by_zero_advantage_groups_is_told_apart(tmp_pa
     claim = _direct(tmp_path, sparsity_claim)
     sparsity_rows = claim.table[claim.table["reading"] == "sparsity"]
     assert claim.verdict == "supported"
-    assert (sparsity_rows["p (growth given zero-adv., Holm)"] > Rules().trend_level).all()
+    assert (sparsity_rows["p (growth given zero-adv., Holm)"] > Rules().one_sided_level).all()
     assert "growth stays significant in 0 of" in claim.evidence
+
+
+def test_parts_text_adds_the_counts_read_together_where_they_differ():
+    """A claim whose contradicted part does not survive Holm says so in its parts column."""
+    from grpo_cli.analysis.claims import Claim
+    from grpo_cli.analysis.rank_verdict import Part, read_together
+    parts = [Part("4", "a", "contradicted", "", p_contradict=0.03),
+             Part("4", "b", "contradicted", "", p_contradict=0.04),
+             Part("4", "c", "supported", "", p_contradict=0.9)]
+    read, _ = read_together(parts, ["a", "b", "c"], Rules(), "pairs")
+    claim = Claim(4, "mixed", "", parts=parts)
+    assert claim.parts_text == ("2 contradicted, 1 supported; read together: "
+                                "2 inconclusive, 1 supported")
+    assert read == ["inconclusive", "inconclusive", "supported"]
+    kept = [Part("4", "a", "contradicted", "", p_contradict=0.001)]
+    read_together(kept + parts[2:], ["a", "c"], Rules(), "pairs")
+    assert Claim(4, "mixed", "", parts=kept + parts[2:]).parts_text == "1 contradicted, 1 supported"

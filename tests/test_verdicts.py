@@ -130,7 +130,7 @@ def test_capped_sizes_and_three_way():
     assert rules.slope_zero(0.13, 0.58) == "contradicted"  # excludes 0: the literal claim fails
     assert rules.growth_small(0.13, 0.58) == "inconclusive"  # the CPU example
     assert rules.slope_zero(-0.1, 0.2) == "supported"
-    assert rules.trend_level == pytest.approx(0.05)
+    assert rules.one_sided_level == pytest.approx(0.05)
 
 
 # ---- intervals against independent computations -------------------------------------------------

@@ -134,6 +134,24 @@ def at_confidence(interval: Interval, confidence: float,
                     df=interval.df)
 
 
+def p_below(interval: Interval, bound: float) -> float:
+    """The one-sided p-value of "the estimate lies below `bound`" from the interval's t
+    distribution: its two-sided interval at confidence c lies wholly below `bound` exactly when
+    this is < (1 - c) / 2 (clipping aside). A zero se gives 0 or 1; NaN with no interval."""
+    if interval.df < 1 or not (interval.finite and math.isfinite(interval.se)):
+        return math.nan
+    if interval.se == 0:
+        return 0.0 if interval.estimate < bound else 1.0
+    return t_upper_tail((bound - interval.estimate) / interval.se, interval.df)
+
+
+def p_above(interval: Interval, bound: float) -> float:
+    """`p_below`'s mirror: the one-sided p-value of "the estimate lies above `bound`"."""
+    mirrored = Interval(-interval.estimate, -interval.high, -interval.low, interval.n,
+                        se=interval.se, df=interval.df)
+    return p_below(mirrored, -bound)
+
+
 def mean_interval(values, confidence: float, rng: np.random.Generator, draws: int = DRAWS,
                   bounds: tuple[float, float] = UNBOUNDED) -> Interval:
     """The mean of independent `values` (one per seed) with its t-interval (n - 1 df)."""

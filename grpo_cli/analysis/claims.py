@@ -25,7 +25,7 @@ from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import token_weights, trend
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import Part, rng_for, settle_text
+from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, Part, read_together, rng_for, settle_text
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     CONTRAST,
@@ -70,13 +70,18 @@ class Claim:
     def parts_text(self) -> str:
         """Claim 2: e.g. "2a contradicted, 2b inconclusive, 2c supported"; claims 3 and 4:
         e.g. "6 inconclusive, 2 supported" (parts per verdict)."""
+        text = self._parts_text(lambda p: p.verdict)
+        together = self._parts_text(lambda p: p.counted_as or p.verdict)
+        return text + (f"; read together: {together}" if together != text else "")
+
+    def _parts_text(self, verdict_of) -> str:
         names = [p for p in self.parts if p.name in ("2a", "2b", "2c")]
         if not names:  # claims 3 and 4: how many parts read what
-            counts = pd.Series([p.verdict for p in self.parts if p.name in ("3", "4")])
+            counts = pd.Series([verdict_of(p) for p in self.parts if p.name in ("3", "4")])
             return ", ".join(f"{n} {v}" for v, n in counts.value_counts().items())
         by_name: dict[str, list[str]] = {}
         for p in names:
-            by_name.setdefault(p.name, []).append(p.verdict)
+            by_name.setdefault(p.name, []).append(verdict_of(p))
         return ", ".join(f"{name} {combine(v)}" for name, v in by_name.items())
 
 
@@ -206,14 +211,34 @@ def rank_claim(
             pd.DataFrame(),
         )
     parts = [p for v in primary.itertuples(index=False) for p in v.parts]
+    verdicts_, together = _rank_parts_together(primary, runs, rules)
+    if together:
+        parts.append(Part("2t", "the parts read together", CONTRAST, together))
     counts = verdicts[pick]["verdict"].value_counts()
     words = ", ".join(f"{counts[w]} {w}" for w in counts.index)
-    evidence = " ".join(primary["sentence"]) + (
+    evidence = " ".join(primary["sentence"]) + (f" {together}" if together else "") + (
         f" Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
     )
-    verdicts_ = list(primary["verdict"])
     verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
     return Claim(2, verdict, evidence, pd.DataFrame(rows), parts=parts)
+
+
+def _rank_parts_together(primary: pd.DataFrame, runs: list[Run], rules: Rules
+                         ) -> tuple[list[str], str]:
+    """Claim 2's variants' verdicts as the claim reads them: their 2b and 2c parts together
+    (rank_verdict.read_together; a variant with a part not judged stays not judged), and the
+    sentence saying what that did."""
+    judged = [v for v in primary.itertuples(index=False) if v.verdict != NOT_JUDGED]
+    family = [(v, p) for v in judged for p in v.parts if p.name in VERDICT_PARTS]
+    estimators = _estimators(runs)
+    read, together = read_together([p for _, p in family],
+                                   [f"{p.name} ({_label(v.variant, estimators.get(v.variant))})"
+                                    for v, p in family], rules, "parts")
+    by_variant: dict[str, list[str]] = {}
+    for (v, _), verdict in zip(family, read, strict=True):
+        by_variant.setdefault(v.variant, []).append(verdict)
+    return [combine(by_variant[v.variant]) if v.verdict != NOT_JUDGED else NOT_JUDGED
+            for v in primary.itertuples(index=False)], together
 
 
 # ---- claim 3: sparsity grows -------------------------------------------------------------------
@@ -237,7 +262,7 @@ def _trend_sentence(row: dict, test: dict, verdict: str, rules: Rules) -> tuple[
     if verdict == NOT_JUDGED:
         return (f"{name}: not judged; {test['seeds']} seed(s) with a slope: the trend test "
                 "compares per-seed slopes, so it needs at least 2 seeds."), math.nan, None
-    level, m = rules.trend_level, row["family"]
+    level, m = rules.one_sided_level, row["family"]
     flip = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
     holm = f" (Holm over {m} parts)" if m > 1 else ""
     decided = {
@@ -276,7 +301,7 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     parts = []
     for row, test in zip(rows, tests, strict=True):
         verdict = _trend_verdict(test, row["p (growth, Holm)"], row["p (decline, Holm)"],
-                                 rules.trend_level)
+                                 rules.one_sided_level)
         sentence, flip, seeds = _trend_sentence(row, test, verdict, rules)
         row |= {"verdict": verdict, "flip": flip}
         parts.append(Part("3" if row["reading"] == "sparsity" else "3z", row["reading"],
@@ -321,7 +346,7 @@ def _trend_row(variant, metric: str, size, part: pd.DataFrame, zero_at: pd.Serie
                 with_zero.append((steps, values, zero_at.loc[keys].to_numpy(float)))
         controlled = trend.seed_trend(with_zero, rules.confidence, rng, rules.resamples)
     held = controlled["slope"]
-    described = trend.mann_kendall(series, rules.trend_level)
+    described = trend.mann_kendall(series, rules.one_sided_level)
     first, last = part["step"].min(), part["step"].max()
     iv = test["slope"]
     per_100 = bs.Interval(100 * iv.estimate, 100 * iv.low, 100 * iv.high, iv.n)
@@ -378,7 +403,7 @@ def _zero_advantage_evidence(zero_adv: list[Part], held_p: list[float], rules: R
     if tested:
         evidence += (f" Controlling for them ({ZERO_ADVANTAGE_METRIC} as a covariate of "
                      "each seed's regression on the step; descriptive): growth stays "
-                     f"significant in {sum(p <= rules.trend_level for p in tested)} of "
+                     f"significant in {sum(p <= rules.one_sided_level for p in tested)} of "
                      f"{len(tested)} parts after Holm (column 'slope given zero-adv.').")
     return evidence
 

@@ -32,7 +32,7 @@ def claims_markdown(result, source: str) -> str:
         f"R = {', '.join(map(str, sizes))}, seeds {', '.join(map(str, seeds))}; "
         f"{rules.confidence:.0%} intervals, band {rules.target:g} +- {rules.band:g}, growth "
         f"tolerance {rules.growth_tolerance:g} per doubling, claim 3 at the one-sided "
-        f"{rules.trend_level:g} level, claim 4 margin {rules.margin:g}._"
+        f"{rules.one_sided_level:g} level, claim 4 margin {rules.margin:g}._"
     )
     items = []
     for claim in result.claims:

@@ -31,7 +31,14 @@ import pandas as pd
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import Part, _per_r, rank_bounds, rng_for, settle_text
+from grpo_cli.analysis.rank_verdict import (
+    Part,
+    _per_r,
+    rank_bounds,
+    read_together,
+    rng_for,
+    settle_text,
+)
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     CONTRAST,
@@ -112,7 +119,8 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
                 f"difference {diff.text(2, sign=True)}: {decided}"
                 + settle_text(verdict, flip, seeds, n) + ".")
-    return Part("4", name, verdict, sentence, flip, seeds)
+    below_p = float(np.min([bs.p_below(diff, margin), bs.p_below(per_token, target + margin)]))
+    return Part("4", name, verdict, sentence, flip, seeds, float(np.minimum(1.0, 2 * below_p)))
 
 
 def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
@@ -306,7 +314,10 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     if frame.empty:
         return (NOT_JUDGED, f"no {rules.rank_matrix} / {rules.rank_measure} ranks for these "
                 "estimators", frame, parts)
-    verdict = combine(p.verdict for p in parts)
+    read, together = read_together(parts, [p.question for p in parts], rules, "pairs")
+    verdict = combine(read)
+    if together:
+        parts.append(Part("4t", "the pairs read together", CONTRAST, together))
     if side:  # shown after the deciding parts, never in the verdict
         parts.append(Part("4s", f"side reading: {rules.falsifier_matrix}", CONTRAST,
                           f"Side reading, {rules.falsifier_matrix} (per-token minus outcome, "

@@ -28,6 +28,7 @@ from grpo_cli.analysis.rules import (
     Rules,
     capped_group_sizes,
     combine,
+    family_wise,
     judged_group_sizes,
 )
 from grpo_cli.analysis.summary import SUMMARY_KEYS, last_part, sort_rows, verdict_rows
@@ -69,6 +70,11 @@ class Part:
     sentence: str
     flip: float = math.nan  # share of resamples whose reading differs from the estimate's
     seeds: int | None = None  # roughly how many seeds in all would settle an inconclusive part
+    # the one-sided p-value of its contradicted reading (within-part Bonferroni included): it
+    # reads contradicted at its own level iff p < Rules.one_sided_level; a claim reads its parts
+    # together by Holm over these (rules.family_wise). NaN: no such reading (2a, not judged)
+    p_contradict: float = math.nan
+    counted_as: str = ""  # its verdict as its claim counts it, read with the other parts (read_together)
 
 
 def rng_for(rules: Rules, *key) -> np.random.Generator:
@@ -90,6 +96,44 @@ def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> st
         else:
             out += "; the estimate sits on a boundary: more seeds may not settle it"
     return out
+
+
+def read_together(parts: list[Part], labels: list[str], rules: Rules, what: str
+                  ) -> tuple[list[str], str]:
+    """The verdicts `parts` count for in their claim's verdict (rules.family_wise: Holm over
+    their contradiction p-values; also set as each part's `counted_as`) and a sentence saying what reading them together did; "" when
+    no part reads contradicted on its own, or only one part was tested. `labels` name the parts
+    in that sentence; `what` names them in the plural ("parts")."""
+    level = rules.one_sided_level
+    read, adjusted = family_wise([p.verdict for p in parts], [p.p_contradict for p in parts], level)
+    for part, verdict in zip(parts, read, strict=True):
+        part.counted_as = verdict
+    tested = sum(math.isfinite(a) for a in adjusted)
+    alone = [k for k, p in enumerate(parts) if p.verdict == CONTRADICTED]
+    if not alone or tested < 2:
+        return read, ""
+    kept = [k for k in alone if read[k] == CONTRADICTED]
+    dropped = len(alone) - len(kept)
+
+    def named(ks: list[int]) -> str:
+        shown = ", ".join(f"{labels[k]} {adjusted[k]:.2g}" for k in ks[:3])
+        return shown + (f" and {len(ks) - 3} more" if len(ks) > 3 else "")
+
+    head = (f"Read together (Holm over the {tested} tested {what}' contradiction p-values, at the "
+            f"one-sided {level:g} level): ")
+    if not dropped:
+        body = (f"every one of the {len(alone)} contradicted {what} stays contradicted (adjusted "
+                f"p: {named(sorted(kept, key=lambda k: -adjusted[k]))})")
+    elif kept:
+        body = (f"{len(kept)} of the {len(alone)} contradicted {what} "
+                f"{'stays' if len(kept) == 1 else 'stay'} contradicted (adjusted p: "
+                f"{named(sorted(kept, key=lambda k: adjusted[k]))}); the other {dropped} count as "
+                "inconclusive in the claim's verdict")
+    else:
+        body = (f"none of the {len(alone)} contradicted {what} stays contradicted (smallest adjusted "
+                f"p {min(adjusted[k] for k in alone):.2g}): they count as inconclusive in the "
+                "claim's verdict")
+    return read, head + body + "."
 
 
 @dataclass
@@ -223,7 +267,7 @@ def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], ru
     part_b = Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", growth,
                   f"2b (growth within +-{tol:g} per doubling): {growth}; {text}, {why}"
                   + settle_text(growth, flip_growth, seeds_growth, n) + ".", flip_growth,
-                  seeds_growth)
+                  seeds_growth, float(np.min([bs.p_above(iv, tol), bs.p_below(iv, -tol)])))
     return [part_a, part_b], iv
 
 
@@ -275,9 +319,11 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
                               if not iv.finite) + " with no interval",
     }[verdict]
     n = min(iv.n for iv in ivs)
+    outside_p = float(np.min([[bs.p_above(iv, hi), bs.p_below(iv, lo)] for iv in ivs]))  # NaN if any is
     return Part("2c", question, verdict,
                 f"2c (rank within {rules.target:g} +- {rules.band:g}): {verdict}; {values}: "
-                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds)
+                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds,
+                float(np.minimum(1.0, len(judged) * outside_p)))
 
 
 def _group_lookup(groups: pd.DataFrame, window: pd.DataFrame) -> dict:

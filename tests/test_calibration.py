@@ -284,21 +284,47 @@ def test_family_wise_closed_form():
     assert family_wise([c, "not judged"], [0.049, math.nan], 0.05)[0] == [c, "not judged"]
 
 
+def _p_is(p: float) -> bs.Contradiction:
+    """One "below" test whose p-value is `p`: an estimate of 0 with se 1 on 1000 df, against the
+    bound t_1000(1 - p) (to ~1e-5)."""
+    return bs.Contradiction(((bs.Interval(0.0, -2.0, 2.0, 1001, se=1.0, df=1000),
+                              bs.t_quantile(1 - p, 1000), "below"),))
+
+
+def test_contradiction_closed_form():
+    """Bonferroni over its factor, NaN without an interval, and more seeds shrink the se as
+    sqrt(n / (n + more)): estimate 2.0, se 0.2 on 4 seeds (3 df), bound 2.5 -> t = 2.5, p =
+    P(T_3 > 2.5) = 0.0439; with 5 more seeds se 0.1333 on 8 df, t = 3.75, p = 0.00282."""
+    iv = bs.Interval(2.0, 1.5, 2.5, 4, se=0.2, df=3)
+    one = bs.Contradiction(((iv, 2.5, "below"),))
+    assert one.p() == pytest.approx(bs.t_upper_tail(2.5, 3)) == pytest.approx(0.0439, abs=1e-4)
+    assert bs.Contradiction(((iv, 2.5, "below"),), 2).p() == pytest.approx(2 * one.p())
+    assert one.p(5) == pytest.approx(bs.t_upper_tail(0.5 / (0.2 * math.sqrt(4 / 9)), 8))
+    assert bs.Contradiction(((iv, 1.5, "above"),)).p() == pytest.approx(one.p())  # mirrored
+    # 2 more: t = 0.5 / (0.2 sqrt(4/6)) = 3.06 on 5 df, p 0.014; 3 more: t = 3.31 on 6 df, p 0.0082
+    assert one.seeds_to_reach(0.05) == 0 and one.seeds_to_reach(0.01) == 3
+    assert one.p(2) > 0.01 >= one.p(3)
+    assert bs.Contradiction(((iv, 2.0, "below"),)).seeds_to_reach(0.05) is None  # on the bound
+    assert math.isnan(bs.Contradiction(((bs.no_interval(2.0, 1), 2.5, "below"),)).p())
+    assert _p_is(0.03).p() == pytest.approx(0.03, abs=1e-5)
+
+
 def test_read_together_says_what_the_correction_did():
     from grpo_cli.analysis.rank_verdict import Part, read_together
     from grpo_cli.analysis.rules import INCONCLUSIVE
 
     def parts(*ps):
-        return [Part("4", f"p{k}", CONTRADICTED if p < 0.05 else INCONCLUSIVE, "", p_contradict=p)
+        return [Part("4", f"p{k}", CONTRADICTED if p < 0.05 else INCONCLUSIVE, "", contradiction=_p_is(p))
                 for k, p in enumerate(ps)]
     labels = ["a", "b", "c"]
     read, text = read_together(group := parts(0.001, 0.04, 0.5), labels, RULES, "pairs")
     assert read == [CONTRADICTED, INCONCLUSIVE, INCONCLUSIVE]
     assert [p.counted_as for p in group] == read
     assert "1 of the 2 contradicted pairs stays contradicted (adjusted p: a 0.003)" in text
-    assert "the other 1 count as inconclusive" in text
+    assert "the other 1 counts as inconclusive" in text
     _, text = read_together(parts(0.02, 0.03, 0.5), labels, RULES, "pairs")
     assert "none of the 2 contradicted pairs stays contradicted (smallest adjusted p 0.06)" in text
+    assert "more seeds a side would let a count" in text  # the closest, at p <= 0.05 / 3
     _, text = read_together(parts(0.001, 0.002, 0.5), labels, RULES, "pairs")
     assert "every one of the 2 contradicted pairs stays contradicted (adjusted p: b 0.004, a 0.003)" in text
     assert read_together(parts(0.3, 0.5), labels, RULES, "pairs")[1] == ""  # nothing contradicted

@@ -374,16 +374,21 @@ def test_claim3_sparsity_explained_by_zero_advantage_groups_is_told_apart(tmp_pa
 
 def test_parts_text_adds_the_counts_read_together_where_they_differ():
     """A claim whose contradicted part does not survive Holm says so in its parts column."""
+    from grpo_cli.analysis import bootstrap as bs
     from grpo_cli.analysis.claims import Claim
     from grpo_cli.analysis.rank_verdict import Part, read_together
-    parts = [Part("4", "a", "contradicted", "", p_contradict=0.03),
-             Part("4", "b", "contradicted", "", p_contradict=0.04),
-             Part("4", "c", "supported", "", p_contradict=0.9)]
+
+    def below(p):  # one test whose p-value is p (estimate 0, se 1, 1000 df)
+        return bs.Contradiction(((bs.Interval(0.0, -2.0, 2.0, 1001, se=1.0, df=1000),
+                                  bs.t_quantile(1 - p, 1000), "below"),))
+    parts = [Part("4", "a", "contradicted", "", contradiction=below(0.03)),
+             Part("4", "b", "contradicted", "", contradiction=below(0.04)),
+             Part("4", "c", "supported", "", contradiction=below(0.9))]
     read, _ = read_together(parts, ["a", "b", "c"], Rules(), "pairs")
     claim = Claim(4, "mixed", "", parts=parts)
     assert claim.parts_text == ("2 contradicted, 1 supported; read together: "
                                 "2 inconclusive, 1 supported")
     assert read == ["inconclusive", "inconclusive", "supported"]
-    kept = [Part("4", "a", "contradicted", "", p_contradict=0.001)]
+    kept = [Part("4", "a", "contradicted", "", contradiction=below(0.001))]
     read_together(kept + parts[2:], ["a", "c"], Rules(), "pairs")
     assert Claim(4, "mixed", "", parts=kept + parts[2:]).parts_text == "1 contradicted, 1 supported"

@@ -134,22 +134,62 @@ def at_confidence(interval: Interval, confidence: float,
                     df=interval.df)
 
 
+def _p_below(estimate: float, se: float, df: int, bound: float) -> float:
+    if se == 0:
+        return 0.0 if estimate < bound else 1.0
+    return t_upper_tail((bound - estimate) / se, df)
+
+
 def p_below(interval: Interval, bound: float) -> float:
     """The one-sided p-value of "the estimate lies below `bound`" from the interval's t
     distribution: its two-sided interval at confidence c lies wholly below `bound` exactly when
     this is < (1 - c) / 2 (clipping aside). A zero se gives 0 or 1; NaN with no interval."""
     if interval.df < 1 or not (interval.finite and math.isfinite(interval.se)):
         return math.nan
-    if interval.se == 0:
-        return 0.0 if interval.estimate < bound else 1.0
-    return t_upper_tail((bound - interval.estimate) / interval.se, interval.df)
+    return _p_below(interval.estimate, interval.se, interval.df, bound)
 
 
 def p_above(interval: Interval, bound: float) -> float:
     """`p_below`'s mirror: the one-sided p-value of "the estimate lies above `bound`"."""
-    mirrored = Interval(-interval.estimate, -interval.high, -interval.low, interval.n,
-                        se=interval.se, df=interval.df)
-    return p_below(mirrored, -bound)
+    if interval.df < 1 or not (interval.finite and math.isfinite(interval.se)):
+        return math.nan
+    return _p_below(-interval.estimate, interval.se, interval.df, -bound)
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """The tests behind a part's contradicted reading: the part reads contradicted when one of
+    `tests` (an interval, a bound, and "below" or "above": where the interval must lie) holds at
+    the Bonferroni level over `factor` of them (2c: the k judged R, whose two sides exclude each
+    other; claim 4: its two intervals)."""
+
+    tests: tuple[tuple[Interval, float, str], ...]
+    factor: int = 1
+
+    def p(self, more_seeds: int = 0) -> float:
+        """The reading's one-sided p-value, Bonferroni factor included (NaN if a test has no
+        interval): it reads contradicted at confidence c iff this is < (1 - c) / 2. With
+        `more_seeds` more units behind every interval, the spread between them held fixed (se
+        scaled by sqrt(n / (n + more)), one more df a unit), as `seeds_to_settle` assumes."""
+        ps = []
+        for iv, bound, side in self.tests:
+            if iv.df < 1 or not (iv.finite and math.isfinite(iv.se)):
+                return math.nan
+            n = max(iv.n, 1)
+            se, df = iv.se * math.sqrt(n / (n + more_seeds)), iv.df + more_seeds
+            ps.append(_p_below(iv.estimate, se, df, bound) if side == "below"
+                      else _p_below(-iv.estimate, se, df, -bound))
+        return min(1.0, self.factor * min(ps)) if ps else math.nan
+
+    def seeds_to_reach(self, level: float) -> int | None:
+        """The fewest more seeds (on every side) at which `p` is <= `level`; None when no
+        number up to MAX_SEEDS_ADVICE does (an estimate on or inside its bound)."""
+        if not math.isfinite(self.p()):
+            return None
+        for more in range(0, MAX_SEEDS_ADVICE + 1):
+            if self.p(more) <= level:
+                return more
+        return None
 
 
 def mean_interval(values, confidence: float, rng: np.random.Generator, draws: int = DRAWS,

@@ -119,8 +119,8 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
                 f"difference {diff.text(2, sign=True)}: {decided}"
                 + settle_text(verdict, flip, seeds, n) + ".")
-    below_p = float(np.min([bs.p_below(diff, margin), bs.p_below(per_token, target + margin)]))
-    return Part("4", name, verdict, sentence, flip, seeds, float(np.minimum(1.0, 2 * below_p)))
+    below = bs.Contradiction(((diff, margin, "below"), (per_token, target + margin, "below")), 2)
+    return Part("4", name, verdict, sentence, flip, seeds, below)
 
 
 def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:

@@ -70,11 +70,16 @@ class Part:
     sentence: str
     flip: float = math.nan  # share of resamples whose reading differs from the estimate's
     seeds: int | None = None  # roughly how many seeds in all would settle an inconclusive part
-    # the one-sided p-value of its contradicted reading (within-part Bonferroni included): it
-    # reads contradicted at its own level iff p < Rules.one_sided_level; a claim reads its parts
-    # together by Holm over these (rules.family_wise). NaN: no such reading (2a, not judged)
-    p_contradict: float = math.nan
+    # the tests behind its contradicted reading (None: it has none, e.g. 2a); a claim reads its
+    # parts together by Holm over their p-values (read_together, rules.family_wise)
+    contradiction: bs.Contradiction | None = None
     counted_as: str = ""  # its verdict as its claim counts it, read with the other parts (read_together)
+
+    @property
+    def p_contradict(self) -> float:
+        """The one-sided p-value of its contradicted reading (within-part Bonferroni included):
+        it reads contradicted at its own level iff p < Rules.one_sided_level. NaN: none."""
+        return self.contradiction.p() if self.contradiction is not None else math.nan
 
 
 def rng_for(rules: Rules, *key) -> np.random.Generator:
@@ -101,9 +106,11 @@ def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> st
 def read_together(parts: list[Part], labels: list[str], rules: Rules, what: str
                   ) -> tuple[list[str], str]:
     """The verdicts `parts` count for in their claim's verdict (rules.family_wise: Holm over
-    their contradiction p-values; also set as each part's `counted_as`) and a sentence saying what reading them together did; "" when
-    no part reads contradicted on its own, or only one part was tested. `labels` name the parts
-    in that sentence; `what` names them in the plural ("parts")."""
+    their contradiction p-values; also set as each part's `counted_as`) and a sentence saying
+    what reading them together did; "" when no part reads contradicted on its own, or only one
+    part was tested. Where none stays contradicted, the sentence says about how many more seeds
+    would let the closest count (its p at the Bonferroni level over the tested parts, which
+    Holm's first step is). `labels` name the parts there; `what` names them in the plural."""
     level = rules.one_sided_level
     read, adjusted = family_wise([p.verdict for p in parts], [p.p_contradict for p in parts], level)
     for part, verdict in zip(parts, read, strict=True):
@@ -127,12 +134,18 @@ def read_together(parts: list[Part], labels: list[str], rules: Rules, what: str
     elif kept:
         body = (f"{len(kept)} of the {len(alone)} contradicted {what} "
                 f"{'stays' if len(kept) == 1 else 'stay'} contradicted (adjusted p: "
-                f"{named(sorted(kept, key=lambda k: adjusted[k]))}); the other {dropped} count as "
-                "inconclusive in the claim's verdict")
+                f"{named(sorted(kept, key=lambda k: adjusted[k]))}); the other {dropped} "
+                f"{'counts' if dropped == 1 else 'count'} as inconclusive in the claim's verdict")
     else:
+        closest = min(alone, key=lambda k: adjusted[k] if math.isfinite(adjusted[k]) else math.inf)
         body = (f"none of the {len(alone)} contradicted {what} stays contradicted (smallest adjusted "
-                f"p {min(adjusted[k] for k in alone):.2g}): they count as inconclusive in the "
-                "claim's verdict")
+                f"p {adjusted[closest]:.2g}): they count as inconclusive in the claim's verdict")
+        tests = parts[closest].contradiction
+        more = tests.seeds_to_reach(level / tested) if tests is not None else None
+        if more:
+            body += (f"; about {more} more seed{'s' if more > 1 else ''} a side would let "
+                     f"{labels[closest]} count (its p at {level:g} / {tested}, the spread between "
+                     "seeds held fixed)")
     return read, head + body + "."
 
 
@@ -267,7 +280,7 @@ def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], ru
     part_b = Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", growth,
                   f"2b (growth within +-{tol:g} per doubling): {growth}; {text}, {why}"
                   + settle_text(growth, flip_growth, seeds_growth, n) + ".", flip_growth,
-                  seeds_growth, float(np.min([bs.p_above(iv, tol), bs.p_below(iv, -tol)])))
+                  seeds_growth, bs.Contradiction(((iv, tol, "above"), (iv, -tol, "below"))))
     return [part_a, part_b], iv
 
 
@@ -319,11 +332,11 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
                               if not iv.finite) + " with no interval",
     }[verdict]
     n = min(iv.n for iv in ivs)
-    outside_p = float(np.min([[bs.p_above(iv, hi), bs.p_below(iv, lo)] for iv in ivs]))  # NaN if any is
+    out_of_band = bs.Contradiction(  # an R's two sides exclude each other: k tests, not 2k
+        tuple(test for iv in ivs for test in ((iv, hi, "above"), (iv, lo, "below"))), len(judged))
     return Part("2c", question, verdict,
                 f"2c (rank within {rules.target:g} +- {rules.band:g}): {verdict}; {values}: "
-                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds,
-                float(np.minimum(1.0, len(judged) * outside_p)))
+                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds, out_of_band)
 
 
 def _group_lookup(groups: pd.DataFrame, window: pd.DataFrame) -> dict:

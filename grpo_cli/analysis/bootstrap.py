@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -156,6 +156,16 @@ def p_above(interval: Interval, bound: float) -> float:
     return _p_below(-interval.estimate, interval.se, interval.df, -bound)
 
 
+def _with_more_seeds(interval: Interval, more: int) -> Interval:
+    """`interval` as `more` more units with the same spread would give it: se x sqrt(n / (n +
+    more)), `more` more df (its bounds are not recomputed: only estimate, se and df are read)."""
+    if more == 0:
+        return interval
+    n = max(interval.n, 1)
+    return replace(interval, n=n + more, se=interval.se * math.sqrt(n / (n + more)),
+                   df=interval.df + more)
+
+
 @dataclass(frozen=True)
 class Contradiction:
     """The tests behind a part's contradicted reading: the part reads contradicted when one of
@@ -171,15 +181,9 @@ class Contradiction:
         interval): it reads contradicted at confidence c iff this is < (1 - c) / 2. With
         `more_seeds` more units behind every interval, the spread between them held fixed (se
         scaled by sqrt(n / (n + more)), one more df a unit), as `seeds_to_settle` assumes."""
-        ps = []
-        for iv, bound, side in self.tests:
-            if iv.df < 1 or not (iv.finite and math.isfinite(iv.se)):
-                return math.nan
-            n = max(iv.n, 1)
-            se, df = iv.se * math.sqrt(n / (n + more_seeds)), iv.df + more_seeds
-            ps.append(_p_below(iv.estimate, se, df, bound) if side == "below"
-                      else _p_below(-iv.estimate, se, df, -bound))
-        return min(1.0, self.factor * min(ps)) if ps else math.nan
+        ps = [(p_below if side == "below" else p_above)(_with_more_seeds(iv, more_seeds), bound)
+              for iv, bound, side in self.tests]
+        return float(np.minimum(1.0, self.factor * np.min(ps))) if ps else math.nan  # NaN stays
 
     def seeds_to_reach(self, level: float) -> int | None:
         """The fewest more seeds (on every side) at which `p` is <= `level`; None when no

@@ -106,8 +106,8 @@ def family_wise(verdicts: Sequence[str], p_contradict: Sequence[float], level: f
     Each part reads "contradicted" at its own level (one interval, or the Bonferroni level
     within the part); a claim that reads contradicted when any of m parts does is a union of m
     tests, so with every part on its region's edge it would read contradicted up to m times as
-    often as one part (claim 4 on `make settle`'s shape, 27 parts: 31.7% of simulated sweeps
-    against 5%). Read together, a part counts as contradicted only where its Holm-adjusted
+    often as one part (claim 4 on `make settle`'s shape, 27 parts: 29.5% of simulated sweeps
+    contradicted and 10% mixed, against 5%; tests/test_calibration.py). Read together, a part counts as contradicted only where its Holm-adjusted
     `p_contradict` (`holm`, over the parts that have one) is <= `level`; otherwise it counts as
     inconclusive. "Supported" needs every part supported (an intersection of tests, no
     correction), so it is left as it is. With one part, this is the part's own reading."""

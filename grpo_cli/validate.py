@@ -163,6 +163,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("model.warm_start.batch_size", 1)
     positive("model.warm_start.lr")
     unit("model.warm_start.noisy_answer_fraction")
+    if value("model.warm_start.seed") is not None:  # null: the run's seed (models/warm_start.py)
+        at_least("model.warm_start.seed", 0)
     # task
     choice("task.name", names["task.name"])
     choice("task.reward", names["task.reward"])

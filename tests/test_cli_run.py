@@ -259,15 +259,37 @@ def test_run_names_stay_short_and_distinct():
 
 def test_warm_start_cache_key_follows_what_changes_the_weights():
     from grpo_cli.config.compose import compose_config
-    from grpo_cli.models.warm_start import warm_start_key
+    from grpo_cli.models.warm_start import warm_start_key, warm_start_seed
 
     def key(*overrides):
         cfg = compose_config(["experiment=smoke", *overrides])
-        return warm_start_key(cfg.model, cfg.task)
+        return warm_start_key(cfg.model, cfg.task, warm_start_seed(cfg.model, cfg.seed))
 
-    assert key() == key("task.train_size=999", "seed=3")  # shared by every seed and train size
+    assert key() == key("task.train_size=999")  # shared by every train size
+    assert key() != key("seed=3")  # each seed its own warm start: seeds are independent replicates
+    assert key("seed=3") == key("seed=3", "rollout.group_size=8", "algorithm=ppo")  # paired within a seed
+    assert key("seed=3") == key("model.warm_start.seed=3")  # pinning seed 3 is the same model
+    assert key("seed=1", "model.warm_start.seed=0") == key("seed=2", "model.warm_start.seed=0")
     assert key() != key("task.eval_size=32")  # held-out problems are excluded from training draws
     assert key() != key("model.warm_start.steps=10")
+
+
+def test_run_json_records_which_warm_start_a_run_used(tmp_path, cache_dir):
+    """initial_model: the warm start of the run's seed by default (not shared), the pinned one
+    when model.warm_start.seed is set (shared by every seed); different seeds, different keys."""
+    for seed, pinned in ((0, None), (1, None), (1, 0)):
+        extra = [] if pinned is None else [f"model.warm_start.seed={pinned}"]
+        result = grpo_run(tmp_path, cache_dir, "train.steps=1", f"seed={seed}", *extra)
+        assert result.exit_code == 0, result.output
+    records = {path.parent.name: json.loads(path.read_text())["initial_model"]
+               for path in (tmp_path / "smoke").glob("*/run.json")}
+    own = {name: rec for name, rec in records.items() if "warm_start.seed" not in name}
+    pinned = next(rec for name, rec in records.items() if "warm_start.seed" in name)
+    assert sorted(rec["seed"] for rec in own.values()) == [0, 1]
+    assert not any(rec["shared"] for rec in own.values())
+    assert len({rec["key"] for rec in own.values()}) == 2
+    assert pinned["shared"] and pinned["seed"] == 0
+    assert pinned["key"] == next(rec["key"] for rec in own.values() if rec["seed"] == 0)
 
 
 def test_probes_off_runs_no_probe_although_the_preset_sets_every(tmp_path, cache_dir):

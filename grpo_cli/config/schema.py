@@ -28,6 +28,7 @@ class WarmStartConfig:
     batch_size: int = 32  # sequences per supervised step
     lr: float = 3e-3  # supervised learning rate
     noisy_answer_fraction: float = 0.0  # demonstrations whose final "#### N" line is off by 1-3
+    seed: int | None = None  # None = the run's seed (each seed its own warm start: seeds are independent replicates); an int = one warm start shared by every run seed (intervals conditional on it)
 
 
 @dataclass

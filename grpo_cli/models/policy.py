@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError
 
 from grpo_cli.models.loading import (
+    TOKENIZER_FILES,
     LoadedModel,
     ModelLoadError,
     apply_lora,
@@ -18,6 +19,7 @@ from grpo_cli.models.loading import (
     find_packaged_gguf,
     load_pretrained,
     materialize_gguf,
+    refuse_custom_code,
     resolve_dtype,
     transformers_progress_bars,
 )
@@ -32,13 +34,16 @@ def weight_files(directory: Path) -> list[str]:
 
 
 def check_model_dir(path: str) -> None:
-    """ModelLoadError naming the directory when a local model.path holds no model files (else
-    transformers answers an empty directory with 'install sentencepiece')."""
+    """ModelLoadError naming the directory when a local model.path holds no model files or no
+    tokenizer (else transformers answers 'install sentencepiece'), or needs its own code."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         return  # a hub id, or a missing directory: load_pretrained names it
+    refuse_custom_code(directory)
+    tokenizer = any((directory / name).is_file() for name in TOKENIZER_FILES)
     missing = [what for what, there in (("config.json", (directory / "config.json").is_file()),
-                                        ("weights (" + ", ".join(WEIGHT_FILES) + ")", bool(weight_files(directory))))
+                                        ("weights (" + ", ".join(WEIGHT_FILES) + ")", bool(weight_files(directory))),
+                                        ("tokenizer (" + ", ".join(TOKENIZER_FILES) + ")", tokenizer))
                if not there]
     if missing:
         raise ModelLoadError(f"model.path={path!r}: {directory} has no model files (no "
@@ -61,6 +66,21 @@ def load_weights(path: str, device: torch.device, dtype: torch.dtype) -> LoadedM
                              "a damaged or partly written file?") from error
 
 
+def initial_model_record(cfg) -> dict:
+    """run.json's `initial_model`: the weights a run's RL starts from, and whether every run seed
+    shares them (`shared`). A shared model is a random effect common to all seeds: intervals over
+    seeds are then conditional on it (the unit is the RL seed on that one model)."""
+    model_cfg = cfg.model
+    if model_cfg.weights == "random":  # drawn under the run's seed (models/random_init.py)
+        return {"kind": "random", "seed": int(cfg.seed), "shared": False}
+    if model_cfg.source == "char_llama":
+        from grpo_cli.models.warm_start import warm_start_record
+
+        return warm_start_record(model_cfg, cfg.task, cfg.seed)
+    where = model_cfg.path if model_cfg.source == "hf" else f"{model_cfg.package}:{model_cfg.path or ''}"
+    return {"kind": "pretrained", "source": model_cfg.source, "path": where, "shared": True}
+
+
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
     """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory.
     transformers' own progress bars show only with `progress=true`."""
@@ -81,7 +101,7 @@ def _load_policy(cfg, task, device: torch.device, log) -> LoadedModel:
     elif model_cfg.source == "char_llama":
         from grpo_cli.models.warm_start import warm_started_char_llama
 
-        path = warm_started_char_llama(model_cfg, task, cfg.task, cfg.cache_dir, log=log)
+        path = warm_started_char_llama(model_cfg, task, cfg.task, cfg.cache_dir, cfg.seed, log=log)
         loaded = load_weights(str(path), device, dtype)
     elif model_cfg.source == "hf":
         if not model_cfg.path:

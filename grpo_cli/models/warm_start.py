@@ -3,8 +3,15 @@
 GRPO learns nothing from a policy that never succeeds (every group has zero variance), so the
 CPU preset first runs a short supervised phase on generated solutions, aiming for a 20-60%
 held-out success rate. The result is saved as an ordinary HF model directory under the cache,
-keyed by everything that determines it (not the training seed), and reused by every run of a
-sweep; a file lock keeps parallel sweep members from building it twice.
+keyed by everything that determines it, and reused by every run that shares it; a file lock keeps
+parallel sweep members from building it twice.
+
+Its seed (the random initialisation and the order of the demonstrations) is the run's seed unless
+`model.warm_start.seed` pins one: by default each seed of a sweep is an independent replicate of
+the whole experiment, warm start included, while the runs of one seed (every R, every estimator)
+share that seed's warm start, so per-seed slopes over R and per-seed differences between
+estimators stay paired. A pinned seed shares one warm start by every run seed: the seed-level
+intervals are then conditional on that one model (run.json `initial_model` says which).
 
 `noisy_answer_fraction` makes the demonstrations imperfect: that fraction of them ends with a wrong
 final line (`#### N` off by 1-3) after correct calculator steps. The warm-started policy then has a
@@ -28,7 +35,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_cli.models.cache import cached_model_dir
 from grpo_cli.models.char_tokenizer import build_char_tokenizer
 
-WARM_START_SEED = 0  # fixed: the warm start is shared by every seed of a sweep
+
+def warm_start_seed(model_cfg, run_seed: int) -> int:
+    """The seed the warm start is drawn with: model.warm_start.seed if pinned, else the run's."""
+    pinned = model_cfg.warm_start.seed
+    return int(run_seed if pinned is None else pinned)
 
 
 def _plain(node) -> dict:
@@ -37,15 +48,25 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def warm_start_key(model_cfg, task_cfg) -> str:
-    """Hash of the settings that determine the warm-started weights."""
+def warm_start_key(model_cfg, task_cfg, seed: int) -> str:
+    """Hash of the settings that determine the warm-started weights, `seed` (warm_start_seed's)
+    among them; whether the seed was pinned or taken from the run does not change the weights."""
     model = {k: v for k, v in _plain(model_cfg).items() if k not in ("name", "lora", "dtype")}
     model.pop("gradient_checkpointing", None)
+    model["warm_start"] = {k: v for k, v in model["warm_start"].items() if k != "seed"}
     # The warm-start split is a prefix of the generated training problems, so train_size does not
     # change it; eval_size does (training draws skip every held-out problem).
     task = {k: v for k, v in _plain(task_cfg).items() if k != "train_size"}
-    blob = json.dumps({"model": model, "task": task}, sort_keys=True, default=str)
+    blob = json.dumps({"model": model, "task": task, "seed": int(seed)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warm_start_record(model_cfg, task_cfg, run_seed: int) -> dict:
+    """run.json's `initial_model` for a char_llama run: which warm start it trained from, and
+    whether every run seed shares it (`shared`: a pinned model.warm_start.seed)."""
+    seed = warm_start_seed(model_cfg, run_seed)
+    return {"kind": "warm_start", "key": warm_start_key(model_cfg, task_cfg, seed), "seed": seed,
+            "shared": model_cfg.warm_start.seed is not None}
 
 
 def build_char_llama(model_cfg, vocab_size: int, pad_id: int | None, bos_id: int, eos_id: int,
@@ -98,9 +119,10 @@ def demonstration(problem, generator: random.Random, noisy_fraction: float) -> s
     return f"{body}#### {wrong}"
 
 
-def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> None:
-    """Teacher-forced cross-entropy on task solutions (prompt tokens masked out)."""
-    generator = random.Random(WARM_START_SEED)
+def supervised_finetune(model, tokenizer, task, warm_cfg, device, seed: int, log=print) -> None:
+    """Teacher-forced cross-entropy on task solutions (prompt tokens masked out); `seed` draws
+    the demonstrations and their noise."""
+    generator = random.Random(seed)
     problems = list(task.warm_start)
     if not problems:
         raise ValueError("the warm start needs task.warm_start_size > 0 problems")
@@ -133,12 +155,21 @@ def supervised_finetune(model, tokenizer, task, warm_cfg, device, log=print) -> 
     model.eval()
 
 
-def warm_started_char_llama(model_cfg, task, task_cfg, cache_dir: str, log=print) -> Path:
-    """Return the directory of the cached warm-started char Llama, building it if needed."""
-    key = warm_start_key(model_cfg, task_cfg)
+def warm_started_char_llama(model_cfg, task, task_cfg, cache_dir: str, run_seed: int,
+                            log=print) -> Path:
+    """Return the directory of the cached warm-started char Llama of `run_seed` (or of the pinned
+    model.warm_start.seed), building it if needed. The build draws from its own torch stream
+    (fork_rng), so a run that builds it continues with the same random state as one that finds
+    it cached."""
+    seed = warm_start_seed(model_cfg, run_seed)
+    key = warm_start_key(model_cfg, task_cfg, seed)
 
     def build(partial: Path) -> None:
-        torch.manual_seed(WARM_START_SEED)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            _build(partial)
+
+    def _build(partial: Path) -> None:
         tokenizer = build_char_tokenizer()
         model = build_char_llama(
             model_cfg,
@@ -148,8 +179,10 @@ def warm_started_char_llama(model_cfg, task, task_cfg, cache_dir: str, log=print
             eos_id=tokenizer.eos_token_id,
         )
         if model_cfg.warm_start.steps > 0:
-            log(f"warm-starting {model_cfg.name} ({key}) for {model_cfg.warm_start.steps} steps")
-            supervised_finetune(model, tokenizer, task, model_cfg.warm_start, torch.device("cpu"), log)
+            log(f"warm-starting {model_cfg.name} (seed {seed}, {key}) for "
+                f"{model_cfg.warm_start.steps} steps")
+            supervised_finetune(model, tokenizer, task, model_cfg.warm_start, torch.device("cpu"),
+                                seed, log)
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
 

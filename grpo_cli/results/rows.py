@@ -72,6 +72,7 @@ def run_record(
     weights: str,  # model.weights
     reward: str,  # task.reward
     device: str | None = None,
+    initial_model: Mapping | None = None,  # models/policy.py initial_model_record; None: not recorded (TRL)
     resumed_from: int | None = None,
     versions_extra: Mapping[str, str] | None = None,
     extra: Mapping | None = None,  # EXTRA_RUN_KEYS[trainer]
@@ -104,6 +105,8 @@ def run_record(
         "estimator": estimator_facts["name"],
         "estimator_facts": dict(estimator_facts),
         "model": model,
+        # the weights RL starts from and whether every seed shares them (docs/results.md)
+        "initial_model": dict(initial_model) if initial_model is not None else None,
         "task": task,
         "experiment": experiment,
         "resumed_from": resumed_from,

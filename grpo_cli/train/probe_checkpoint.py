@@ -195,6 +195,7 @@ def _probe_one(cfg: DictConfig, run_dir: Path, target: ProbeTarget, source: Path
             estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name,
             task=cfg.task.name, experiment=cfg.experiment.name, param_regex=cfg.probes.param_regex,
             weights=cfg.model.weights, reward=cfg.task.reward,
+            initial_model={"kind": "checkpoint", "path": str(source), "shared": True},
             extra={"kind": "probe",
                    "probe": {"source": str(source), "source_kind": target.kind,
                              "checkpoints": {str(step): str(file) if file else None

@@ -23,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_cli.algorithm.advantages import get_estimator
+from grpo_cli.models.policy import initial_model_record
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import run_record, utc_now
 from grpo_cli.results.writer import RunResults
@@ -98,7 +99,7 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
         trainer="grpo-cli", seed=cfg.seed, group_size=cfg.rollout.group_size,
         estimator_facts=get_estimator(cfg.algorithm.name).facts(), model=cfg.model.name, task=cfg.task.name,
         experiment=cfg.experiment.name, param_regex=cfg.probes.param_regex,
-        weights=cfg.model.weights, reward=cfg.task.reward,
+        weights=cfg.model.weights, reward=cfg.task.reward, initial_model=initial_model_record(cfg),
     )
     try:
         (results.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
-from grpo_cli.analysis import token_weights, trend
+from grpo_cli.analysis import token_weights, trend, units
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, Part, read_together, rng_for, settle_text
@@ -33,6 +33,7 @@ from grpo_cli.analysis.rules import (
     NOT_JUDGED,
     NOT_MEASURED,
     OUTCOME,
+    PER_TOKEN,
     SUPPORTED,
     Families,
     Rules,
@@ -61,6 +62,7 @@ class Claim:
     table: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per judged part
     rule: str = ""  # the rule, in words (Rules.text)
     parts: list[Part] = field(default_factory=list)  # the headline parts, in order
+    unit: units.Unit | None = None  # what its intervals' units are (None: claim 1, no interval)
 
     @property
     def statement(self) -> str:
@@ -427,13 +429,18 @@ def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame,
         sparsity_claim(runs, rules),
         falsifier_claim(runs, rules, same_rows),
     ]
+    zero_sum = set(zero_sum_variants(runs))
+    per_token = {v for v, f in _facts(runs).items() if estimator_family(f) == PER_TOKEN}
+    read_by = {2: zero_sum, 3: zero_sum, 4: zero_sum | per_token}  # the variants each claim reads
     for claim in claims[1:]:
         claim.rule = rules.text(claim.number, families)
+        claim.unit = units.unit_of(r for r in runs if r.variant in read_by[claim.number])
     return claims
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """claim, statement, verdict, parts, evidence: the opening table of summary.md."""
+    """claim, statement, verdict, parts, unit, evidence: the opening table of summary.md; the
+    evidence ends with the unit's sentence (the population its intervals speak for)."""
     return pd.DataFrame(
         [
             {
@@ -441,7 +448,8 @@ def claims_table(claims: list[Claim]) -> pd.DataFrame:
                 "statement": c.statement,
                 "verdict": c.verdict,
                 "parts": c.parts_text,
-                "evidence": c.evidence,
+                "unit": c.unit.words if c.unit else "-",
+                "evidence": c.evidence + (f" {c.unit.sentence()}" if c.unit else ""),
             }
             for c in claims
         ]

@@ -104,6 +104,25 @@ class Run:
         return {"name": name, "credit": "unknown", "zero_sum_group": False}
 
     @property
+    def initial_model(self) -> dict[str, Any]:
+        """The weights the run's RL started from (run.json `initial_model`: `kind` warm_start,
+        pretrained, random or checkpoint, and `shared`: one model for every run seed). Results
+        written before that key: a `grpo probe` directory shares its checkpoint; a char_llama run
+        one warm start shared by every seed (the old design: `WARM_START_SEED = 0`); any other
+        run one pretrained model. `legacy` says the record was inferred."""
+        recorded = self.info.get("initial_model")
+        if isinstance(recorded, dict) and isinstance(recorded.get("shared"), bool) and "kind" in recorded:
+            return {**recorded, "legacy": False}
+        if self.info.get("kind") == "probe":
+            source = (self.info.get("probe") or {}).get("source", "")
+            return {"kind": "checkpoint", "path": str(source), "shared": True, "legacy": True}
+        if self.config.get("model.source", "char_llama") == "char_llama":
+            return {"kind": "warm_start", "key": "", "seed": 0, "shared": True, "legacy": True}
+        return {"kind": "pretrained", "source": self.config.get("model.source"),
+                "path": str(self.config.get("model.path") or self.config.get("model.name") or ""),
+                "shared": True, "legacy": True}
+
+    @property
     def last_step(self) -> int | None:
         steps = [t["step"].max() for t in (self.metrics, self.ranks) if len(t)]
         if self.info.get("last_step") is not None:

@@ -22,6 +22,7 @@ from grpo_cli.analysis import (
     report,
     same_checkpoint,
     token_weights,
+    units,
 )
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis import figures as figures_module
@@ -82,6 +83,7 @@ class AnalysisResult:
     matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
     same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
     token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
+    units: dict = field(default_factory=dict)  # variant -> units.Unit: what its seeds replicate
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
@@ -245,6 +247,7 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
     verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules, probes)
     result.verdicts = verdicts
+    result.units = units.units_by_variant(analysed)
     result.summary = rank_summary(last_part_means(ranks, rules.last_fraction)).merge(
         intervals, on=[*SUMMARY_KEYS, "group_size"], how="left")
     progress = result.matched_progress

@@ -173,6 +173,8 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
                 "2c ~2": v.verdict_level,
                 "verdict": v.verdict,
             }
+            unit = getattr(result, "units", {}).get(v.variant)
+            row["unit"] = unit.words if unit else "-"
         rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty and table["variant"].eq("").all():
@@ -245,14 +247,18 @@ def claim_blocks(result) -> list[Block]:
         return []
     out: list[Block] = [
         Heading("The paper's four claims"),
-        Table(claims_table(result.claims)[["claim", "statement", "verdict", "parts"]]),
+        Table(claims_table(result.claims)[["claim", "statement", "verdict", "parts", "unit"]]),
         Paragraph(VERDICT_LEGEND),
     ]
     for claim in result.claims:
         sentences = [p.sentence for p in claim.parts] or [claim.evidence]
+        if claim.unit is not None:
+            sentences.append(claim.unit.sentence())
+        conditional = f"; {claim.unit.clause}" if claim.unit and claim.unit.conditional else ""
         out.append(ClaimBlock(
             heading=f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
-                    + (f" ({claim.parts_text})" if claim.parts_text else ""),
+                    + (f" ({claim.parts_text}{conditional})" if claim.parts_text
+                       else (f" ({claim.unit.clause})" if conditional else "")),
             figure=figure_of_claim(claim.number),
             sentences=sentences,
             rule=claim.rule,

@@ -196,7 +196,6 @@ def probe(
     directory (e.g. experiment=cpu_smollm2 task=gsm8k).
     """
     from grpo_cli.config.errors import ConfigError, InputError
-    from grpo_cli.models.loading import ModelLoadError
     from grpo_cli.train.probe_checkpoint import (
         ProbeTargetError,
         parse_group_sizes,
@@ -208,12 +207,12 @@ def probe(
         probe_checkpoint(checkpoint, parse_group_sizes(group_sizes), prompts=prompts, seed=seed,
                          out=out, all_checkpoints=all_checkpoints, overrides=list(ctx.args),
                          check=validate_config, log=typer.echo)
-    except (ProbeTargetError, ConfigError, ModelLoadError) as error:
+    except (ProbeTargetError, ConfigError) as error:
         if debug():
             raise
         typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
-    except InputError as error:  # unusable data, e.g. a checkpoint refused as unsafe
+    except InputError as error:  # unusable data: a model directory, a checkpoint refused as unsafe
         if debug():
             raise
         typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)

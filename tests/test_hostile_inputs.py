@@ -105,3 +105,56 @@ def test_text_last_step_in_run_json_is_one_warning_not_a_crash(tmp_path):
     result = analyze(root)
     assert result.exit_code == 0, result.output  # once a numpy UFuncTypeError after 10 figures
     assert "warning: R4-grpo-s0: run.json, field last_step: 'nine' is not a number (left out)" in result.output
+
+
+# ---- no code from a model directory (issue 63) ---------------------------------------------------
+def evil_model_dir(root) -> tuple:
+    """A model directory whose config.json names an unknown model_type and maps it to a planted
+    configuration_evil.py, which writes `marker` if it is ever imported."""
+    model_dir, marker = root / "evil", root / "marker"
+    model_dir.mkdir()
+    (model_dir / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\n\n\n"
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    auto_map = {"AutoConfig": "configuration_evil.EvilConfig",
+                "AutoModelForCausalLM": "configuration_evil.EvilConfig"}
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": auto_map}))
+    (model_dir / "model.safetensors").write_bytes(b"\0" * 64)  # past the check for weight files
+    return model_dir, marker
+
+
+def test_grpo_run_never_runs_code_from_a_model_directory_even_when_told_yes(tmp_path):
+    model_dir, marker = evil_model_dir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "experiment=smoke", f"results_dir={tmp_path / 'results'}",
+                                      f"cache_dir={tmp_path / 'cache'}", "progress=false", "device=cpu",
+                                      "model=hf", f"model.path={model_dir}"], input="y\n")
+    assert not marker.exists()  # transformers once asked "run the custom code? [y/N]" and ran it
+    assert result.exit_code == 1, result.output
+    lines = printed(result)
+    assert len(lines) == 1 and str(model_dir) in lines[0] and "custom code" in lines[0], result.output
+    assert "[y/N]" not in result.output
+
+
+def test_grpo_probe_never_runs_code_from_a_model_directory_even_when_told_yes(tmp_path):
+    model_dir, marker = evil_model_dir(tmp_path)
+    result = CliRunner().invoke(app, ["probe", str(model_dir), "--group-sizes", "2", "--out",
+                                      str(tmp_path / "probe"), "experiment=smoke", "device=cpu",
+                                      f"results_dir={tmp_path / 'results'}", f"cache_dir={tmp_path / 'cache'}",
+                                      "progress=false"], input="y\n")
+    assert not marker.exists()
+    assert result.exit_code == 1, result.output
+    lines = [line for line in printed(result) if not line.startswith("[")]
+    assert len(lines) == 1 and str(model_dir) in lines[0] and "custom code" in lines[0], result.output
+
+
+def test_a_model_directory_without_a_tokenizer_names_the_tokenizer_files(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model_dir / "model.safetensors").write_bytes(b"\0" * 64)
+    result = grpo_run(tmp_path / "results", tmp_path / "cache", "model=hf", f"model.path={model_dir}")
+    assert result.exit_code == 1, result.output
+    lines = printed(result)
+    assert len(lines) == 1, result.output  # once "install sentencepiece or tiktoken"
+    assert f"{model_dir} has no model files (no tokenizer (tokenizer.json, tokenizer.model" in lines[0]

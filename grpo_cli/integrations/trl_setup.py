@@ -87,9 +87,12 @@ def load_trl_policy(source_path: str, device, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source_path)
+    from grpo_cli.models.loading import NO_REMOTE_CODE
+
+    tokenizer = AutoTokenizer.from_pretrained(source_path, **NO_REMOTE_CODE)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(source_path, dtype=dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(source_path, dtype=dtype or torch.float32,
+                                                 **NO_REMOTE_CODE)
     return model.to(device), tokenizer

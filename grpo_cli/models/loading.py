@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,37 @@ from grpo_cli.runtime.transformers_api import TransformersVersionError, check_su
 
 class ModelLoadError(InputError, RuntimeError):
     """A model path, id or package could not be resolved."""
+
+
+# Every from_pretrained of grpo-cli passes this: code that a model directory or hub repo ships
+# (config.json's auto_map) is never run. Left unset, transformers asks on stdin and runs it on "y".
+NO_REMOTE_CODE = {"trust_remote_code": False}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")  # one is a tokenizer
+
+
+def refuse_custom_code(directory: Path) -> None:
+    """ModelLoadError naming `directory` when its config.json maps a model_type transformers does
+    not know to code of its own (auto_map): only that code could build it, and it is never run."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # no or no readable config.json: the loader names it
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return
+    if config.get("model_type") not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{directory}: config.json maps model_type {config.get('model_type')!r} to the "
+            "directory's own custom code (auto_map); grpo-cli never runs code from a model directory")
+
+
+def custom_code_refusal(error: Exception, where: str) -> ModelLoadError | None:
+    """One line for transformers' refusal to load a model that needs its own code; else None."""
+    if "custom code" not in str(error):
+        return None
+    return ModelLoadError(f"{where}: the model needs the custom code its config.json maps to "
+                          "(auto_map); grpo-cli never runs code from a model directory or hub repo")
 
 
 def check_transformers(release: str | None = None) -> None:
@@ -164,14 +196,19 @@ def load_pretrained(
     if gguf_file and not (local / gguf_file).is_file():
         raise ModelLoadError(f"{local / gguf_file}: no such GGUF file")
     source = str(local) if looks_local else path
+    if looks_local:
+        refuse_custom_code(local)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            source, **({"gguf_file": gguf_file} if gguf_file else {})
+            source, **NO_REMOTE_CODE, **({"gguf_file": gguf_file} if gguf_file else {})
         )
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, **(_gguf_kwargs(gguf_file) if gguf_file else {})
+            source, dtype=dtype, **NO_REMOTE_CODE, **(_gguf_kwargs(gguf_file) if gguf_file else {})
         )
     except (OSError, ValueError) as error:
+        refusal = custom_code_refusal(error, source)
+        if refusal is not None:
+            raise refusal from None
         raise ModelLoadError(f"model.path={path!r} could not be loaded: {error}") from error
     if gguf_file:
         _drop_quantizer(model, f"{path}/{gguf_file}")

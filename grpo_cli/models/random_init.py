@@ -21,9 +21,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.models.byte_tokenizer import build_byte_tokenizer
 from grpo_cli.models.cache import cached_model_dir
-from grpo_cli.models.loading import LoadedModel, ModelLoadError
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+from grpo_cli.models.loading import (
+    NO_REMOTE_CODE,
+    TOKENIZER_FILES,
+    LoadedModel,
+    ModelLoadError,
+    custom_code_refusal,
+)
 
 
 def read_config_json(model_cfg) -> tuple[Path, dict]:
@@ -68,7 +72,10 @@ def materialize_random_dir(model_cfg, cache_dir: str, log=print) -> Path:
 
     def build(partial: Path) -> None:
         if tokenizer_dir is not None:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), **NO_REMOTE_CODE)
+            except ValueError as error:
+                raise custom_code_refusal(error, str(tokenizer_dir)) or error from None
             log(f"model.weights=random: tokenizer from {tokenizer_dir}")
         else:
             tokenizer = build_byte_tokenizer(config["vocab_size"], stop_tokens)
@@ -97,8 +104,11 @@ def build_random(model_cfg, cache_dir: str, device: torch.device, dtype: torch.d
                  log=print) -> LoadedModel:
     """The architecture of model.config_json with freshly initialised weights (torch's RNG)."""
     directory = materialize_random_dir(model_cfg, cache_dir, log)
-    config = AutoConfig.from_pretrained(str(directory))
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    try:
+        config = AutoConfig.from_pretrained(str(directory), **NO_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), **NO_REMOTE_CODE)
+    except ValueError as error:
+        raise custom_code_refusal(error, str(model_cfg.config_json or model_cfg.path)) or error from None
     with torch.device(device):  # initialise on the device: a 4B model never passes through CPU
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if tokenizer.pad_token_id is None:

@@ -89,6 +89,7 @@ class VllmBackend:
                 enforce_eager=enforce_eager,
                 max_model_len=max_model_len,
                 logprobs_mode=logprobs_mode,
+                trust_remote_code=False,  # never code from the model directory (models/loading.py)
                 **engine_kwargs,
             )
         finally:

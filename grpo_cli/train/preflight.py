@@ -132,9 +132,11 @@ def shape_before_loading(cfg, log=print) -> ModelShape | None:
 def _hf_shape(directory: str) -> ModelShape | None:
     from transformers import AutoConfig, AutoTokenizer
 
+    from grpo_cli.models.loading import NO_REMOTE_CODE
+
     try:
-        config = AutoConfig.from_pretrained(directory)
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        config = AutoConfig.from_pretrained(directory, **NO_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(directory, **NO_REMOTE_CODE)
     except (OSError, ValueError, ImportError):
         return None
     return ModelShape.from_hf_config(config, tokenizer, f"{directory}/config.json")

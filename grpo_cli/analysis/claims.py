@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis import beside, diversity, layer_gradient, token_weights, trend, units
 from grpo_cli.analysis import bootstrap as bs
-from grpo_cli.analysis import token_weights, trend, units
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, Part, read_together, rng_for, settle_text
@@ -41,6 +41,7 @@ from grpo_cli.analysis.rules import (
     estimator_family,
     holm,
 )
+from grpo_cli.analysis.same_checkpoint import is_probe
 from grpo_cli.analysis.tables import metric_table
 
 ESTIMATOR_KEY = "algorithm.name"
@@ -172,10 +173,20 @@ def _advantages_reading(runs: list[Run], rules: Rules) -> tuple[str, str, pd.Dat
 
 # ---- claim 2: rank ~2 whatever R -------------------------------------------------------------
 def rank_claim(
-    runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules
+    runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules,
+    groups: pd.DataFrame | None = None, layers: list | None = None,
 ) -> Claim:
-    """The headline rows of `verdicts` (rank_verdict.rank_verdicts) for the zero-sum variants."""
+    """The headline rows of `verdicts` (rank_verdict.rank_verdicts) for the zero-sum variants,
+    and beside them (analysis/beside.py) each variant at matched diversity (`groups`:
+    diversity.group_frame of `runs`, built when None) and the `layer` gradient's readings
+    (`layers`: layer_gradient.layer_readings; none when None)."""
     variants = zero_sum_variants(runs)
+    if groups is None:
+        groups = diversity.group_frame(runs, rules)
+    labels = {v: _label(v, e) for v, e in _estimators(runs).items()}
+    shown = beside.claim2_beside(
+        variants, labels, groups[~groups["run_id"].isin([str(r.path) for r in runs if is_probe(r)])],
+        layers or [], rules)
     pick = verdicts["variant"].isin(variants)
     primary = verdicts[
         pick
@@ -202,8 +213,10 @@ def rank_claim(
             "2c ~2": v.verdict_level,
             "verdict": v.verdict,
             "at matched progress (point)": matched_by.get((v.variant, v.matrix, v.measure), "-"),
+            **shown.columns.get(v.variant, {}),
         }
         rows.append(row)
+    rows += shown.layer_rows
     if not rows:
         return Claim(
             2,
@@ -216,9 +229,11 @@ def rank_claim(
     verdicts_, together = _rank_parts_together(primary, runs, rules)
     if together:
         parts.append(Part("2t", "the parts read together", CONTRAST, together))
+    parts += shown.parts  # beside the verdict, not in it
     counts = verdicts[pick]["verdict"].value_counts()
     words = ", ".join(f"{counts[w]} {w}" for w in counts.index)
-    evidence = " ".join(primary["sentence"]) + (f" {together}" if together else "") + (
+    evidence = " ".join(primary["sentence"]) + (f" {together}" if together else "") + "".join(
+        f" {p.sentence}" for p in shown.parts) + (
         f" Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
     )
     verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
@@ -411,23 +426,30 @@ def _zero_advantage_evidence(zero_adv: list[Part], held_p: list[float], rules: R
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------
-def falsifier_claim(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None) -> Claim:
+def falsifier_claim(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
+                    groups: pd.DataFrame | None = None) -> Claim:
     """Claim 4 on claim 2's matrix and rows, the batch matrix beside it (analysis/falsifier.py;
-    `same_rows`: the runs' credit_compare.same_rows_table, where the caller has it)."""
-    verdict, evidence, table, parts = falsifier_reading(runs, rules, same_rows)
+    `same_rows`: the runs' credit_compare.same_rows_table, `groups`: their
+    diversity.group_frame, where the caller has them)."""
+    verdict, evidence, table, parts = falsifier_reading(runs, rules, same_rows, groups)
     return Claim(4, verdict, evidence, table, parts=parts)
 
 
 def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame, rules: Rules,
-                 weights: pd.DataFrame, same_rows: pd.DataFrame | None = None) -> list[Claim]:
+                 weights: pd.DataFrame, same_rows: pd.DataFrame | None = None,
+                 ranks: pd.DataFrame | None = None) -> list[Claim]:
     """The four claims, in order, each with its rule text filled in (`weights`: claim 1b's
-    token_weights.token_weight_table; `same_rows`: claim 4's, see `falsifier_claim`)."""
+    token_weights.token_weight_table; `same_rows`: claim 4's, see `falsifier_claim`; `ranks`:
+    tables.rank_table, for the layer gradient beside claim 2, none when None)."""
     families = Families.of(runs)
+    groups = diversity.group_frame(runs, rules)  # claims 2 and 4 at matched diversity
+    layers = (layer_gradient.layer_readings(ranks, zero_sum_variants(runs), rules)
+              if ranks is not None else None)
     claims = [
         credit_claim(runs, rules, weights, families),
-        rank_claim(runs, verdicts, matched, rules),
+        rank_claim(runs, verdicts, matched, rules, groups, layers),
         sparsity_claim(runs, rules),
-        falsifier_claim(runs, rules, same_rows),
+        falsifier_claim(runs, rules, same_rows, groups),
     ]
     zero_sum = set(zero_sum_variants(runs))
     per_token = {v for v, f in _facts(runs).items() if estimator_family(f) == PER_TOKEN}

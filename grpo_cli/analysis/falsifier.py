@@ -8,7 +8,13 @@ uniform credit, so those groups cannot show what per-token credit does; the rest
 same for every estimator, never chosen by name). Per run the window mean over its last probe
 steps, per R the seed-level t-interval and per-token minus outcome Welch's interval: the same
 code as claim 2 (rank_verdict._per_r, bootstrap.welch_interval), so the calibration tests cover
-both. R <= target is capped (a group of R rows has rank <= R) and not judged.
+both. R <= target is capped (a group of R rows has rank <= R) and not judged. A group's rank is
+also at most its number of distinct completions, so the absolute bar (per-token rank >= target +
+margin) is judged only where the per-token groups' distinct completions leave room above it
+(diversity.bar_reachable); elsewhere the part reads the difference alone (`judge_difference`).
+Beside the verdict, per pair: the difference of the rank per distinct completion (seed-paired;
+diversity.per_distinct_difference), which says whether per-token credit adds directions or only
+concentrates them.
 
 Where `grpo probe` directories of an outcome and a per-token estimator probed the same source
 at the same checkpoint, seed and R, they sampled the very same rollouts: those are compared
@@ -30,6 +36,7 @@ import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
+from grpo_cli.analysis import diversity
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import (
     Part,
@@ -53,6 +60,7 @@ from grpo_cli.analysis.rules import (
     combine,
     estimator_family,
     judged_group_sizes,
+    three_way,
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
@@ -123,6 +131,55 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
     return Part("4", name, verdict, sentence, flip, seeds, below)
 
 
+def judge_difference(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval,
+                     distinct: float, rules: Rules) -> Part:
+    """A deciding part where the per-token groups' `distinct` completions (their mean) leave no
+    room for the absolute bar (diversity.bar_reachable): judged on the difference alone, one
+    interval at `confidence`: supported iff it lies above the margin, contradicted iff wholly
+    below it, with its sentence, flip probability and seeds that would settle it."""
+    margin, bar = rules.margin, rules.target + rules.margin
+    verdict = three_way(diff.low, diff.high, margin, math.inf)
+    flip = bs.flip_probability(diff.estimate, diff.replicates, lambda v: v >= margin)
+    seeds = bs.seeds_to_settle(diff, [margin], rules.confidence) if verdict == INCONCLUSIVE else None
+    decided = {
+        SUPPORTED: f"the difference lies above {margin:g}",
+        CONTRADICTED: f"the difference is wholly below {margin:g}",
+        INCONCLUSIVE: f"the difference straddles {margin:g}",
+        NOT_JUDGED: "no interval of the difference (one unit on a side)",
+    }[verdict]
+    why = (f"the absolute bar (per-token rank >= {bar:g}) is not judged here: the per-token "
+           f"groups hold {distinct:.2f} distinct completions on average, a group's rank is at "
+           f"most its number of distinct completions, and that leaves less than the margin "
+           f"{margin:g} above {bar:g} (the bar is judged where they hold >= {bar + margin:g})")
+    sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
+                f"difference {diff.text(2, sign=True)}: {decided}; {why}"
+                + settle_text(verdict, flip, seeds, min(outcome.n, per_token.n)) + ".")
+    return Part("4", name, verdict, sentence, flip, seeds,
+                bs.Contradiction(((diff, margin, "below"),), 1))
+
+
+def per_distinct_sentence(name: str, stat: str, readings: list[tuple[int, diversity.PerDistinct]]
+                          ) -> str:
+    """The per-distinct-completion difference of one pair over its judged R, in words
+    (reported beside the verdict, not in it)."""
+    ivs = [x.difference for _, x in readings]
+    if all(iv.finite and iv.high < 0 for iv in ivs):
+        what = ("per-token credit lowers the rank per distinct completion at every R: it "
+                "concentrates directions here; it does not add them")
+    elif all(iv.finite and iv.low > 0 for iv in ivs):
+        what = ("per-token credit raises the rank per distinct completion at every R: it adds "
+                "directions beyond what more distinct completions give")
+    else:
+        what = "no difference per distinct completion holds at every R"
+    paired = "paired by seed" if all(x.paired for _, x in readings) else "Welch's interval"
+    values = ", ".join(f"R={r} {x.difference.text(3, sign=True)} (distinct completions "
+                       f"{x.distinct_per_token:.2f} vs {x.distinct_outcome:.2f})"
+                       for r, x in readings)
+    return (f"Per distinct completion ({name}, {stat}; per-token minus outcome of a group's rank "
+            f"/ its distinct completions, {paired}; reported, not in the verdict): {values}: "
+            f"{what}.")
+
+
 def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
     """(outcome variants: zero-sum outcome credit; per-token variants; variant -> label)."""
     facts = {run.variant: run.estimator_facts for run in runs}
@@ -152,6 +209,25 @@ def pair_intervals(outcome: tuple[bs.Interval, np.ndarray], per_token: tuple[bs.
     return ia, ib, diff
 
 
+def _pair_at_diversity(name: str, intervals: tuple[bs.Interval, bs.Interval, bs.Interval],
+                       groups: list[pd.DataFrame], rules: Rules, key
+                       ) -> tuple[Part, dict, diversity.PerDistinct | None]:
+    """One judged pair at one R: judge_pair where the per-token groups' distinct completions
+    leave room for the bar (or are not recorded), else judge_difference; the table's columns
+    on diversity and the per-distinct-completion reading (None without distinct completions).
+    `groups`: the outcome's and the per-token side's diversity.group_frame rows there."""
+    ia, ib, diff = intervals
+    distinct = groups[1]["distinct"].groupby(groups[1]["run_id"]).mean().mean()
+    bar = not np.isfinite(distinct) or diversity.bar_reachable(distinct, rules)
+    part = (judge_pair(name, ia, ib, diff, rules) if bar
+            else judge_difference(name, ia, ib, diff, distinct, rules))
+    extra = {"distinct (per-token)": distinct, "bar judged": bar}
+    if groups[0].empty or groups[1].empty:
+        return part, extra, None
+    reading = diversity.per_distinct_difference(*groups, rules, rng_for(rules, *key, "per distinct"))
+    return part, extra | {"difference per distinct": reading.difference.text(3, sign=True)}, reading
+
+
 def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
     """The same rows on both sides: multi-step problems where both record them, else
     informative groups (credit_compare.deciding_stat)."""
@@ -160,12 +236,18 @@ def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
     return cc.deciding_stat(have[0] & have[1])
 
 
-def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None
-                   ) -> tuple[list[dict], list[Part], list[str]]:
-    """Deciding parts from training runs (per pair of variants x judged R), the table rows, and
-    the side reading's sentences. `same_rows`: a `same_rows_table` of these runs or more, with
-    `rules.rank_measure` among its measures, where the caller has one."""
+def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
+                   groups: pd.DataFrame | None = None
+                   ) -> tuple[list[dict], list[Part], list[str], list[str]]:
+    """Deciding parts from training runs (per pair of variants x judged R), the table rows, the
+    side reading's sentences and the per-distinct-completion sentences. `same_rows`: a
+    `same_rows_table` of these runs or more, with `rules.rank_measure` among its measures;
+    `groups`: their diversity.group_frame; each built here where the caller has none."""
     outcome, per_token, label = _families(runs)
+    if groups is None:
+        groups = diversity.group_frame(runs, rules)
+    groups = diversity.window(groups[groups["run_id"].isin([str(run.path) for run in runs])],
+                              rules)
     measure = rules.rank_measure
     if same_rows is None:
         table = cc.same_rows_table(runs, [measure], rules)
@@ -173,10 +255,10 @@ def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None
         table = cc.measure_rows(same_rows[same_rows["run_id"].isin([str(run.path) for run in runs])], [measure])
     window = last_part(table, rules.last_fraction)
     deciding = window[(window["matrix"] == rules.rank_matrix) & (window["measure"] == measure)]
-    rows, parts, side = [], [], []
+    rows, parts, side, per_distinct = [], [], [], []
     for base in outcome:
         for other in per_token:
-            name_pair = f"{label[other]} vs {label[base]}"
+            name_pair, readings = f"{label[other]} vs {label[base]}", []
             sizes = sorted({int(r) for r in deciding.loc[deciding["variant"].isin([base, other]),
                                                          "group_size"]})
             for size in sizes:
@@ -200,12 +282,19 @@ def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None
                     parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
                     continue
                 ia, ib, diff = pair_intervals(a, b, rules, (base, other, size))
-                part = judge_pair(f"{name} ({stat})", ia, ib, diff, rules)
-                rows.append(row | interval_columns(ia, ib, diff)
+                at = [groups[(groups["variant"] == v) & (groups["group_size"] == size)
+                             & (groups["stat"] == stat)] for v in (base, other)]
+                part, extra, reading = _pair_at_diversity(f"{name} ({stat})", (ia, ib, diff), at,
+                                                          rules, (base, other, size, stat))
+                if reading is not None:
+                    readings.append((size, reading))
+                rows.append(row | interval_columns(ia, ib, diff) | extra
                             | {"verdict": part.verdict, "flip": part.flip})
                 parts.append(part)
             side += _side_sentences(window, base, other, name_pair, rules)
-    return rows, parts, side
+            if readings:
+                per_distinct.append(per_distinct_sentence(name_pair, stat, readings))
+    return rows, parts, side, per_distinct
 
 
 def _side_sentences(window: pd.DataFrame, base: str, other: str, name: str, rules: Rules
@@ -294,11 +383,13 @@ def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
     return rows, parts
 
 
-def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None
+def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
+                      groups: pd.DataFrame | None = None
                       ) -> tuple[str, str, pd.DataFrame, list[Part]]:
     """Claim 4 (module docstring): (verdict, evidence, table, parts): deciding parts from
-    training runs and `grpo probe` pairs on claim 2's matrix and rows; the whole-batch side
-    reading in the evidence. `same_rows`: see `training_parts`."""
+    training runs and `grpo probe` pairs on claim 2's matrix and rows; the per-distinct-
+    completion difference and the whole-batch side reading in the evidence. `same_rows`,
+    `groups`: see `training_parts`."""
     outcome, per_token, _ = _families(runs)
     if not outcome or not per_token:
         families = Families.of(runs)
@@ -307,7 +398,8 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
                 f"({families.named(families.per_token)}); `make reproduce-cpu` runs both",
                 pd.DataFrame(), [])
     training = [r for r in runs if not is_probe(r)]
-    rows, parts, side = training_parts(training, rules, same_rows) if training else ([], [], [])
+    rows, parts, side, per_distinct = (training_parts(training, rules, same_rows, groups)
+                                       if training else ([], [], [], []))
     probe_rows, probe = probe_parts(runs, rules)
     rows, parts = rows + probe_rows, parts + probe
     frame = pd.DataFrame(rows)
@@ -318,6 +410,8 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     verdict = combine(read)
     if together:
         parts.append(Part("4t", "the pairs read together", CONTRAST, together))
+    parts += [Part("4d", "the rank per distinct completion", CONTRAST, sentence)
+              for sentence in per_distinct]  # reported, never in the verdict
     if side:  # shown after the deciding parts, never in the verdict
         parts.append(Part("4s", f"side reading: {rules.falsifier_matrix}", CONTRAST,
                           f"Side reading, {rules.falsifier_matrix} (per-token minus outcome, "

@@ -260,7 +260,8 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     # credit comparison shows every measure analysed
     same_rows = credit_compare.same_rows_table(
         analysed, [*measures, *([] if rules.rank_measure in measures else [rules.rank_measure])], rules)
-    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights, same_rows)
+    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights, same_rows,
+                                 ranks)
     result.collapse = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     result.stages = collapse.stage_table(result.collapse)
     result.stage_readings = collapse.stage_readings(result.stages, rules)

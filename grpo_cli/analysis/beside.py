@@ -1,0 +1,126 @@
+"""Claim 2's readings beside its verdict, in words: the rank at matched diversity (is its growth
+with R the distinct completions' or the geometry's? analysis/diversity.py) and the `layer`
+gradient (the matrix the paper's words most plausibly point to; analysis/layer_gradient.py).
+Shown in the claim's evidence and table, never in its verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis import diversity, layer_gradient
+from grpo_cli.analysis.credit_compare import INFORMATIVE
+from grpo_cli.analysis.rank_verdict import Part, rng_for
+from grpo_cli.analysis.rules import CONTRAST, Rules
+
+GROWTH_SOURCE = {  # diversity.growth_source -> what claim 2's sentence says of it
+    diversity.DIVERSITY: "the growth with R is diversity: at equal distinct completions the rank "
+                         "does not grow beyond +{tol:g} per doubling, so the raw slope measures "
+                         "how many distinct completions each R samples from this policy (its "
+                         "entropy), not GRPO's geometry",
+    diversity.GEOMETRY: "the growth with R is geometry: the rank grows beyond +{tol:g} per "
+                        "doubling at equal distinct completions too",
+    diversity.NO_GROWTH: "there is no growth beyond +{tol:g} per doubling to explain",
+    diversity.UNDECIDED: "which of the two moves with R is undecided (an interval straddles "
+                         "+{tol:g}, or there is none)",
+}
+LAYER_WHY = (
+    "Which matrix the paper's words point to: 'an SVD of GRPO gradients' on a 4B model most "
+    "plausibly means this weight-shaped per-layer gradient, the batch gradient of a weight as "
+    "the training loop holds it (d_out x d_in, what low-rank-gradient methods decompose); the "
+    "per-rollout R x P matrix over ~4e9 parameters needs R separate whole-model gradients per "
+    "group, which no training loop forms. Claim 2's verdict reads rollout_group, the matrix of "
+    "the paper's zero-sum argument; the layer reading is shown beside it, not in the verdict."
+)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What claim 2 shows beside its verdict."""
+
+    parts: tuple[Part, ...]  # "2m" per variant, then "2w"
+    columns: dict  # variant -> its table columns at matched diversity
+    layer_rows: tuple[dict, ...]  # rows of the claim's table, one per layer reading
+
+
+def _r_list(sizes) -> str:
+    return ", ".join(f"R={r}" for r in sizes)
+
+
+def matched_diversity(variant: str, label: str, groups: pd.DataFrame, rules: Rules
+                      ) -> tuple[Part | None, dict]:
+    """One variant's reading at matched diversity: its sentence as a part (None where it cannot
+    be read: fewer than two judged R) and its columns of the claim's table."""
+    rows = diversity.window(groups[(groups["variant"] == variant)
+                                   & (groups["stat"] == INFORMATIVE)], rules)
+    slopes = diversity.slope_readings(rows, rules, rng_for(rules, variant, "matched diversity"))
+    if slopes is None:
+        return None, {}
+    share = diversity.closed_form_share(rows, rules, rng_for(rules, variant, "closed form"))
+    source = diversity.growth_source(slopes.raw, slopes.matched, rules)
+    per_run = rows.groupby(["group_size", "run_id"])["distinct"].mean()
+    distinct = {int(r): m for r, m in per_run.groupby(level="group_size").mean().items()}
+    judged = slopes.judged
+    shares = "" if share is None else (
+        "; the rank is " + " / ".join(iv.text(3) for r, iv in share.per_r if r in judged)
+        + " of the orthogonal closed form at its composition and distinct completions at "
+        + "/".join(f"R={r}" for r, _ in share.per_r if r in judged)
+        + (f" (slope {share.slope.text(3, sign=True)} per doubling)" if share.slope else ""))
+    sentence = (
+        f"At matched diversity ({label}, {rules.rank_matrix} / {rules.rank_measure}, "
+        f"{INFORMATIVE}, claim 2's window; descriptive, not in the verdict): a group's rank per "
+        f"doubling of R is {slopes.raw.text(2, sign=True)} without control and "
+        f"{slopes.matched.text(2, sign=True)} with its distinct completions as categories "
+        f"(per-{slopes.units[:-1]} regressions over {_r_list(judged)}; distinct completions per "
+        "group " + " / ".join(f"{distinct[r]:.2f}" for r in judged) + f"){shares}: "
+        + GROWTH_SOURCE[source].format(tol=rules.growth_tolerance) + ".")
+    columns = {"slope at matched diversity": slopes.matched.text(2, sign=True),
+               "share of closed form": "-" if share is None else ", ".join(
+                   f"R={r}: {iv.text(3)}" for r, iv in share.per_r),
+               "growth is": source}
+    return Part("2m", "does the rank grow with R at matched diversity?", CONTRAST, sentence), columns
+
+
+def layer_row(x: layer_gradient.LayerReading, label: str) -> dict:
+    """One layer reading as a row of claim 2's table (beside the verdict, not in it)."""
+    return {"variant": label, "matrix": "layer" + ("" if x.pooled else f": {x.layer}"),
+            "measure": x.measure, **{f"R={r}": iv.text(2) for r, iv in x.per_r},
+            "slope / doubling": "-" if x.slope is None else x.slope.text(2, sign=True),
+            "2b growth small": x.growth, "2c ~2": x.level, "verdict": "beside (not in the verdict)"}
+
+
+def layer_sentence(layers: list[layer_gradient.LayerReading], labels: dict[str, str],
+                   rules: Rules) -> str:
+    """The layer gradient's pooled readings (and each weight's range at the largest R) beside
+    claim 2, and which matrix the paper's words point to."""
+    out = []
+    for x in (x for x in layers if x.pooled):
+        values = ", ".join(f"R={r} {iv.text(2)}" for r, iv in x.per_r)
+        slope = "" if x.slope is None else f"; slope {x.slope.text(2, sign=True)} per doubling"
+        largest = max(r for r, _ in x.per_r)
+        low, high = layer_gradient.spread([y for y in layers if y.variant == x.variant],
+                                          x.measure, largest)
+        weights = (f"; per weight at R={largest} from {low:.2f} to {high:.2f}"
+                   if np.isfinite(low) else "")
+        out.append(f"{labels.get(x.variant, x.variant)}, {x.measure} (mean over layers): "
+                   f"{values}{slope} (2b {x.growth}, 2c {x.level}){weights}")
+    return (f"Beside {rules.rank_matrix}, the layer gradient (each probed weight's batch "
+            "gradient; claim 2's rule on it, table rows 'layer'): " + "; ".join(out) + ". "
+            + LAYER_WHY)
+
+
+def claim2_beside(variants: list[str], labels: dict[str, str], groups: pd.DataFrame,
+                  layers: list[layer_gradient.LayerReading], rules: Rules) -> Beside:
+    """Claim 2's readings beside its verdict for its `variants` (`groups`: the training runs'
+    diversity.group_frame; `layers`: layer_gradient.layer_readings)."""
+    readings = {v: matched_diversity(v, labels.get(v, v), groups, rules) for v in variants}
+    parts = [part for part, _ in readings.values() if part is not None]
+    if any(x.pooled for x in layers):
+        parts.append(Part("2w", "the layer gradient beside rollout_group", CONTRAST,
+                          layer_sentence(layers, labels, rules)))
+    return Beside(tuple(parts), {v: columns for v, (_, columns) in readings.items()},
+                  tuple(layer_row(x, labels.get(x.variant, x.variant)) for x in layers))
+

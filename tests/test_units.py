@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from results_factory import write_probe_sweep, write_sweep
 
 from grpo_cli.analysis import units
 from grpo_cli.analysis.load import Run
-from tests.results_factory import write_probe_sweep, write_sweep
 
 
 def _run(seed: int, info: dict | None = None, source: str = "char_llama", variant: str = "") -> Run:

@@ -90,6 +90,17 @@ def test_ranks_proportional_to_the_closed_form_read_a_constant_share():
                                        np.random.default_rng(0)) is None
 
 
+def test_on_one_set_of_weights_the_share_takes_the_groups_as_units():
+    """One `grpo probe` seed: the share per R is the mean over its groups (n = the group rows
+    at that R), the slope the regression's own; both exact for ranks proportional to the
+    closed form."""
+    frame = _frame(0.0, seeds=(0,))
+    frame["value"] = 0.76 * frame["predicted_distinct"]
+    share = diversity.closed_form_share(frame, RULES, np.random.default_rng(0), groups_are_units=True)
+    assert all(iv.estimate == pytest.approx(0.76, abs=EXACT) and iv.n == 8 for _, iv in share.per_r)
+    assert share.slope.estimate == pytest.approx(0.0, abs=EXACT) and share.slope.n == len(frame)
+
+
 def test_growth_source_reads_each_interval_against_the_tolerance():
     def iv(low, high):
         return bs.Interval((low + high) / 2, low, high, 4)

@@ -84,6 +84,34 @@ def matched_diversity(variant: str, label: str, groups: pd.DataFrame, rules: Rul
     return Part("2m", "does the rank grow with R at matched diversity?", CONTRAST, sentence), columns
 
 
+def same_weights(groups: pd.DataFrame, probes: dict[str, str], labels: dict[str, str],
+                 rules: Rules) -> list[Part]:
+    """Claim 2 at matched diversity on `grpo probe` directories (`probes`: run id -> probed
+    source): per source and variant, at its latest checkpoint, every R on the same weights, the
+    prompt groups as units."""
+    rows = groups[groups["run_id"].isin(probes) & (groups["stat"] == INFORMATIVE)]
+    rows = rows.assign(source=rows["run_id"].map(probes))
+    out = []
+    for (source, variant), part in rows.groupby(["source", "variant"], sort=True):
+        part = part[part["step"] == part["step"].max()]
+        rng = rng_for(rules, source, variant, "same weights")
+        slopes = diversity.slope_readings(part, rules, rng, groups_are_units=True)
+        if slopes is None:
+            continue
+        share = diversity.closed_form_share(part, rules, rng, groups_are_units=True)
+        shares = "" if share is None else "; share of the closed form " + ", ".join(
+            f"R={r} {iv.text(3)}" for r, iv in share.per_r if r in slopes.judged)
+        source_of = diversity.growth_source(slopes.raw, slopes.matched, rules)
+        out.append(Part("2m", "on the same weights, at matched diversity", CONTRAST, (
+            f"On the same weights ({labels.get(variant, variant)}, grpo probe of {source} at "
+            f"step {int(part['step'].iloc[0])}, its {slopes.units} as units): a group's rank per "
+            f"doubling of R is {slopes.raw.text(2, sign=True)} without control and "
+            f"{slopes.matched.text(2, sign=True)} with its distinct completions as categories "
+            f"over {_r_list(slopes.judged)}{shares}: "
+            + GROWTH_SOURCE[source_of].format(tol=rules.growth_tolerance) + ".")))
+    return out
+
+
 def layer_row(x: layer_gradient.LayerReading, label: str) -> dict:
     """One layer reading as a row of claim 2's table (beside the verdict, not in it)."""
     return {"variant": label, "matrix": "layer" + ("" if x.pooled else f": {x.layer}"),
@@ -113,11 +141,16 @@ def layer_sentence(layers: list[layer_gradient.LayerReading], labels: dict[str, 
 
 
 def claim2_beside(variants: list[str], labels: dict[str, str], groups: pd.DataFrame,
-                  layers: list[layer_gradient.LayerReading], rules: Rules) -> Beside:
-    """Claim 2's readings beside its verdict for its `variants` (`groups`: the training runs'
-    diversity.group_frame; `layers`: layer_gradient.layer_readings)."""
-    readings = {v: matched_diversity(v, labels.get(v, v), groups, rules) for v in variants}
+                  layers: list[layer_gradient.LayerReading], rules: Rules,
+                  probes: dict[str, str] | None = None) -> Beside:
+    """Claim 2's readings beside its verdict for its `variants` (`groups`: the runs'
+    diversity.group_frame; `layers`: layer_gradient.layer_readings; `probes`: run id -> probed
+    source of the `grpo probe` runs among them, read on their own weights)."""
+    probes = probes or {}
+    training = groups[~groups["run_id"].isin(probes)]
+    readings = {v: matched_diversity(v, labels.get(v, v), training, rules) for v in variants}
     parts = [part for part, _ in readings.values() if part is not None]
+    parts += same_weights(groups[groups["variant"].isin(variants)], probes, labels, rules)
     if any(x.pooled for x in layers):
         parts.append(Part("2w", "the layer gradient beside rollout_group", CONTRAST,
                           layer_sentence(layers, labels, rules)))

@@ -41,7 +41,7 @@ from grpo_cli.analysis.rules import (
     estimator_family,
     holm,
 )
-from grpo_cli.analysis.same_checkpoint import is_probe
+from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.tables import metric_table
 
 ESTIMATOR_KEY = "algorithm.name"
@@ -184,9 +184,8 @@ def rank_claim(
     if groups is None:
         groups = diversity.group_frame(runs, rules)
     labels = {v: _label(v, e) for v, e in _estimators(runs).items()}
-    shown = beside.claim2_beside(
-        variants, labels, groups[~groups["run_id"].isin([str(r.path) for r in runs if is_probe(r)])],
-        layers or [], rules)
+    shown = beside.claim2_beside(variants, labels, groups, layers or [], rules,
+                                 {str(r.path): probe_source(r) for r in runs if is_probe(r)})
     pick = verdicts["variant"].isin(variants)
     primary = verdicts[
         pick

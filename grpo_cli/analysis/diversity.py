@@ -143,14 +143,25 @@ class ClosedFormShare:
     slope: bs.Interval | None  # None with fewer than two judged R
 
 
-def closed_form_share(rows: pd.DataFrame, rules: Rules, rng: np.random.Generator
-                      ) -> ClosedFormShare | None:
+def closed_form_share(rows: pd.DataFrame, rules: Rules, rng: np.random.Generator,
+                      groups_are_units: bool = False) -> ClosedFormShare | None:
     """`rows` as for `slope_readings`; None where no group has the closed form (per-token
-    estimators, or results older than pred_distinct_<measure>)."""
+    estimators, or results older than pred_distinct_<measure>). `groups_are_units` (one set of
+    weights, one run per R): each R's groups are its units, the slope the regression's own."""
     rows = rows[rows["predicted_distinct"] > 0]
     if rows.empty:
         return None
     part = rows.assign(value=rows["value"] / rows["predicted_distinct"])
+    if groups_are_units and part["seed"].nunique() == 1:
+        per_size = {int(r): bs.mean_interval(g["value"], rules.confidence, rng, rules.resamples)
+                    for r, g in part.groupby("group_size")}
+        judged = judged_group_sizes(per_size, rules.target)
+        at = part[part["group_size"].isin(judged)]
+        estimate, se, df = within_slope(at["value"], np.log2(at["group_size"].astype(float)),
+                                        np.zeros(len(at)))
+        slope = (bs.t_interval(estimate, se, df, len(at), rules.confidence, rng, rules.resamples)
+                 if len(judged) >= 2 else None)
+        return ClosedFormShare(tuple(sorted(per_size.items())), slope)
     per_r = _per_r(part, {}, False, rules, rng, lambda r: (0.0, math.inf))
     judged = judged_group_sizes(per_r, rules.target)
     slope = slope_interval(per_r, judged, rules, rng) if len(judged) >= 2 else None

@@ -259,7 +259,10 @@ def _rank_parts_together(primary: pd.DataFrame, runs: list[Run], rules: Rules
 
 # ---- claim 3: sparsity grows -------------------------------------------------------------------
 def _trend_verdict(test: dict, p_up: float, p_down: float, level: float) -> str:
-    """A part's verdict from its Holm-adjusted one-sided p-values."""
+    """A part's verdict: supported from its unadjusted growth p (the claim needs every part to
+    grow, an intersection-union test: no correction, as rules.family_wise says for claims 2 and
+    4), contradicted from its Holm-adjusted decline p (`p_down`: any part declining contradicts,
+    a union of tests)."""
     if test["seeds"] < 2:
         return NOT_JUDGED
     if p_up <= level:
@@ -269,9 +272,18 @@ def _trend_verdict(test: dict, p_up: float, p_down: float, level: float) -> str:
     return INCONCLUSIVE
 
 
+def _more_seeds(iv: bs.Interval, side: str, level: float) -> int | None:
+    """Seeds in all at which the one-sided t-test of the mean slope against 0 (`side`: "above",
+    growth; "below", decline) reaches `level`, the spread between seeds held fixed (None: beyond
+    MAX_SEEDS_ADVICE). bs.Contradiction holds one-sided tests of an interval against a bound."""
+    more = bs.Contradiction(((iv, 0.0, side),)).seeds_to_reach(level)
+    return None if more is None else iv.n + more
+
+
 def _trend_sentence(row: dict, test: dict, verdict: str, rules: Rules) -> tuple[str, float,
                                                                                int | None]:
-    """A part's sentence, flip probability and seeds that would settle it."""
+    """A part's sentence, flip probability and seeds that would settle it, at the level its
+    verdict uses: growth at the one-sided level, decline at level / m (Holm's first step)."""
     label = f" ({row['variant']})" if row["label"] else ""
     name = f"{row['measure']}, R={row['R']}{label}"
     iv = test["slope"]
@@ -281,22 +293,61 @@ def _trend_sentence(row: dict, test: dict, verdict: str, rules: Rules) -> tuple[
     level, m = rules.one_sided_level, row["family"]
     flip = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
     holm = f" (Holm over {m} parts)" if m > 1 else ""
+    held = f"; Holm over {m} parts p = {row['p (growth, Holm)']:.3g}" if m > 1 else ""
     decided = {
-        SUPPORTED: f"growth significant (p = {row['p (growth, Holm)']:.3g}{holm} <= {level:g})",
+        SUPPORTED: f"growth significant (p = {row['p (growth)']:.3g} <= {level:g}, unadjusted: "
+                   f"the claim needs every part to grow, an intersection-union test{held})",
         CONTRADICTED: f"decline significant (p = {row['p (decline, Holm)']:.3g}{holm} <= "
                       f"{level:g})",
-        INCONCLUSIVE: f"neither growth (p = {row['p (growth, Holm)']:.3g}) nor decline (p = "
-                      f"{row['p (decline, Holm)']:.3g}) significant at {level:g}{holm}",
+        INCONCLUSIVE: f"neither growth (p = {row['p (growth)']:.3g}, unadjusted) nor decline "
+                      f"(p = {row['p (decline, Holm)']:.3g}{holm}) significant at {level:g}",
     }[verdict]
     seeds = None
     if verdict == INCONCLUSIVE and iv.estimate > 0:
-        seeds = bs.seeds_to_settle(iv, [0.0], rules.confidence)
+        seeds = _more_seeds(iv, "above", level)
     extra = settle_text(verdict, flip, seeds, test["seeds"])
     if verdict == INCONCLUSIVE and not iv.estimate > 0:
         extra = f"; flips in {flip:.0%} of draws" if np.isfinite(flip) else ""
         extra += "; no sign of growth, so more seeds would not make it supported"
+        decline = _more_seeds(iv, "below", level / max(m, 1)) if iv.estimate < 0 else None
+        if decline is not None:
+            extra += (f"; about {decline} seeds in all would make its decline significant at "
+                      f"{level:g} / {max(m, 1)}")
     return (f"{name}: {verdict}; {decided}; mean per-seed slope {row['slope / 100 steps']} "
             f"per 100 steps over {test['seeds']} seeds{extra}."), flip, seeds
+
+
+def _pooled_part(table: pd.DataFrame, rules: Rules) -> Part | None:
+    """Claim 3's one pre-registered pooled test of "sparsity grows", beside the parts: per seed,
+    the mean over its sparsity parts (run x measure) of the relative slope (100 x slope / the
+    run's mean level, % per 100 steps, so that the measures share a scale), one one-sided
+    t-test over seeds (trend.pooled_seed_trend; no correction: one test). None without a part."""
+    sparse = table[table["metric"].isin(SPARSITY_METRICS)]
+    by_seed: dict = {}
+    for (_, _), rows in sparse.groupby(["run_id", "metric"]):
+        rows = rows.sort_values("step")
+        values = rows["value"].to_numpy(float)
+        level = abs(float(values.mean())) if len(values) else 0.0
+        slope = trend.series_slope(rows["step"].to_numpy(float), values) if len(values) > 1 else math.nan
+        if level > 0 and math.isfinite(slope):
+            by_seed.setdefault(rows["seed"].iloc[0], []).append(1e4 * slope / level)
+    if not by_seed:
+        return None
+    test = trend.pooled_seed_trend(by_seed, rules.confidence, rng_for(rules, "claim 3 pooled"),
+                                   rules.resamples)
+    level, iv = rules.one_sided_level, test["slope"]
+    parts = sum(len(v) for v in by_seed.values())
+    question = "does the mean relative slope over every sparsity part grow (one pooled test)?"
+    head = (f"Pooled (one pre-registered test of 'sparsity grows', beside the parts): per seed "
+            f"the mean relative slope of its parts ({parts} run x measure series; 100 x slope / "
+            "the run's mean level)")
+    if test["seeds"] < 2:
+        return Part("3p", question, NOT_JUDGED, f"{head}: not judged, {test['seeds']} seed.")
+    verdict = _trend_verdict(test, test["p_up"], test["p_down"], level)
+    return Part("3p", question, verdict,
+                f"{head}: {verdict}; {iv.text(2, sign=True)}% per 100 steps over "
+                f"{test['seeds']} seeds, p (growth) = {test['p_up']:.3g}, p (decline) = "
+                f"{test['p_down']:.3g}, one-sided at {level:g} with no correction (one test).")
 
 
 def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
@@ -316,7 +367,7 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     held_p = _holm_columns(rows)
     parts = []
     for row, test in zip(rows, tests, strict=True):
-        verdict = _trend_verdict(test, row["p (growth, Holm)"], row["p (decline, Holm)"],
+        verdict = _trend_verdict(test, row["p (growth)"], row["p (decline, Holm)"],
                                  rules.one_sided_level)
         sentence, flip, seeds = _trend_sentence(row, test, verdict, rules)
         row |= {"verdict": verdict, "flip": flip}
@@ -328,8 +379,10 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
                      "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run",
                      frame, parts=parts)
     judged = [p for p in parts if p.name == "3"]
-    evidence = " ".join(p.sentence for p in judged) + _zero_advantage_evidence(
-        [p for p in parts if p.name == "3z"], held_p, rules)
+    pooled = _pooled_part(table, rules)
+    parts += [pooled] if pooled else []
+    evidence = " ".join(p.sentence for p in judged) + (f" {pooled.sentence}" if pooled else "") + (
+        _zero_advantage_evidence([p for p in parts if p.name == "3z"], held_p, rules))
     return Claim(3, combine(p.verdict for p in judged), evidence, frame, parts=parts)
 
 

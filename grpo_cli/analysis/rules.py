@@ -37,6 +37,7 @@ MAX_SEEDS_ADVICE = 1000  # "about N seeds would settle it" is not computed beyon
 DISTINCT_FALL = 0.1  # collapse warning: distinct completions fall by >= 10% (relative) early -> late
 MATCH_COMMON_SHARE = 0.9  # matching "reweights only": every R has >= 90% of probe steps in common bins
 MIN_CHECKED_STEPS = 2  # claim 4: only problems with >= 2 checked steps (else step credit is uniform)
+OUTLIER_Z = 3.5  # outlying seed: modified z-score <= -3.5 (Iglewicz & Hoaglin), analysis/outliers.py
 
 
 def capped_group_sizes(group_sizes: Iterable[int], target: float = RANK_TARGET) -> list[int]:
@@ -176,6 +177,7 @@ class Rules:
     distinct_fall: float = DISTINCT_FALL  # collapse warning: relative fall of distinct completions
     match_common_share: float = MATCH_COMMON_SHARE  # matching "reweights only"
     min_checked_steps: int = MIN_CHECKED_STEPS  # claim 4: problems with at least this many steps
+    outlier_z: float = OUTLIER_Z  # outlying seed: modified z-score of its collapse (outliers.py)
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1:
@@ -346,13 +348,20 @@ class Rules:
             "with a zero gradient left out): per seed, the least-squares slope of the "
             "measure against the step; a one-sided Student t-test of the mean per-seed "
             "slope (n - 1 df: the seeds are the independent units, so the test holds its "
-            "level whatever the autocorrelation within a run; one seed: not judged). The "
-            "parts' p-values are Holm-adjusted together (growth and decline each), so "
-            f"the claim reads growth falsely at most {self.one_sided_level:.1%} of the time "
-            "however many parts it has. Supported iff growth is significant at the "
-            f"one-sided {self.one_sided_level:.1%} level ((1 - confidence) / 2) after Holm, "
-            "contradicted iff decline is, inconclusive otherwise (never 'fails' for want "
-            "of significance). The slope is shown per 100 steps with its t-interval; the "
+            "level whatever the autocorrelation within a run; one seed: not judged). A part "
+            "is supported iff its growth is significant at the one-sided "
+            f"{self.one_sided_level:.1%} level ((1 - confidence) / 2), unadjusted: the claim "
+            "reads supported only when every part is, an intersection-union test, which needs "
+            "no correction; contradicted iff its decline is significant after Holm over the "
+            "parts (any part declining contradicts the claim, a union of tests), so the claim "
+            f"reads either falsely at most {self.one_sided_level:.1%} of the time however many "
+            "parts it has; inconclusive otherwise (never 'fails' for want of significance), "
+            "with about how many seeds would settle it at the level its verdict uses (growth "
+            "at the one-sided level, decline at that level / m, Holm's first step). Beside the "
+            "parts, one pooled test fixed before the data: per seed, the mean over its parts "
+            "(run x measure) of the relative slope (100 x slope / the run's mean level), "
+            "one one-sided t-test over seeds, uncorrected (one test). "
+            "The slope is shown per 100 steps with its t-interval; the "
             "pooled Mann-Kendall S and Sen's slope are shown as descriptions (Hamed-Rao "
             "factor floored at 1). Beside it, the reading 'the fraction of zero-advantage "
             "groups grows' (zero_variance_frac over every step), judged the same way (its "

@@ -24,7 +24,7 @@ of the ranks of the Sen-detrended series, floored at 1 (never below the iid vari
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -192,3 +192,24 @@ def mann_kendall(series: Sequence[tuple[np.ndarray, np.ndarray]], level: float) 
         else:
             out["sen_low"], out["sen_high"] = -math.inf, math.inf
     return out
+
+
+def pooled_seed_trend(slopes_by_seed: Mapping[Hashable, Sequence[float]], confidence: float,
+                      rng: np.random.Generator, draws: int = DRAWS) -> dict:
+    """Claim 3's one pooled test of "sparsity grows": each seed's value is the mean of its
+    parts' slopes (`slopes_by_seed`: seed -> slopes, one per run x measure, on one scale), and
+    `seed_trend`'s one-sided t-test runs on those values (n - 1 df over seeds): one test, so no
+    multiplicity correction, at the price of one question (is the mean slope over the parts
+    positive?) fixed before the data. Non-finite slopes are left out; a seed with none too."""
+    means = [float(np.mean(finite)) for finite in
+             (np.asarray(s, float)[np.isfinite(np.asarray(s, float))] for s in slopes_by_seed.values())
+             if finite.size]
+    iv = mean_interval(means, confidence, rng, draws)
+    out = {"slope": iv, "seeds": len(means), "p_up": math.nan, "p_down": math.nan}
+    if len(means) < 2:
+        return out
+    if iv.se > 0:
+        t = iv.estimate / iv.se
+        return out | {"p_up": t_upper_tail(t, iv.df), "p_down": t_upper_tail(-t, iv.df)}
+    sign = float(np.sign(iv.estimate))
+    return out | {"p_up": 0.0 if sign > 0 else 1.0, "p_down": 0.0 if sign < 0 else 1.0}

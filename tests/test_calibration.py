@@ -498,3 +498,69 @@ def test_claim3_pooled_test_false_positive_rate_is_the_level():
         down += test["p_down"] <= level
     print(f"pooled claim-3 test: growth read in {up / count:.4f}, decline in {down / count:.4f}")
     assert 0.035 <= up / count <= 0.065 and 0.035 <= down / count <= 0.065, (up, down)
+
+
+# ---- one seed of four collapsing (issue 61) ----------------------------------------------------
+def _claim2_reading(sweep, rng):
+    """Claim 2 on one variant's window means [seed, R] through its own code (slope_parts,
+    level_part, _rank_parts_together): (verdict, per-R intervals, slope interval)."""
+    from grpo_cli.analysis.claims import _rank_parts_together
+    from grpo_cli.analysis.rank_verdict import slope_parts
+    seeds = tuple(range(sweep.shape[0]))
+    per_r = {r: PerR(bs.mean_interval(sweep[:, j], RULES.confidence, rng, 100,
+                                      rank_bounds("rollout_group", "mean", r)), sweep[:, j], seeds)
+             for j, r in enumerate(JUDGED)}
+    (_, growth), slope = slope_parts(per_r, JUDGED, [], RULES, rng)
+    level = level_part(per_r, JUDGED, RULES)
+    primary = pd.DataFrame([{"variant": "grpo", "verdict": combine([growth.verdict, level.verdict]),
+                             "parts": [growth, level]}])
+    return (combine(_rank_parts_together(primary, [], RULES)[0]),
+            [per_r[r].interval for r in JUDGED], slope)
+
+
+@pytest.mark.parametrize("edge", [2.5, 1.5])
+def test_one_collapsing_seed_in_four_reads_claim2_at_its_level(edge):
+    """1000 sweeps of 4 seeds with the healthy rank exactly on an edge of claim 2's band at R =
+    4, 8, 16 (slope 0; the RL noise above) and seed 3 collapsing: its rank 1.0 lower at every R
+    and its distinct completions 0.4 of the others' (0.34 R a group, seed sd 0.15). The claim is
+    about the healthy policy (a collapsed run measures the policy's entropy). The verdict keeps
+    every seed: it reads a false contradiction in at most 5% + 3 se (se 0.0069) of sweeps, and
+    its printed intervals cover the healthy rank (>= 0.86: the collapsed seed widens them). The
+    outlier rule (outliers.collapsed on distinct completions per R) names seed 3 in >= 95% of
+    sweeps and a healthy seed in <= 2%; the sentence's reading without it (3 seeds) covers the
+    healthy rank in 86-94% and reads a false contradiction in at most 5% + 3 se."""
+    from grpo_cli.analysis import outliers
+    rng = np.random.default_rng([61, int(10 * edge)])
+    count = 1000
+    healthy = _sweeps(count, 4, 0.08, 0.71, 1.35, rng, slope=0.0) + (edge - 2)  # [sweep, seed, R]
+    values = healthy.copy()
+    values[:, 3] -= 1.0
+    distinct = 0.34 * np.array(JUDGED) + rng.normal(0, 0.15, (count, 4, len(JUDGED)))
+    distinct[:, 3] *= 0.4
+    against = {"verdict": 0, "without": 0}
+    covered = {"verdict": np.zeros(4), "without": np.zeros(4)}
+    named = healthy_named = without_read = 0
+    for sweep, counts in zip(values, distinct, strict=True):
+        flagged = np.array([outliers.collapsed(counts[:, j], RULES) for j in range(len(JUDGED))]).any(0)
+        named += bool(flagged[3])
+        healthy_named += bool(flagged[:3].any())
+        readings = {"verdict": sweep}
+        if flagged.any():
+            readings["without"] = sweep[~flagged]
+            without_read += 1
+        for name, rows in readings.items():
+            verdict, per_r, slope = _claim2_reading(rows, rng)
+            against[name] += verdict in (CONTRADICTED, MIXED)
+            covered[name] += [*(iv.low <= edge <= iv.high for iv in per_r),
+                              slope.low <= 0.0 <= slope.high]
+    rates = {"named": named / count, "healthy named": healthy_named / count,
+             **{f"against ({k})": v / (count if k == "verdict" else without_read)
+                for k, v in against.items()},
+             "coverage (verdict)": covered["verdict"] / count,
+             "coverage (without)": covered["without"] / without_read}
+    print(f"edge {edge}: {rates}")
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / count)
+    assert rates["named"] >= 0.95 and rates["healthy named"] <= 0.02, rates
+    assert rates["against (verdict)"] <= bound and rates["against (without)"] <= bound, rates
+    assert (rates["coverage (verdict)"] >= 0.86).all(), rates
+    assert ((rates["coverage (without)"] >= 0.86) & (rates["coverage (without)"] <= 0.94)).all(), rates

@@ -18,6 +18,7 @@ from grpo_cli.analysis import (
     collapse,
     credit_compare,
     matching,
+    outliers,
     render,
     report,
     same_checkpoint,
@@ -30,6 +31,7 @@ from grpo_cli.analysis import rules as rules_module
 from grpo_cli.analysis.claims import (
     Claim,
     judge_claims,
+    zero_sum_variants,
 )
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
@@ -245,7 +247,8 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     composition figure reads it)."""
     analysed, measures, rules = result.analysed, result.measures, result.rules
     probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
-    verdicts, intervals = rank_verdicts(ranks, group_table(analysed, measures), rules, probes)
+    groups = group_table(analysed, measures)
+    verdicts, intervals = rank_verdicts(ranks, groups, rules, probes)
     result.verdicts = verdicts
     result.units = units.units_by_variant(analysed)
     result.summary = rank_summary(last_part_means(ranks, rules.last_fraction)).merge(
@@ -262,6 +265,10 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
         analysed, [*measures, *([] if rules.rank_measure in measures else [rules.rank_measure])], rules)
     result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights, same_rows,
                                  ranks)
+    outlying = outliers.claim2_part(analysed, ranks, groups, rules, zero_sum_variants(analysed), probes)
+    if outlying is not None:  # claim 2 says that its intervals rest on an outlying seed
+        result.claims[1].parts.append(outlying)
+        result.claims[1].evidence += f" {outlying.sentence}"
     result.collapse = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     result.stages = collapse.stage_table(result.collapse)
     result.stage_readings = collapse.stage_readings(result.stages, rules)

@@ -1,0 +1,135 @@
+"""An outlying seed (issue 61): a run whose sampling collapses apart from the other seeds'.
+
+Per variant and R, each seed's window mean (the verdict's window: the run's last `last_fraction`
+of steps) of metrics.csv `distinct_completions` and `entropy`. A seed is outlying where its
+modified z-score 0.6745 (x - median) / MAD (Iglewicz & Hoaglin 1993; the MAD is the median
+absolute deviation over the seeds, so one collapsed seed cannot hide itself by inflating the
+spread it is judged by) is <= -Rules.outlier_z (a collapse: fewer distinct completions, lower
+entropy), and x lies at least Rules.distinct_fall (relative) below the median, so that seeds
+all but equal (a MAD near 0) flag nothing. It needs >= 3 seeds: with 2, both sit 0.6745 from
+their midpoint.
+
+A collapsed run measures the policy's entropy, not GRPO's geometry, yet it is one of the seeds
+claim 2's intervals are read from. The verdict keeps every seed (with a collapsing seed below
+the others its t-interval widens, and at the band's edge it reads a false contradiction in at
+most its level: tests/test_calibration.py), and the claim says that its intervals rest on the
+named seed and what the other seeds read without it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.rank_verdict import Part, rank_verdicts
+from grpo_cli.analysis.rules import CONTRAST, Rules
+from grpo_cli.analysis.summary import last_part
+from grpo_cli.analysis.tables import metric_table
+
+COLLAPSE_MEASURES = ("distinct_completions", "entropy")
+MAD_TO_SD = 0.6745  # the normal's MAD is 0.6745 sd: the modified z-score's scale
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """One run whose window mean of `measure` collapsed apart from its variant's other seeds."""
+
+    variant: str
+    seed: int
+    group_size: int
+    measure: str  # COLLAPSE_MEASURES
+    value: float  # the run's window mean
+    median: float  # the seeds' median at that variant and R
+    z: float  # its modified z-score
+    seeds: int  # seeds at that variant and R
+
+
+def modified_z(values) -> np.ndarray:
+    """0.6745 (x - median) / MAD per value; -inf / +inf / 0 where the MAD is 0 (x below, above,
+    at the median)."""
+    values = np.asarray(values, float)
+    centre = np.median(values)
+    mad = np.median(np.abs(values - centre))
+    if mad == 0:
+        return np.where(values < centre, -math.inf, np.where(values > centre, math.inf, 0.0))
+    return MAD_TO_SD * (values - centre) / mad
+
+
+def collapsed(values, rules: Rules) -> np.ndarray:
+    """Which of the seeds' window means `values` are outlying below the others (the rule
+    above); none with fewer than 3 finite values."""
+    values = np.asarray(values, float)
+    out = np.zeros(values.shape, bool)
+    keep = np.isfinite(values)
+    if keep.sum() < 3:
+        return out
+    z = modified_z(values[keep])
+    centre = np.median(values[keep])
+    fell = values[keep] <= (1 - rules.distinct_fall) * centre
+    out[keep] = (z <= -rules.outlier_z) & fell
+    return out
+
+
+def outlying_seeds(runs: list[Run], rules: Rules) -> list[Outlier]:
+    """Every outlying run of `runs`, per variant x R x measure (COLLAPSE_MEASURES)."""
+    table = last_part(metric_table(runs, list(COLLAPSE_MEASURES)), rules.last_fraction)
+    if table.empty:
+        return []
+    means = table.groupby(["variant", "group_size", "metric", "seed", "run_id"], as_index=False)[
+        "value"].mean()
+    found = []
+    for (variant, size, measure), rows in means.groupby(["variant", "group_size", "metric"]):
+        values = rows["value"].to_numpy(float)
+        flagged = collapsed(values, rules)
+        z = modified_z(values) if flagged.any() else values
+        found += [Outlier(variant, int(seed), int(size), measure, float(value),
+                          float(np.median(values)), float(score), len(values))
+                  for seed, value, score, hit in zip(rows["seed"], values, z, flagged, strict=True)
+                  if hit]
+    return sorted(found, key=lambda o: (o.variant, o.seed, o.group_size, o.measure))
+
+
+def _without(ranks: pd.DataFrame, groups: pd.DataFrame, found: list[Outlier], rules: Rules,
+             same_weights: frozenset[str]) -> pd.DataFrame:
+    """Claim 2's verdict rows (its matrix and measure) of the variants with an outlying seed,
+    read without that seed's runs (rank_verdict.rank_verdicts)."""
+    drop = {(o.variant, o.seed) for o in found}
+    pick = ((ranks["matrix"] == rules.rank_matrix) & (ranks["measure"] == rules.rank_measure)
+            & ranks["variant"].isin({v for v, _ in drop}))
+    keep = ~pd.Series(list(zip(ranks["variant"], ranks["seed"], strict=True)),
+                      index=ranks.index).isin(drop)
+    kept = ranks[pick & keep]
+    kept_groups = groups[groups["run_id"].isin(set(kept["run_id"]))] if len(groups) else groups
+    return rank_verdicts(kept, kept_groups, rules, same_weights)[0]
+
+
+def claim2_part(runs: list[Run], ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
+                variants: list[str], same_weights: frozenset[str] = frozenset()) -> Part | None:
+    """Claim 2's sentence on the outlying seeds of its `variants` (None: none): which seed, on
+    what, that the intervals rest on it, and claim 2's reading of the other seeds."""
+    found = [o for o in outlying_seeds(runs, rules) if o.variant in variants]
+    if not found or ranks.empty:
+        return None
+    named = "; ".join(
+        f"{o.variant + ' ' if o.variant else ''}seed {o.seed} at R={o.group_size} ({o.measure} "
+        f"{o.value:.2f} against the {o.seeds} seeds' median {o.median:.2f}, modified z "
+        f"{o.z:.1f})" for o in found)
+    sentence = (f"Outlying seed (its sampling collapsed apart from the others: modified z <= "
+                f"-{rules.outlier_z:g} on the seeds' window means and >= "
+                f"{rules.distinct_fall:.0%} below their median): {named}. The intervals above "
+                "keep every seed, so they rest on it.")
+    for row in _without(ranks, groups, found, rules, same_weights).itertuples(index=False):
+        left = {o.seed for o in found if o.variant == row.variant}
+        per_r = ", ".join(f"R={r} {iv.text(2)}" for r, iv in sorted(row.intervals.items()))
+        n = min(iv.n for iv in row.intervals.values()) if row.intervals else 0
+        slope = (f"; slope {row.slope:+.2f} [{row.slope_low:+.2f}, {row.slope_high:+.2f}] per "
+                 "doubling" if np.isfinite(row.slope_low) else "")
+        sentence += (f" Without seed{'s' if len(left) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(left)))}"
+                     f"{' of ' + row.variant if row.variant else ''} ({n} seeds that did not "
+                     f"collapse): {row.verdict}; {per_r}{slope}.")
+    return Part("2o", "does the reading rest on an outlying seed?", CONTRAST, sentence)

@@ -71,6 +71,7 @@ class SweepSummary(Callback):
     composed = False  # Hydra composed the config (a SystemExit(1) before that is a config error)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from grpo_cli.train.resume_guard import check_resume
         from grpo_cli.validate import validate_config
 
         SweepSummary.composed = True
@@ -79,6 +80,7 @@ class SweepSummary(Callback):
             HydraConfig.instance().set_config(config)
             run_dir = Path(str(config.hydra.run.dir))
             check_free(run_dir)
+            check_resume(job_config(config), run_dir, log.info)  # before .hydra/ and run.log
             check_writable(run_dir)
         except REFUSALS as error:
             _refuse_now(error)
@@ -192,6 +194,7 @@ def sweep_problems(config: DictConfig) -> list[str]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from grpo_cli.train.resume_guard import resume_conflict
     from grpo_cli.validate import config_problems
 
     try:
@@ -209,6 +212,8 @@ def sweep_problems(config: DictConfig) -> list[str]:
             problems[composition_error_line(error)] = None
             continue
         found = config_problems(cfg)
+        if not found and cfg.resume_mismatch != "allow":  # a member that would mix two configs
+            found = [line for line in [resume_conflict(job_config(cfg), member_run_dir(cfg))] if line]
         problems.update(dict.fromkeys(found))
         if not found:
             directories.setdefault(member_run_dir(cfg), []).append(list(member))

@@ -141,6 +141,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     at_least("seed", 0)
     at_least("threads", 0)
     at_least("checkpoint_every", 1)
+    choice("resume_mismatch", ("refuse", "allow"))
     # model
     choice("model.source", MODEL_SOURCES)
     choice("model.dtype", MODEL_DTYPES)

@@ -246,3 +246,36 @@ def test_a_checkpoint_that_cannot_be_written_names_the_file_and_the_free_space(t
                      r"free", error) and "results_dir=" in error
     assert pd.read_csv(out / "metrics.csv")["step"].tolist() == [0]
     assert blocker.is_dir()  # not the run's file: left alone
+
+
+def test_a_resume_with_another_learning_rate_is_refused_naming_it(tmp_path, cache_dir):
+    """A run crashed at step 2 with optim.lr=0.001, re-run into the same directory with 0.01,
+    once resumed, completed and left config.yaml claiming 0.01 for the whole run (issue 63)."""
+    out = tmp_path / "smoke" / "pinned"
+    pinned = f"hydra.run.dir={out}"
+    assert grpo_run(tmp_path, cache_dir, pinned, "optim.lr=0.001", *fault_at(2)).exit_code == 1
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert "lr: 0.001" in (out / "config.yaml").read_text()
+
+    refused = grpo_run(tmp_path, cache_dir, pinned, "optim.lr=0.01")
+    assert refused.exit_code == 2, refused.output
+    assert [line for line in refused.output.splitlines() if line.strip()] == [
+        f"config error: {out} holds a run with other settings: optim.lr: 0.001 -> 0.01; resuming "
+        "would mix two configurations: resume=false starts over, resume_mismatch=allow resumes anyway"]
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+    allowed = grpo_run(tmp_path, cache_dir, pinned, "optim.lr=0.01", "resume_mismatch=allow")
+    assert allowed.exit_code == 0, allowed.output
+    assert status(out)["status"] == "completed" and status(out)["resumed_from"] == 2
+
+
+def test_a_resume_may_change_only_keys_that_do_not_change_results():
+    from grpo_cli.train.resume_guard import differences
+
+    stored = {"optim": {"lr": 0.001, "betas": [0.9, 0.99]}, "progress": True, "fault": {"step": 2},
+              "logger": {"wandb": False}, "threads": 1}
+    assert differences(stored, stored | {"progress": False, "fault": {"step": None},
+                                         "logger": {"wandb": True}}) == []
+    assert differences(stored, stored | {"threads": 2, "optim": {"lr": 0.001, "betas": [0.9, 0.9]},
+                                         "seed": 1}) == [
+        ("optim.betas", [0.9, 0.99], [0.9, 0.9]), ("seed", "<absent>", 1), ("threads", 1, 2)]

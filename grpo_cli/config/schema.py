@@ -229,6 +229,7 @@ class Config:
     results_dir: str = "results"  # root of all results
     cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers
     resume: bool = True  # continue from checkpoints/ if the run directory has one
+    resume_mismatch: str = "refuse"  # refuse | allow: resume though a key that changes results differs from the run directory's config.yaml (train/resume_guard.py)
     checkpoint_every: int = 10  # save a resumable checkpoint every N steps
     keep_checkpoints: bool = False  # also keep each checkpoint's weights as checkpoints/step_<N>.pt (`grpo probe RUN --all-checkpoints`)
     progress: bool = True  # show progress bars: the steps' and transformers' (loading weights, GGUF conversion)

@@ -30,6 +30,7 @@ from grpo_cli.results.writer import RunResults
 from grpo_cli.runtime.files import FileWriteError, disk_full_error
 from grpo_cli.train.checkpoint import drop_previous
 from grpo_cli.train.fault import Fault
+from grpo_cli.train.resume_guard import check_resume
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -86,6 +87,7 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 
 
 def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
+    check_resume(cfg, run_dir, log)  # ConfigError before anything is written: no mixed configs
     results = RunResults(run_dir)
     previous = results.read_status()
     if previous and previous.get("status") == "completed" and cfg.resume:

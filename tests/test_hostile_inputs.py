@@ -158,3 +158,35 @@ def test_a_model_directory_without_a_tokenizer_names_the_tokenizer_files(tmp_pat
     lines = printed(result)
     assert len(lines) == 1, result.output  # once "install sentencepiece or tiktoken"
     assert f"{model_dir} has no model files (no tokenizer (tokenizer.json, tokenizer.model" in lines[0]
+
+
+def test_analyze_refuses_an_output_directory_that_is_a_link(tmp_path):
+    """analysis/ planted as a link to another directory once received all 18 outputs (issue 63)."""
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "analysis").symlink_to(elsewhere, target_is_directory=True)
+    result = analyze(root)
+    assert result.exit_code == 2, result.output
+    assert printed(result) == [f"error: {root / 'analysis'}: a symbolic link; grpo analyze writes its "
+                               "outputs only into a real directory (give --out another path)"]
+    assert list(elsewhere.iterdir()) == []
+    assert sorted(path.name for path in root.iterdir() if path.name.startswith(".")) == []
+
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    (root / "reports").symlink_to(nested, target_is_directory=True)
+    deep = CliRunner().invoke(app, ["analyze", str(root), "--out", str(root / "reports" / "a")])
+    assert deep.exit_code == 2 and f"{root / 'reports'}: a symbolic link" in deep.output, deep.output
+    assert list(nested.iterdir()) == []
+
+
+def test_analyze_builds_its_outputs_beside_the_target_and_renames_them_in(tmp_path):
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)
+    (root / "analysis").mkdir()
+    (root / "analysis" / "notes.txt").write_text("mine\n")
+    result = analyze(root)
+    assert result.exit_code == 0, result.output
+    written = {path.name for path in (root / "analysis").iterdir()}
+    assert {"notes.txt", "summary.csv", "summary.md", "report.html"} <= written
+    assert not [path for path in root.iterdir() if path.name.startswith(".analysis.")]  # no stage left

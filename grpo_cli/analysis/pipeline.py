@@ -9,6 +9,11 @@ a note), so a sweep can be watched while it runs.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,12 +191,54 @@ def analyze(
         include_incomplete=include_incomplete, notes=notes, **_variant_labels(runs, grouping),
     )
     comp_table = _judge(result, ranks)
-    result.out_dir.mkdir(parents=True, exist_ok=True)
-    if figures:
-        result.figures = figures_module.draw_figures(
-            figures_module.figure_inputs(result, ranks, comp_table, steps), result.out_dir)
-    _write(result)
+    with staged_output(result.out_dir, below=paths[0]) as stage:
+        if figures:
+            result.figures = figures_module.draw_figures(
+                figures_module.figure_inputs(result, ranks, comp_table, steps), stage)
+        _write(result, stage)
+    result.figures = {name: result.out_dir / path.name for name, path in result.figures.items()}
+    result.files = {name: result.out_dir / path.name for name, path in result.files.items()}
     return result
+
+
+class UnsafeOutput(ValueError):
+    """The output directory, or a folder on the way to it, is a symbolic link."""
+
+
+def _refuse_links(out: Path, below: Path) -> None:
+    """UnsafeOutput naming the first symbolic link among `out` and the folders between `below`
+    (the first analysed directory) and it: a link planted there would take every output
+    elsewhere."""
+    between = out.relative_to(below).parents if out.is_relative_to(below) else []
+    for path in [*(below / part for part in reversed(list(between)) if str(part) != "."), out]:
+        if path.is_symlink():
+            raise UnsafeOutput(f"{path}: a symbolic link; grpo analyze writes its outputs only into "
+                               "a real directory (give --out another path)")
+
+
+@contextmanager
+def staged_output(out: Path, below: Path) -> Iterator[Path]:
+    """A temporary directory beside `out` (same parent) to build every output in; on success
+    each file is renamed into `out`, through a handle opened without following links. A failed
+    analysis leaves `out` as it was."""
+    out, below = Path(os.path.abspath(out)), Path(os.path.abspath(below))
+    _refuse_links(out, below)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield stage
+        out.mkdir(exist_ok=True)
+        _refuse_links(out, below)  # not swapped for a link meanwhile
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        source, target = os.open(stage, flags), os.open(out, flags)
+        try:
+            for name in sorted(os.listdir(source)):
+                os.replace(name, name, src_dir_fd=source, dst_dir_fd=target)
+        finally:
+            os.close(source)
+            os.close(target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _variant_labels(runs: list[Run], grouping: Grouping) -> dict[str, dict]:
@@ -280,8 +327,7 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     return comp_table
 
 
-def _write(result: AnalysisResult) -> None:
-    out = result.out_dir
+def _write(result: AnalysisResult, out: Path) -> None:
     report.summary_frame(result).to_csv(out / "summary.csv", index=False)
     content = report.blocks(result)
     (out / "summary.md").write_text(render.render_markdown(content))

@@ -24,6 +24,11 @@ ROLLOUT_BACKENDS = ("hf", "hf_static", "vllm")
 MODEL_SOURCES = ("char_llama", "hf", "gguf_package")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_THREADS = 1024  # more intra-op threads than any node has cores (threads=100000 once panicked starting them)
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range (a seed past it overflowed inside torch)
+# Below this, float32 sampling is greedy on any logit gap over ~1 nat (exp underflows past -103
+# nats, and gap / temperature exceeds that): every rollout of a group alike, as at temperature 0
+MIN_TEMPERATURE = 0.01
 
 
 def _no_group_baseline() -> tuple[str, ...]:
@@ -138,8 +143,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
 
     # top level
     need("device", lambda v: v in DEVICES or re.fullmatch(r"cuda:\d+", v), "one of auto, cpu, cuda, cuda:N")
-    at_least("seed", 0)
-    at_least("threads", 0)
+    need("seed", lambda v: 0 <= v <= MAX_SEED, "in [0, 2**64 - 1] (torch.manual_seed's range)")
+    need("threads", lambda v: 0 <= v <= MAX_THREADS, f"in [0, {MAX_THREADS}] (0 = torch's default)")
     at_least("checkpoint_every", 1)
     choice("resume_mismatch", ("refuse", "allow"))
     # model
@@ -171,6 +176,9 @@ def config_problems(cfg: DictConfig) -> list[str]:
     choice("task.reward", names["task.reward"])
     if value("task.name") == "arith":
         unread("task.path", "with task.name=arith (generated problems; task=gsm8k reads task.path)")
+    elif value("task.path") is not None and not str(value("task.path")).strip():  # once read as the cwd
+        problems.append(f"task.path={value('task.path')!r}: must be a directory holding train.jsonl and "
+                        "test.jsonl, or null for the datasets hub")
     need("task.train_size", lambda v: v == -1 or v >= 1, ">= 1 (or -1 for all)")
     at_least("task.eval_size", 0)
     at_least("task.warm_start_size", 0)
@@ -208,8 +216,9 @@ def config_problems(cfg: DictConfig) -> list[str]:
             f"rollout.group_size=1: must be >= 2 for algorithm={estimator} (a group of one has "
             f"zero advantage, so nothing trains; {' and '.join(no_group_baseline)} accept 1)"
         )
-    need("rollout.temperature", lambda v: v > 0 and math.isfinite(v),
-         "> 0 (at 0 every rollout of a group is the same greedy completion: zero advantages)")
+    need("rollout.temperature", lambda v: v >= MIN_TEMPERATURE and math.isfinite(v),
+         f">= {MIN_TEMPERATURE} (below it every rollout of a group is the same greedy completion "
+         "in float32: zero advantages)")
     # algorithm
     choice("algorithm.name", names["algorithm.name"])
     choice("algorithm.std", names["algorithm.std"])

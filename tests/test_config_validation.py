@@ -18,7 +18,11 @@ REFUSED = [
     ("rollout.group_size=0", "rollout.group_size=0: must be >= 1"),
     ("rollout.group_size=-3", "rollout.group_size=-3: must be >= 1"),
     ("rollout.group_size=1", "rollout.group_size=1: must be >= 2 for algorithm=grpo"),
-    ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0"),
+    ("rollout.temperature=0", "rollout.temperature=0.0: must be >= 0.01"),
+    ("rollout.temperature=1e-300", "rollout.temperature=1e-300: must be >= 0.01 (below it every rollout"),
+    ("threads=100000", "threads=100000: must be in [0, 1024]"),  # once an 85-line panic
+    (f"seed={2**64}", f"seed={2**64}: must be in [0, 2**64 - 1]"),  # once an overflow traceback
+    ("resume_mismatch=maybe", "resume_mismatch='maybe': must be one of refuse, allow"),
     ("probes.param_regex='(ab'", "probes.param_regex='(ab': not a valid regular expression"),
     ("optim.lr=-1", "optim.lr=-1.0: must be > 0"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: must be >= 1"),
@@ -141,3 +145,9 @@ def test_the_same_paths_are_read_where_the_source_reads_them():
     assert config_problems(compose_config(["experiment=smoke", "task=gsm8k", "task.path=/data/gsm8k"])) == []
     rehearsal = ["experiment=smoke", "model=nemotron_4b", "model.weights=random"]
     assert config_problems(compose_config(rehearsal)) == []
+
+
+def test_an_empty_task_path_is_refused_not_read_as_the_working_directory():
+    problems = config_problems(compose_config(["experiment=smoke", "task=gsm8k", "task.path=''"]))
+    assert problems == ["task.path='': must be a directory holding train.jsonl and test.jsonl, or "
+                        "null for the datasets hub"]

@@ -9,6 +9,7 @@ of the test split (-1 = all). A malformed record raises `DataFormatError` naming
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ def parse_record(record: Any, where: str) -> Problem:
     missing = [key for key in ("question", "answer") if not isinstance(record.get(key), str)]
     if missing:
         raise DataFormatError(f"{where}: missing or non-string key(s) {missing}")
+    for key in ("question", "answer"):
+        try:
+            record[key].encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate, e.g. "\ud800" in the JSON
+            raise DataFormatError(f"{where}: {key} holds a lone surrogate ({record[key][error.start]!r} "
+                                  f"at character {error.start + 1}), not text") from None
     solution = record["answer"].strip()
     if "####" not in solution:
         raise DataFormatError(f"{where}: answer has no '####' final-answer line")
@@ -93,6 +100,10 @@ def _jsonl_records(path: Path) -> Iterator[tuple[Any, str]]:
             raise DataFormatError(
                 f"{path}:{line_number}: invalid JSON ({error.msg})"
             ) from error
+        except RecursionError:  # [[[[...: deeper than Python's parser goes
+            raise DataFormatError(f"{path}:{line_number}: JSON nested too deeply to read") from None
+        except ValueError as error:  # an integer past int's digit limit (sys.get_int_max_str_digits)
+            raise DataFormatError(f"{path}:{line_number}: {str(error).splitlines()[0]}") from None
         yield record, f"{path}:{line_number}"
 
 
@@ -118,7 +129,15 @@ def load_gsm8k(
         return train, load_jsonl(directory / SPLIT_FILES["eval"], eval_size)
     import datasets  # heavy: only when actually loading from the hub
 
-    dataset = datasets.load_dataset(hub_id, "main")
+    try:
+        dataset = datasets.load_dataset(hub_id, "main")
+    except Exception as error:  # noqa: BLE001 - no network, not cached offline, no such dataset
+        offline = [name for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+                   if os.environ.get(name, "0") not in ("0", "", "false", "False")]
+        why = f"{offline[0]} is set and it is not cached" if offline else (
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        raise DataFileMissing(f"task.path is not set and task.hub_id={hub_id!r} could not be loaded "
+                              f"({why}); give task.path=DIR holding train.jsonl and test.jsonl") from error
     splits = []
     for split in ("train", "eval"):
         hub_split = HUB_SPLITS[split]

@@ -168,6 +168,9 @@ def analyze(
     except (GroupingError, DocsBlockError, ValueError) as error:  # bad options or markers
         typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:  # the outputs are built beside the target: none was half written
+        typer.secho("interrupted: no output written", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=130) from None
     for run in result.runs:
         for problem in run.contradictions:
             typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)

@@ -190,3 +190,30 @@ def test_analyze_builds_its_outputs_beside_the_target_and_renames_them_in(tmp_pa
     written = {path.name for path in (root / "analysis").iterdir()}
     assert {"notes.txt", "summary.csv", "summary.md", "report.html"} <= written
     assert not [path for path in root.iterdir() if path.name.startswith(".analysis.")]  # no stage left
+
+
+def test_ctrl_c_stops_grpo_analyze_with_exit_130_and_nothing_written(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "analyze", str(root)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(root.glob(".analysis.*")):  # drawing the figures into its stage
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    finally:
+        process.kill()
+    assert process.returncode == 130, output  # once exit 0
+    assert "interrupted: no output written" in output and "Traceback" not in output
+    assert not any(root.glob(".analysis.*")) and not (root / "analysis").exists()

@@ -107,6 +107,9 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_is_byte_ident
 def test_a_second_signal_stops_at_once():
     messages = []
     stops = StopRequests(log=messages.append)
+    with pytest.raises(RunInterrupted):  # during set-up there is no step to finish: at once
+        stops._handle(signal.SIGINT, None)
+    stops.requested, stops.training = None, True
     stops.stop_now_if_requested()  # nothing asked yet: carries on
     stops._handle(signal.SIGINT, None)
     assert stops.requested == "SIGINT" and "send it again to stop at once" in messages[0]
@@ -279,3 +282,21 @@ def test_a_resume_may_change_only_keys_that_do_not_change_results():
     assert differences(stored, stored | {"threads": 2, "optim": {"lr": 0.001, "betas": [0.9, 0.9]},
                                          "seed": 1}) == [
         ("optim.betas", [0.9, 0.99], [0.9, 0.9]), ("seed", "<absent>", 1), ("threads", 1, 2)]
+
+
+def test_sigterm_during_a_warm_start_stops_at_once(tmp_path):
+    """The first SIGTERM once only asked the loop to stop after its step, while a warm start
+    (set-up, minutes long) went on: acknowledged and ignored (issue 63)."""
+    cache = tmp_path / "cache"
+    process = spawn_run(tmp_path, cache, "model.warm_start.steps=5000")  # minutes on 2 cores
+    wait_until(lambda: any(cache.rglob("*.partial")), process)  # the warm start is being built
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    try:
+        output = process.communicate(timeout=60)[0]
+    finally:
+        process.kill()  # a no-op once it has ended; else it would warm-start on for minutes
+    assert process.returncode == 143, output
+    record = status(run_dir(tmp_path, "R4-grpo-s0-model.warm_start.steps=5000"))
+    assert record["status"] == "interrupted" and record["stopped_by"] == "SIGTERM", record
+    assert "no checkpoint yet: re-running the same command starts over" in output

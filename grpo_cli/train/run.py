@@ -44,16 +44,18 @@ class RunInterrupted(KeyboardInterrupt):
 class StopRequests:
     """The first SIGTERM or SIGINT asks the loop to stop after the step in progress, with a
     checkpoint, so a re-run resumes exactly there (`checkpoint_every` may be far away); a second
-    one stops at once (a re-run then resumes from the last checkpoint). Main thread only, where
-    signals land; elsewhere the default handlers stay."""
+    one stops at once (a re-run then resumes from the last checkpoint). During set-up (a warm
+    start can take minutes) there is no step to finish and nothing to save: the first one stops
+    at once. Main thread only, where signals land; elsewhere the default handlers stay."""
 
     def __init__(self, log=print):
         self.log = log
         self.requested: str | None = None  # the first signal's name
+        self.training = False  # the loop has begun (set by _train once set-up is done)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.requested is not None:
+        if self.requested is not None or not self.training:
             raise RunInterrupted(name)
         self.requested = name
         self.log(f"{name} received: stopping after the step in progress, with a checkpoint "
@@ -195,7 +197,7 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
     results.ensure_files()
     results.write_status(record)
 
-    stops.stop_now_if_requested()  # a signal during set-up: nothing to save
+    stops.training = True  # from here a first signal finishes the step and saves a checkpoint
     steps = cfg.train.steps
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:

@@ -6,6 +6,7 @@ vLLM) happen inside the commands, never at import time.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -23,6 +24,17 @@ app = typer.Typer(
 )
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.callback()
+def working_directory_exists() -> None:
+    """Every command reads paths relative to the working directory (Hydra records it too)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        typer.secho("error: the working directory no longer exists (deleted?); cd into an existing "
+                    "directory and run the command again", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1) from None
 
 
 RUN_USAGE = """Usage: grpo run [-m] [OVERRIDE ...]
@@ -70,10 +82,12 @@ def run(ctx: typer.Context) -> None:
     if {"--help", "-h"} & set(ctx.args):
         typer.echo(RUN_USAGE.format(groups=config_groups()))
         return
+    from grpo_cli.config.compose import check_group_options
     from grpo_cli.config.errors import ConfigError
     from grpo_cli.hydra_app import SweepSummary, check_composes, main, refusal_line
 
     try:
+        check_group_options(list(ctx.args))  # also for a sweep, which Hydra composes itself
         check_composes(list(ctx.args))
     except ConfigError as error:
         if debug():

@@ -48,6 +48,15 @@ def job_config(config: DictConfig) -> DictConfig:
     return task_cfg
 
 
+def check_under_results(directory: Path, config: DictConfig, key: str) -> None:
+    """ConfigError naming `key` unless `directory` lies under results_dir: nothing is written
+    outside it (a `hydra.run.dir=/elsewhere` was once honoured)."""
+    root, where = (Path(os.path.abspath(str(path))) for path in (config.results_dir, directory))
+    if not where.is_relative_to(root):
+        raise ConfigError(f"{key}={directory}: must be under results_dir={config.results_dir} "
+                          "(grpo run writes nothing outside results_dir)")
+
+
 def check_writable(directory: Path) -> None:
     """ConfigError naming `results_dir` unless files can be created in `directory`."""
     try:
@@ -79,6 +88,7 @@ class SweepSummary(Callback):
             validate_config(job_config(config))
             HydraConfig.instance().set_config(config)
             run_dir = Path(str(config.hydra.run.dir))
+            check_under_results(run_dir, config, "hydra.run.dir")
             check_free(run_dir)
             check_resume(job_config(config), run_dir, log.info)  # before .hydra/ and run.log
             check_writable(run_dir)
@@ -93,6 +103,7 @@ class SweepSummary(Callback):
             problems = sweep_problems(config)  # first: experiment.name=../.. must not be written to
             if problems:
                 raise ConfigError("\n".join(problems))
+            check_under_results(Path(str(config.hydra.sweep.dir)), config, "hydra.sweep.dir")
             check_writable(Path(str(config.hydra.sweep.dir)))
         except REFUSALS as error:
             _refuse_now(error)

@@ -58,7 +58,7 @@ def test_paper_preset_on_gsm8k_writes_the_results_contract(tmp_path, tiny_nemotr
     # matrix is non-zero (held-out accuracy still uses the GSM8K checker)
     out = tmp_path / "run"  # named here: the override list would exceed 255 characters
     result = grpo([
-        "experiment=paper_gsm8k", f"hydra.run.dir={out}", f"cache_dir={tmp_path / 'cache'}",
+        "experiment=paper_gsm8k", f"results_dir={tmp_path}", f"hydra.run.dir={out}", f"cache_dir={tmp_path / 'cache'}",
         "progress=false", "threads=1", "device=cpu", "rollout=hf", "model.dtype=float32",
         f"model.path={tiny_nemotron}", f"task.path={GSM8K}", "task.train_size=16",
         "task.eval_size=4", "rollout.group_size=2", "rollout.prompts_per_step=2",

@@ -50,6 +50,46 @@ def test_a_type_error_in_an_override_is_one_line_and_exit_2(tmp_path):
     assert "Could not find 'experiment/nosuch'" in unknown.output and "smoke" in unknown.output
 
 
+def test_a_config_group_option_outside_conf_is_refused(tmp_path):
+    """experiment=../../x once loaded a YAML from outside conf/ (issue 63)."""
+    outside = tmp_path / "evil.yaml"
+    outside.write_text("# @package _global_\nexperiment:\n  name: evil\n")
+    relative = "../" * 12 + str(outside.with_suffix(""))[1:]  # conf/experiment/../../... -> /tmp/...
+    for multirun, value in ((False, relative), (True, f"smoke,{relative}")):
+        result = grpo_run(tmp_path, tmp_path / "cache", f"experiment={value}", multirun=multirun)
+        assert result.exit_code == 2, result.output
+        assert printed(result) == [f"config error: experiment={value!r}: a config group option names "
+                                   "a file under conf/experiment/ (no '..' or absolute path)"]
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "smoke").exists()
+
+
+def test_a_run_directory_outside_results_dir_is_refused(tmp_path):
+    """hydra.run.dir=/elsewhere was once honoured: results written outside results_dir (issue 63)."""
+    elsewhere = tmp_path / "elsewhere"
+    result = grpo_run(tmp_path / "results", tmp_path / "cache", f"hydra.run.dir={elsewhere}")
+    assert result.exit_code == 2, result.output
+    assert printed(result) == [f"config error: hydra.run.dir={elsewhere}: must be under results_dir="
+                               f"{tmp_path / 'results'} (grpo run writes nothing outside results_dir)"]
+    assert not elsewhere.exists()
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (f"cd {gone} && rmdir {gone} && PYTHONPATH={repo} {sys.executable} -m grpo_cli.cli run "
+              f"experiment=smoke results_dir={tmp_path / 'results'}")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr  # once a bare FileNotFoundError from Hydra's os.getcwd
+    assert [line for line in (done.stdout + done.stderr).splitlines() if line.strip()] == [
+        "error: the working directory no longer exists (deleted?); cd into an existing directory and "
+        "run the command again"]
+
+
 # ---- grpo run: model directories --------------------------------------------------------------------
 def test_an_empty_model_directory_is_named_not_a_tokenizer_hint(tmp_path):
     empty = tmp_path / "model"

@@ -195,7 +195,7 @@ def test_paper_rehearsal_runs_end_to_end_on_cpu(tmp_path, tiny_config):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
         "run", "experiment=paper_rehearsal", f"model.config_json={tiny_config}",
-        f"hydra.run.dir={out}", f"cache_dir={tmp_path / 'cache'}", "progress=false", "threads=1",
+        f"results_dir={tmp_path}", f"hydra.run.dir={out}", f"cache_dir={tmp_path / 'cache'}", "progress=false", "threads=1",
         "device=cpu", "rollout=hf", "model.dtype=float32", f"task.path={GSM8K}",
         "task.train_size=16", "task.eval_size=2", "rollout.group_size=2",
         "rollout.prompts_per_step=2", "rollout.max_new_tokens=6", "train.steps=2",

@@ -503,19 +503,17 @@ def test_claim3_pooled_test_false_positive_rate_is_the_level():
 # ---- one seed of four collapsing (issue 61) ----------------------------------------------------
 def _claim2_reading(sweep, rng):
     """Claim 2 on one variant's window means [seed, R] through its own code (slope_parts,
-    level_part, _rank_parts_together): (verdict, per-R intervals, slope interval)."""
-    from grpo_cli.analysis.claims import _rank_parts_together
-    from grpo_cli.analysis.rank_verdict import slope_parts
+    level_part, and read_together over its 2b and 2c, as claims._rank_parts_together reads one
+    variant): (verdict, per-R intervals, slope interval)."""
+    from grpo_cli.analysis.rank_verdict import read_together, slope_parts
     seeds = tuple(range(sweep.shape[0]))
     per_r = {r: PerR(bs.mean_interval(sweep[:, j], RULES.confidence, rng, 100,
                                       rank_bounds("rollout_group", "mean", r)), sweep[:, j], seeds)
              for j, r in enumerate(JUDGED)}
     (_, growth), slope = slope_parts(per_r, JUDGED, [], RULES, rng)
     level = level_part(per_r, JUDGED, RULES)
-    primary = pd.DataFrame([{"variant": "grpo", "verdict": combine([growth.verdict, level.verdict]),
-                             "parts": [growth, level]}])
-    return (combine(_rank_parts_together(primary, [], RULES)[0]),
-            [per_r[r].interval for r in JUDGED], slope)
+    read, _ = read_together([growth, level], ["2b", "2c"], RULES, "parts")
+    return combine(read), [per_r[r].interval for r in JUDGED], slope
 
 
 @pytest.mark.parametrize("edge", [2.5, 1.5])

@@ -94,5 +94,9 @@ def test_analyze_says_the_unit_in_the_claims_and_the_verdict_table(tmp_path):
     assert "conditional on one warm start" in summary and "Unit: RL seeds on one shared" in summary
     table = verdict_table(result, result.verdicts)
     assert set(table["unit"]) == {"RL seeds on one shared warm start (conditional on it)"}
+    frame = pd.read_csv(result.files["summary_csv"])
+    shared = "RL seeds on one shared warm start (conditional on it)"
+    assert set(frame.loc[frame["kind"] == "verdict", "unit"]) == {shared}
+    assert frame.loc[frame["kind"] == "claim", "unit"].tolist() == ["-", shared, shared, "-"]
     probes = analyze([write_probe_sweep(tmp_path / "probe")], figures=False)
     assert probes.claims[1].unit.kind == units.PROMPT_GROUPS

@@ -508,7 +508,8 @@ def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame,
     read_by = {2: zero_sum, 3: zero_sum, 4: zero_sum | per_token}  # the variants each claim reads
     for claim in claims[1:]:
         claim.rule = rules.text(claim.number, families)
-        claim.unit = units.unit_of(r for r in runs if r.variant in read_by[claim.number])
+        if claim.verdict != NOT_MEASURED:  # no reading, no unit
+            claim.unit = units.unit_of(r for r in runs if r.variant in read_by[claim.number])
     return claims
 
 

@@ -37,12 +37,13 @@ def claims_markdown(result, source: str) -> str:
     items = []
     for claim in result.claims:
         sentences = [p.sentence for p in claim.parts if p.name != "3z"] or [claim.evidence]
-        items.append(f"Claim {claim.number} ({claim.verdict}): " + " ".join(sentences))
+        unit = [claim.unit.sentence()] if claim.unit is not None else []
+        items.append(f"Claim {claim.number} ({claim.verdict}): " + " ".join([*sentences, *unit]))
         beside = [p.sentence for p in claim.parts if p.name == "3z"]
         if beside:
             items.append("Claim 3, the zero-advantage reading (shown beside it, not part of "
                          "its verdict): " + " ".join(beside))
-    table = claims_table(result.claims)[["claim", "verdict", "parts"]]
+    table = claims_table(result.claims)[["claim", "verdict", "parts", "unit"]]
     return render_markdown([Paragraph(header), Table(table), Bullets(items)]).strip()
 
 

@@ -56,6 +56,7 @@ SUMMARY_COLUMNS = [
     "slope",
     "slope_low",
     "slope_high",
+    "unit",
     "detail",
 ]
 OBJECT_COLUMNS = ["means", "intervals", "parts"]  # kept in memory, not written to summary.csv
@@ -84,6 +85,9 @@ def summary_frame(result) -> pd.DataFrame:
         parts += _accuracy_rows(result.accuracy)
     frame = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     frame = frame.reindex(columns=SUMMARY_COLUMNS)
+    verdict_rows = frame["kind"] == "verdict"  # a verdict's unit is its variant's (units.py)
+    words = {variant: unit.words for variant, unit in result.units.items()}
+    frame.loc[verdict_rows, "unit"] = frame.loc[verdict_rows, "variant"].map(words)
     for column in ("claim", "group_size", "n_seeds", "n_incomplete", "n_obs"):
         frame[column] = frame[column].astype("Int64")
     for key, label in result.variant_columns.items():  # one column per differing key
@@ -173,7 +177,7 @@ def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd
                 "2c ~2": v.verdict_level,
                 "verdict": v.verdict,
             }
-            unit = getattr(result, "units", {}).get(v.variant)
+            unit = result.units.get(v.variant)
             row["unit"] = unit.words if unit else "-"
         rows.append(row)
     table = pd.DataFrame(rows)

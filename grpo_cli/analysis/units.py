@@ -94,7 +94,7 @@ def unit_of(runs: Iterable[Run]) -> Unit | None:
     legacy = any(m.get("legacy") for m in models)
     if kinds == ["checkpoint"]:
         paths = sorted({str(m.get("path") or "") for m in models} - {""})
-        return Unit(PROMPT_GROUPS, "checkpoint", ", ".join(paths), legacy, len(runs))
+        return Unit(PROMPT_GROUPS, "checkpoint", ", ".join(paths), runs=len(runs))  # always shared
     if _shared(models, [run.seed for run in runs]):
         shared = [m for m in models if m.get("shared")] or models
         kind = str(shared[0].get("kind"))

@@ -4,6 +4,7 @@ beside claim 2 (layer_gradient.py), on hand-computed frames whose answers are cl
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from results_factory import LAYER_OFFSETS, write_run
 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import diversity, layer_gradient
+from grpo_cli.analysis.claims import falsifier_claim
 from grpo_cli.analysis.falsifier import judge_difference, judge_pair
 from grpo_cli.analysis.grouping import group_runs
 from grpo_cli.analysis.load import load_runs
@@ -173,3 +175,28 @@ def test_layer_readings_pool_and_split_the_weights(tmp_path):
     low, high = layer_gradient.spread(readings, "stable_rank", 16)
     assert (low, high) == pytest.approx((rank(16, 1, 0) + min(LAYER_OFFSETS.values()),
                                          rank(16, 1, 0) + max(LAYER_OFFSETS.values())), abs=EXACT)
+
+
+@pytest.mark.parametrize("distinct", [None, 2])
+def test_probed_pairs_read_the_bar_only_where_distinct_completions_reach_it(tmp_path, distinct):
+    """`grpo probe` of one checkpoint under grpo and process (the same rollouts): process sits
+    0.7 above grpo's 1.6-1.7, so its rank (2.3-2.4) is below the bar 2.5 and the difference
+    above the margin. Without distinct completions recorded the bar is judged (contradicted);
+    with 2 per group it is out of reach and the difference alone reads supported."""
+    for name, lift in (("grpo", 0.0), ("process", 0.7)):
+        for size in (4, 8):
+            run = write_run(tmp_path, group_size=size, seed=0, estimator=name,
+                            matrices=("rollout_group",))
+            rows = [{"step": 40, "matrix": "rollout_group", "layer": "", "group": f"g{b}",
+                     "minority": 1, "problem_steps": 2, "erank_entropy": 1.6 + 0.02 * b + lift}
+                    | ({} if distinct is None else {"distinct": distinct}) for b in range(6)]
+            pd.DataFrame(rows).to_csv(run / "ranks.csv", index=False)
+            info = json.loads((run / "run.json").read_text())
+            info |= {"kind": "probe", "probe": {"source": "runs/R8-s0"}}
+            (run / "run.json").write_text(json.dumps(info))
+    runs = load_runs([tmp_path])
+    group_runs(runs)
+    table = falsifier_claim(runs, RULES).table
+    assert list(table["R"]) == [4, 8]
+    assert list(table["bar judged"]) == [distinct is None] * 2
+    assert list(table["verdict"]) == ["contradicted" if distinct is None else "supported"] * 2

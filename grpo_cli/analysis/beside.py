@@ -1,7 +1,8 @@
-"""Claim 2's readings beside its verdict, in words: the rank at matched diversity (is its growth
-with R the distinct completions' or the geometry's? analysis/diversity.py) and the `layer`
-gradient (the matrix the paper's words most plausibly point to; analysis/layer_gradient.py).
-Shown in the claim's evidence and table, never in its verdict.
+"""Readings beside claims 2 and 4's verdicts, in words: claim 2's rank at matched diversity (is
+its growth with R the distinct completions' or the geometry's? analysis/diversity.py) and the
+`layer` gradient (the matrix the paper's words most plausibly point to;
+analysis/layer_gradient.py); claim 4's difference per distinct completion. Shown in the claims'
+evidence and tables, never in their verdicts.
 """
 
 from __future__ import annotations
@@ -110,6 +111,28 @@ def same_weights(groups: pd.DataFrame, probes: dict[str, str], labels: dict[str,
             f"over {_r_list(slopes.judged)}{shares}: "
             + GROWTH_SOURCE[source_of].format(tol=rules.growth_tolerance) + ".")))
     return out
+
+
+def per_distinct_sentence(name: str, stat: str, readings: list[tuple[int, diversity.PerDistinct]]
+                          ) -> str:
+    """The per-distinct-completion difference of one pair over its judged R, in words
+    (reported beside the verdict, not in it)."""
+    ivs = [x.difference for _, x in readings]
+    if all(iv.finite and iv.high < 0 for iv in ivs):
+        what = ("per-token credit lowers the rank per distinct completion at every R: it "
+                "concentrates directions here; it does not add them")
+    elif all(iv.finite and iv.low > 0 for iv in ivs):
+        what = ("per-token credit raises the rank per distinct completion at every R: it adds "
+                "directions beyond what more distinct completions give")
+    else:
+        what = "no difference per distinct completion holds at every R"
+    paired = "paired by seed" if all(x.paired for _, x in readings) else "Welch's interval"
+    values = ", ".join(f"R={r} {x.difference.text(3, sign=True)} (distinct completions "
+                       f"{x.distinct_per_token:.2f} vs {x.distinct_outcome:.2f})"
+                       for r, x in readings)
+    return (f"Per distinct completion ({name}, {stat}; per-token minus outcome of a group's rank "
+            f"/ its distinct completions, {paired}; reported, not in the verdict): {values}: "
+            f"{what}.")
 
 
 def layer_row(x: layer_gradient.LayerReading, label: str) -> dict:

@@ -34,9 +34,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from grpo_cli.analysis import beside, diversity
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
-from grpo_cli.analysis import diversity
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.rank_verdict import (
     Part,
@@ -158,28 +158,6 @@ def judge_difference(name: str, outcome: bs.Interval, per_token: bs.Interval, di
                 bs.Contradiction(((diff, margin, "below"),), 1))
 
 
-def per_distinct_sentence(name: str, stat: str, readings: list[tuple[int, diversity.PerDistinct]]
-                          ) -> str:
-    """The per-distinct-completion difference of one pair over its judged R, in words
-    (reported beside the verdict, not in it)."""
-    ivs = [x.difference for _, x in readings]
-    if all(iv.finite and iv.high < 0 for iv in ivs):
-        what = ("per-token credit lowers the rank per distinct completion at every R: it "
-                "concentrates directions here; it does not add them")
-    elif all(iv.finite and iv.low > 0 for iv in ivs):
-        what = ("per-token credit raises the rank per distinct completion at every R: it adds "
-                "directions beyond what more distinct completions give")
-    else:
-        what = "no difference per distinct completion holds at every R"
-    paired = "paired by seed" if all(x.paired for _, x in readings) else "Welch's interval"
-    values = ", ".join(f"R={r} {x.difference.text(3, sign=True)} (distinct completions "
-                       f"{x.distinct_per_token:.2f} vs {x.distinct_outcome:.2f})"
-                       for r, x in readings)
-    return (f"Per distinct completion ({name}, {stat}; per-token minus outcome of a group's rank "
-            f"/ its distinct completions, {paired}; reported, not in the verdict): {values}: "
-            f"{what}.")
-
-
 def _families(runs: list[Run]) -> tuple[list[str], list[str], dict[str, str]]:
     """(outcome variants: zero-sum outcome credit; per-token variants; variant -> label)."""
     facts = {run.variant: run.estimator_facts for run in runs}
@@ -293,7 +271,7 @@ def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None
                 parts.append(part)
             side += _side_sentences(window, base, other, name_pair, rules)
             if readings:
-                per_distinct.append(per_distinct_sentence(name_pair, stat, readings))
+                per_distinct.append(beside.per_distinct_sentence(name_pair, stat, readings))
     return rows, parts, side, per_distinct
 
 
@@ -342,8 +320,11 @@ def same_rollout_differences(runs: list[Run], rules: Rules) -> pd.DataFrame:
                             columns="variant", values="value", aggfunc="first").reset_index()
 
 
-def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
-    """Deciding parts from `grpo probe` pairs: the very same rollouts, group by group."""
+def probe_parts(runs: list[Run], rules: Rules, groups: pd.DataFrame | None = None
+                ) -> tuple[list[dict], list[Part]]:
+    """Deciding parts from `grpo probe` pairs: the very same rollouts, group by group; the bar
+    judged where the per-token probes' groups (`groups`: diversity.group_frame, None: not
+    known) leave room for it, as for training runs."""
     paired = same_rollout_differences(runs, rules)
     if paired.empty:
         return [], []
@@ -376,11 +357,26 @@ def probe_parts(runs: list[Run], rules: Rules) -> tuple[list[dict], list[Part]]:
                                       rules.resamples, bounds)
                 diff = bs.mean_interval((per_unit[other] - per_unit[base]).to_numpy(float),
                                         rules.confidence, rng, rules.resamples)
-                part = judge_pair(name, ia, ib, diff, rules)
+                distinct = _probe_distinct(groups, other, size, set(at["step"]))
+                bar = not np.isfinite(distinct) or diversity.bar_reachable(distinct, rules)
+                part = (judge_pair(name, ia, ib, diff, rules) if bar
+                        else judge_difference(name, ia, ib, diff, distinct, rules))
                 rows.append(row | interval_columns(ia, ib, diff)
-                            | {"verdict": part.verdict, "flip": part.flip})
+                            | {"distinct (per-token)": distinct, "bar judged": bar,
+                               "verdict": part.verdict, "flip": part.flip})
                 parts.append(part)
     return rows, parts
+
+
+def _probe_distinct(groups: pd.DataFrame | None, variant: str, size: int, steps: set) -> float:
+    """Mean distinct completions of `variant`'s probed groups at R=`size` and `steps` (claim
+    4's deciding rows, credit_compare.deciding_stat); NaN where not recorded."""
+    if groups is None:
+        return math.nan
+    rows = groups[(groups["variant"] == variant) & (groups["group_size"] == size)
+                  & groups["step"].isin(steps)]
+    rows = rows[rows["stat"] == cc.deciding_stat(set(rows["stat"]))]
+    return float(rows["distinct"].mean()) if len(rows) else math.nan
 
 
 def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
@@ -397,10 +393,12 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
                 f"outcome credit; {families.named(families.zero_sum)}) and a per-token one "
                 f"({families.named(families.per_token)}); `make reproduce-cpu` runs both",
                 pd.DataFrame(), [])
+    if groups is None:
+        groups = diversity.group_frame(runs, rules)
     training = [r for r in runs if not is_probe(r)]
     rows, parts, side, per_distinct = (training_parts(training, rules, same_rows, groups)
                                        if training else ([], [], [], []))
-    probe_rows, probe = probe_parts(runs, rules)
+    probe_rows, probe = probe_parts(runs, rules, groups)
     rows, parts = rows + probe_rows, parts + probe
     frame = pd.DataFrame(rows)
     if frame.empty:

@@ -321,7 +321,9 @@ def _pooled_part(table: pd.DataFrame, rules: Rules) -> Part | None:
     """Claim 3's one pre-registered pooled test of "sparsity grows", beside the parts: per seed,
     the mean over its sparsity parts (run x measure) of the relative slope (100 x slope / the
     run's mean level, % per 100 steps, so that the measures share a scale), one one-sided
-    t-test over seeds (trend.pooled_seed_trend; no correction: one test). None without a part."""
+    t-test over seeds (trend.pooled_seed_trend; no correction: one test). A seed's runs of every
+    R and zero-sum variant are pooled by its seed label: they share its warm start, so the seed,
+    not the run, is the independent unit. None without a part."""
     sparse = table[table["metric"].isin(SPARSITY_METRICS)]
     by_seed: dict = {}
     for (_, _), rows in sparse.groupby(["run_id", "metric"]):

@@ -84,8 +84,7 @@ def outlying_seeds(runs: list[Run], rules: Rules) -> list[Outlier]:
     found = []
     for (variant, size, measure), rows in means.groupby(["variant", "group_size", "metric"]):
         values = rows["value"].to_numpy(float)
-        flagged = collapsed(values, rules)
-        z = modified_z(values) if flagged.any() else values
+        flagged, z = collapsed(values, rules), modified_z(values)
         found += [Outlier(variant, int(seed), int(size), measure, float(value),
                           float(np.median(values)), float(score), len(values))
                   for seed, value, score, hit in zip(rows["seed"], values, z, flagged, strict=True)

@@ -83,9 +83,9 @@ def initial_model_record(cfg) -> dict:
 
 def load_policy(cfg, task, device: torch.device, log=print) -> LoadedModel:
     """Load the policy named by `cfg.model`; char_llama and GGUF files go via an HF directory.
-    transformers' own progress bars show only with `progress=true`."""
+    transformers' own progress bars never show: a run's one bar is grpo-cli's (`progress`)."""
     check_transformers()
-    with transformers_progress_bars(cfg.progress):
+    with transformers_progress_bars(False):
         return _load_policy(cfg, task, device, log)
 
 

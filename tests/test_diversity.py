@@ -200,3 +200,39 @@ def test_probed_pairs_read_the_bar_only_where_distinct_completions_reach_it(tmp_
     assert list(table["R"]) == [4, 8]
     assert list(table["bar judged"]) == [distinct is None] * 2
     assert list(table["verdict"]) == ["contradicted" if distinct is None else "supported"] * 2
+
+
+def test_claim_2_says_its_growth_is_diversity_when_it_is(tmp_path):
+    """Training runs whose informative groups rank exactly 0.1 seed + 0.1 log2 R + 0.8 distinct
+    (R = 4, 8, 16 sample 2-3, 3-4, 4-5 distinct completions): claim 2's raw growth is 0.9 per
+    doubling, at matched diversity 0.1, so its matched-diversity sentence (2m, beside the
+    verdict) and table read 'diversity'; the share of the closed form (1.25 distinct) is shown."""
+    from grpo_cli.analysis.pipeline import analyze
+
+    for size, distincts in ((4, (2, 3)), (8, (3, 4)), (16, (4, 5))):
+        for seed in (0, 1, 2):
+            run = write_run(tmp_path, group_size=size, seed=seed, matrices=("rollout_group",))
+            rows = [{"step": step, "matrix": "rollout_group", "layer": "", "group": f"g{g}",
+                     "minority": 1, "distinct": d, "pred_distinct_erank_entropy": 1.25 * d,
+                     "erank_entropy": 0.1 * seed + 0.1 * math.log2(size) + 0.8 * d}
+                    for step in (0, 5, 10, 15) for g, d in enumerate(distincts * 2)]
+            pd.DataFrame(rows).to_csv(run / "ranks.csv", index=False)
+    claim = analyze([tmp_path], figures=False, measure="erank_entropy").claims[1]
+    [part] = [p for p in claim.parts if p.name == "2m"]
+    assert "the growth with R is diversity" in part.sentence and part.sentence in claim.evidence
+    assert "+0.90 [+0.90, +0.90] without control and +0.10 [+0.10, +0.10]" in part.sentence
+    row = claim.table.iloc[0]
+    assert row["growth is"] == "diversity" and row["slope at matched diversity"] == "+0.10 [+0.10, +0.10]"
+    assert row["verdict"] == "contradicted"  # the verdict reads the raw rank, as before
+
+
+def test_per_group_rows_alone_are_averaged_into_the_mean_row():
+    """ranks.csv with per-group rollout_group rows and no mean / median row (older files):
+    tables.rank_table averages the groups per step (mean and median), not rows of NaN."""
+    from grpo_cli.analysis.tables import _matrix_rows
+
+    ranks = pd.DataFrame({"step": [0, 0, 5, 5], "matrix": "rollout_group", "layer": "",
+                          "group": ["g0", "g1", "g0", "g1"], "erank_entropy": [2.0, 3.0, 4.0, 6.0]})
+    rows = _matrix_rows(ranks, "rollout_group", ["erank_entropy"])
+    mean = rows[rows["stat"] == "mean"].set_index("step")["erank_entropy"]
+    assert mean.to_dict() == {0: 2.5, 5: 5.0} and len(rows) == 4

@@ -79,7 +79,9 @@ def measures_present(runs: list[Run], measure: str = "all") -> list[str]:
 def _matrix_rows(ranks: pd.DataFrame, matrix: str, measures: list[str]) -> pd.DataFrame:
     rows = ranks[ranks["matrix"] == matrix]
     if matrix in PER_GROUP_MATRICES:
-        picked = rows[rows["group"].isin(["mean", "median"])].assign(stat=rows["group"])
+        # a callable, not rows["group"]: assigning a Series to an empty frame gives it the
+        # Series' index, rows of NaN, and the per-group fallback below never ran
+        picked = rows[rows["group"].isin(["mean", "median"])].assign(stat=lambda f: f["group"])
         per_group = rows[rows["group"].str.startswith("g")]
         if picked.empty and not per_group.empty:
             by_step = per_group.groupby("step")[measures]

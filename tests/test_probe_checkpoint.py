@@ -7,6 +7,7 @@ seed its spectra must equal those a training run records at that step.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -141,3 +142,70 @@ def test_a_bad_override_is_refused_before_any_model_is_built(tmp_path, tiny_mode
     bad_value = grpo_probe(tiny_model_dir, tmp_path / "out", "rollout.temperature=-1")
     assert bad_value.exit_code == 2 and "rollout.temperature" in bad_value.output
     assert not (tmp_path / "out").exists()
+
+
+# ---- hostile inputs (issue 63): one line each, nothing probed -----------------------------------
+def fake_run(root, tiny_model_dir, state) -> Path:
+    """A run directory of the tiny model whose checkpoints/latest.pt holds `state` (bytes, or a
+    dict saved with torch.save)."""
+    import torch
+
+    from grpo_cli.config.compose import compose_config, to_yaml
+
+    run = root / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = compose_config(["experiment=smoke", "model=hf", f"model.path={tiny_model_dir}", "model.name=tiny",
+                          "task.reward=random", "device=cpu", "progress=false", f"results_dir={root}"])
+    (run / "config.yaml").write_text(to_yaml(cfg, resolve=True))
+    latest = run / "checkpoints" / "latest.pt"
+    if isinstance(state, bytes):
+        latest.write_bytes(state)
+    else:
+        torch.save(state, latest)
+    return latest
+
+
+def lines_of(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip() and not line.startswith("[")]
+
+
+def test_a_damaged_checkpoint_is_input_exit_1_with_its_cause(tmp_path, tiny_model_dir):
+    latest = fake_run(tmp_path, tiny_model_dir, {"model": {}, "next_step": 3, "pad": "x" * 4096})
+    latest.write_bytes(latest.read_bytes()[:1000])  # cut short, as a killed copy leaves it
+    result = grpo_probe(latest, tmp_path / "out")
+    assert result.exit_code == 1, result.output  # once exit 2, naming only the exception's type
+    lines = lines_of(result)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"probe error: {latest}: not a readable grpo checkpoint (RuntimeError: "), result.output
+    assert len(lines[0]) > len(f"probe error: {latest}: not a readable grpo checkpoint (RuntimeError: )")
+
+
+def test_a_checkpoint_of_another_model_shape_is_one_line(tmp_path, cache_dir, tiny_model_dir):
+    from conftest import tiny_llama
+
+    other = tiny_llama(hidden_size=16, intermediate_size=32, head_dim=4)
+    latest = fake_run(tmp_path, tiny_model_dir, {"model": other.state_dict(), "next_step": 3})
+    result = grpo_probe(latest, tmp_path / "out", "--group-sizes", "2", f"cache_dir={cache_dir}")
+    assert result.exit_code == 1, result.output  # once a 62-line traceback
+    lines = lines_of(result)
+    assert len(lines) == 1 and lines[0].startswith(f"probe error: {latest}: its weights do not fit "
+                                                   "this model (size mismatch for"), result.output
+
+
+def test_an_unwritable_out_is_one_line_before_any_model(tmp_path, tiny_model_dir):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = grpo_probe(tiny_model_dir, blocker / "out", "experiment=smoke", "device=cpu")
+    assert result.exit_code == 2, result.output  # once 59 lines
+    assert lines_of(result) == [f"probe error: --out {blocker / 'out'}: cannot write there (Not a directory)"]
+
+
+def test_a_group_size_too_large_is_refused_before_any_r_is_probed(tmp_path, cache_dir, tiny_model_dir):
+    out = tmp_path / "out"
+    result = grpo_probe(tiny_model_dir, out, "--group-sizes", "2,100000", "experiment=smoke",
+                        "device=cpu", f"cache_dir={cache_dir}", "progress=false")
+    assert result.exit_code == 2, result.output
+    lines = lines_of(result)
+    assert len(lines) == 1 and lines[0].startswith(
+        "probe error: rollout.group_size=100000 x rollout.prompts_per_step=4 = 400000 rollouts"), result.output
+    assert not (out / "R2").exists()  # once R = 2 was probed first

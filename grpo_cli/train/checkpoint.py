@@ -86,7 +86,12 @@ def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:
 def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
     """Load the policy (and value head) of a checkpoint or weights snapshot; return its step."""
     state = read_checkpoint(path, device)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:  # another architecture: missing keys or size mismatches
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise CheckpointError(f"{path}: its weights do not fit this model ("
+                              f"{(lines[1:] or lines)[0][:200]})") from None
     if value_head is not None and state.get("value_head") is not None:
         value_head.load_state_dict(state["value_head"])
     return int(state["next_step"])

@@ -17,6 +17,7 @@ from (0 for a model directory); `grpo analyze <out>` judges them like a sweep. T
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,14 +63,16 @@ def _run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 def _step_of(path: Path) -> int:
     """The step a checkpoint continues from; read as tensors and plain data only, so a file that
     needs more is refused unread (UnsafeCheckpointError, grpo_cli/train/checkpoint.py)."""
-    from grpo_cli.train.checkpoint import UnsafeCheckpointError, read_checkpoint
+    from grpo_cli.train.checkpoint import CheckpointError, UnsafeCheckpointError, read_checkpoint
 
     try:
         return int(read_checkpoint(path)["next_step"])
     except UnsafeCheckpointError:
         raise
-    except Exception as error:  # torch raises many types for a damaged file
-        raise ProbeTargetError(f"{path}: not a readable grpo checkpoint ({type(error).__name__})") from None
+    except Exception as error:  # torch raises many types for a damaged file: input, exit 1
+        detail = str(error).splitlines()[0] if str(error) else ""
+        raise CheckpointError(f"{path}: not a readable grpo checkpoint ({type(error).__name__}: "
+                              f"{detail[:200]})") from None
 
 
 def resolve_target(path: Path, overrides: list[str], all_checkpoints: bool = False) -> ProbeTarget:
@@ -164,6 +167,8 @@ def probe_checkpoint(
             check(cfg)
     first = next(iter(configs.values()))
     out = Path(out) if out is not None else Path(first.results_dir) / "probe" / target.name
+    _check_out(out)
+    _check_sizes(configs[max(configs)], log)  # the largest R, before any R is probed
     written = []
     for size, cfg in configs.items():
         run_dir = out / f"R{size}"
@@ -172,6 +177,26 @@ def probe_checkpoint(
         gc.collect()
     log(f"results: {out}")
     return written
+
+
+def _check_out(out: Path) -> None:
+    """ConfigError naming --out unless files can be created there."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f".write-test-{os.getpid()}").touch()
+        (out / f".write-test-{os.getpid()}").unlink()
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write there ({error.strerror or error})") from None
+
+
+def _check_sizes(cfg: DictConfig, log) -> None:
+    """The checks of a run's set-up that need no weights (record counts, prompt lengths, memory:
+    grpo_cli/train/preflight.py), so that an R too large is refused before a smaller R is probed."""
+    from grpo_cli.tasks import build_task
+    from grpo_cli.train.preflight import check_before_building
+    from grpo_cli.train.setup import resolve_device
+
+    check_before_building(cfg, build_task(cfg.task), resolve_device(cfg.device), log)
 
 
 def _probe_one(cfg: DictConfig, run_dir: Path, target: ProbeTarget, source: Path, log) -> None:

@@ -23,6 +23,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# load.py's problem lines that `grpo analyze` prints as warnings (file, what, what was left out)
+DATA_PROBLEM_WORDS = ("torn", "not a number", "non-numeric", "unreadable", "lacks columns", "singular values")
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -189,7 +191,7 @@ def analyze(
         for problem in run.contradictions:
             typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)
         for problem in run.problems:
-            if "torn" in problem or "not a number" in problem or "non-numeric" in problem:
+            if problem not in run.contradictions and any(word in problem for word in DATA_PROBLEM_WORDS):
                 typer.secho(f"warning: {run.name}: {problem}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.out_dir}")
 

@@ -96,3 +96,37 @@ def test_missing_and_unordered_steps_are_contradictions(tmp_path):
     assert load_run(out).contradictions == ["metrics.csv misses steps [3]"]
     metrics.iloc[::-1].to_csv(out / "metrics.csv", index=False)
     assert load_run(out).contradictions == ["metrics.csv steps are out of order"]
+
+
+def test_hostile_analysis_inputs_are_one_warning_each_naming_the_file(tmp_path):
+    """Each once passed silently, or (an unreadable ranks.csv) stopped the analysis naming no
+    file (issue 63): an unreadable ranks.csv, an infinite metrics.csv cell, negative and NaN
+    singular values, a parquet of another schema, a metrics.csv with a header alone."""
+    root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1, 2), steps=10, probe_every=2)
+    ranks = root / "R4-grpo-s0" / "ranks.csv"
+    ranks.unlink()
+    ranks.symlink_to("/proc/self/mem")  # every read fails (EIO), even for root
+    metrics = pd.read_csv(root / "R4-grpo-s1" / "metrics.csv")
+    metrics.loc[3, "reward_mean"] = float("inf")
+    metrics.to_csv(root / "R4-grpo-s1" / "metrics.csv", index=False)
+    spectra = pd.read_parquet(root / "R2-grpo-s0" / "spectra.parquet")
+    spectra.loc[0, "sigma"], spectra.loc[1, "sigma"] = -1.0, float("nan")
+    spectra.to_parquet(root / "R2-grpo-s0" / "spectra.parquet")
+    pd.DataFrame({"a": [1, 2]}).to_parquet(root / "R2-grpo-s1" / "spectra.parquet")
+    header = (root / "R4-grpo-s2" / "metrics.csv").read_text().splitlines()[0]
+    (root / "R4-grpo-s2" / "metrics.csv").write_text(header + "\n")
+
+    result = CliRunner().invoke(app, ["analyze", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    for line in [
+        "warning: R4-grpo-s0: ranks.csv unreadable ([Errno 5] Input/output error)",
+        "warning: R4-grpo-s1: metrics.csv line 5, column reward_mean: inf is not a number (infinite; left out)",
+        "warning: R2-grpo-s0: spectra.parquet: 2 singular values NaN, infinite or negative (left out)",
+        "data problem: R4-grpo-s2: metrics.csv has no rows, though run.json says completed at step 9 "
+        "(run left out)",
+    ]:
+        assert result.output.count(line) == 1, (line, result.output)
+    other_schema = [line for line in result.output.splitlines() if "R2-grpo-s1" in line]
+    assert len(other_schema) == 1 and other_schema[0].startswith(  # once "lacks probe steps"
+        "data problem: R2-grpo-s1: spectra.parquet unreadable ("), result.output

@@ -301,7 +301,7 @@ def load_run(path: Path) -> Run:
         error=info.get("error") if status == "failed" else None,
         info=info,
         config=config,
-        metrics=_read_csv(path / "metrics.csv", problems)[0],
+        metrics=_finite_metrics(_read_csv(path / "metrics.csv", problems), problems),
         evals=_read_csv(path / "eval.csv", problems)[0],
         ranks=ranks,
         events=_read_csv(path / "events.csv", problems)[0],
@@ -310,6 +310,13 @@ def load_run(path: Path) -> Run:
     )
     run.contradictions = find_contradictions(run)
     return run
+
+
+def _finite_metrics(read: tuple[pd.DataFrame, list[int]], problems: list[str]) -> pd.DataFrame:
+    """metrics.csv with every infinite cell read as missing, one line per cell (non_finite_cells)."""
+    table, lines = read
+    problems += non_finite_cells(table, "metrics.csv", [c for c in table.columns if c != "step"], lines=lines)
+    return table
 
 
 def _repeated(steps: pd.Series) -> list[int]:
@@ -328,6 +335,8 @@ def find_contradictions(run: Run) -> list[str]:
         missing = sorted(set(range(int(steps.max()) + 1)) - {int(s) for s in steps})
         if missing and run.info.get("kind") != "probe":  # `grpo probe`: the checkpoints' steps
             found.append(f"metrics.csv misses steps {missing}")
+    elif run.status == "completed" and run.last_step is not None:  # 0 bytes, or a header alone
+        found.append(f"metrics.csv has no rows, though run.json says completed at step {run.last_step}")
     if len(run.evals) and (repeated := _repeated(run.evals["step"])):
         found.append(f"eval.csv repeats steps {repeated}")
     if len(run.ranks):
@@ -339,7 +348,10 @@ def find_contradictions(run: Run) -> list[str]:
             probed = set(run.ranks["step"].tolist()) - set(spectra_steps(run))
             if run.status == "incomplete":  # a live run writes ranks.csv just before spectra
                 probed.discard(int(run.ranks["step"].max()))
-            if probed:
+            unreadable = [p for p in run.problems if p.startswith("spectra.parquet unreadable")]
+            if unreadable:  # cut short, or another file's schema: said as such, not as lacking steps
+                found.append(unreadable[0])
+            elif probed:
                 found.append(f"spectra.parquet lacks probe steps {sorted(probed)} of ranks.csv")
     return found
 
@@ -375,13 +387,27 @@ def read_spectra(run: Run, steps: list[int] | None = None) -> pd.DataFrame:
     try:
         filters = [("step", "in", [int(s) for s in steps])] if steps is not None else None
         table = pd.read_parquet(run.spectra_path, filters=filters)
-    except Exception as err:  # a parquet file still being written raises many error types
-        run.problems.append(f"spectra.parquet unreadable ({type(err).__name__})")
+    except Exception as err:  # a parquet file still being written (or cut short) raises many types
+        detail = str(err).splitlines()[0][:160] if str(err) else ""
+        _note(run, f"spectra.parquet unreadable ({type(err).__name__}: {detail})")
+        return pd.DataFrame(columns=columns)
+    if lacking := [column for column in columns if column not in table]:  # another file's schema
+        _note(run, f"spectra.parquet lacks columns {lacking} (not a grpo spectra file; left out)")
         return pd.DataFrame(columns=columns)
     for column in ("layer", "group"):
-        if column in table:
-            table[column] = table[column].fillna("").astype(str)
+        table[column] = table[column].fillna("").astype(str)
+    sigma = pd.to_numeric(table["sigma"], errors="coerce")
+    bad = sigma.isna() | sigma.isin([math.inf, -math.inf]) | (sigma < 0)  # a singular value is >= 0
+    if bad.any():
+        _note(run, f"spectra.parquet: {int(bad.sum())} singular values NaN, infinite or negative (left out)")
+        table = table[~bad].reset_index(drop=True)
     return table
+
+
+def _note(run: Run, problem: str) -> None:
+    """A problem of `run`'s files, once however often the file is read."""
+    if problem not in run.problems:
+        run.problems.append(problem)
 
 
 def spectra_steps(run: Run) -> list[int]:
@@ -390,6 +416,8 @@ def spectra_steps(run: Run) -> list[int]:
         return []
     try:
         steps = pd.read_parquet(run.spectra_path, columns=["step"])["step"]
-    except Exception:
+    except Exception as err:  # noqa: BLE001 - cut short, or no step column: named by find_contradictions
+        detail = str(err).splitlines()[0][:160] if str(err) else ""
+        _note(run, f"spectra.parquet unreadable ({type(err).__name__}: {detail})")
         return []
     return sorted(int(s) for s in steps.unique())

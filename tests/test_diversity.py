@@ -221,6 +221,8 @@ def test_claim_2_says_its_growth_is_diversity_when_it_is(tmp_path):
     [part] = [p for p in claim.parts if p.name == "2m"]
     assert "the growth with R is diversity" in part.sentence and part.sentence in claim.evidence
     assert "+0.90 [+0.90, +0.90] without control and +0.10 [+0.10, +0.10]" in part.sentence
+    assert ("early in training (each run's first half of probe steps) +0.90 [+0.90, +0.90] "
+            "without control and +0.10 [+0.10, +0.10] with it") in part.sentence
     row = claim.table.iloc[0]
     assert row["growth is"] == "diversity" and row["slope at matched diversity"] == "+0.10 [+0.10, +0.10]"
     assert row["verdict"] == "contradicted"  # the verdict reads the raw rank, as before
@@ -236,3 +238,12 @@ def test_per_group_rows_alone_are_averaged_into_the_mean_row():
     rows = _matrix_rows(ranks, "rollout_group", ["erank_entropy"])
     mean = rows[rows["stat"] == "mean"].set_index("step")["erank_entropy"]
     assert mean.to_dict() == {0: 2.5, 5: 5.0} and len(rows) == 4
+
+
+def test_early_is_each_runs_first_half_of_its_probe_steps():
+    """4 probe steps: the first 2; 5: the first 2 (the middle one is late), per run."""
+    frame = pd.DataFrame({"run_id": ["a"] * 8 + ["b"] * 5,
+                          "step": [0, 0, 5, 5, 10, 10, 15, 15, 0, 5, 10, 15, 20]})
+    first = diversity.early(frame)
+    assert first.groupby("run_id")["step"].unique().map(list).to_dict() == {"a": [0, 5], "b": [0, 5]}
+    assert len(first) == 6

@@ -70,15 +70,23 @@ def matched_diversity(variant: str, label: str, groups: pd.DataFrame, rules: Rul
         + " of the orthogonal closed form at its composition and distinct completions at "
         + "/".join(f"R={r}" for r, _ in share.per_r if r in judged)
         + (f" (slope {share.slope.text(3, sign=True)} per doubling)" if share.slope else ""))
+    first = diversity.slope_readings(
+        diversity.early(groups[(groups["variant"] == variant) & (groups["stat"] == INFORMATIVE)]),
+        rules, rng_for(rules, variant, "matched diversity", "early"))
+    earlier = "" if first is None else (
+        f"; early in training (each run's first half of probe steps) "
+        f"{first.raw.text(2, sign=True)} without control and {first.matched.text(2, sign=True)} "
+        "with it")
     sentence = (
         f"At matched diversity ({label}, {rules.rank_matrix} / {rules.rank_measure}, "
         f"{INFORMATIVE}, claim 2's window; descriptive, not in the verdict): a group's rank per "
         f"doubling of R is {slopes.raw.text(2, sign=True)} without control and "
         f"{slopes.matched.text(2, sign=True)} with its distinct completions as categories "
         f"(per-{slopes.units[:-1]} regressions over {_r_list(judged)}; distinct completions per "
-        "group " + " / ".join(f"{distinct[r]:.2f}" for r in judged) + f"){shares}: "
+        "group " + " / ".join(f"{distinct[r]:.2f}" for r in judged) + f"){shares}{earlier}: "
         + GROWTH_SOURCE[source].format(tol=rules.growth_tolerance) + ".")
     columns = {"slope at matched diversity": slopes.matched.text(2, sign=True),
+               "early: at matched diversity": "-" if first is None else first.matched.text(2, True),
                "share of closed form": "-" if share is None else ", ".join(
                    f"R={r}: {iv.text(3)}" for r, iv in share.per_r),
                "growth is": source}

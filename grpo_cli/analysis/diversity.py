@@ -73,6 +73,18 @@ def window(frame: pd.DataFrame, rules: Rules) -> pd.DataFrame:
     return last_part(frame, rules.last_fraction)
 
 
+def early(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each run's first half of its probe steps (collapse.py's early stage: the middle step of
+    an odd count is late)."""
+    if frame.empty:
+        return frame
+    steps = frame[["run_id", "step"]].drop_duplicates().sort_values(["run_id", "step"])
+    order = steps.groupby("run_id").cumcount()
+    count = steps.groupby("run_id")["step"].transform("size")
+    first = steps[order < count // 2]
+    return frame.merge(first, on=["run_id", "step"])
+
+
 def within_slope(y, x, category) -> tuple[float, float, int]:
     """(coefficient, se, df) of `x` in the least-squares fit y ~ x + C(category): by Frisch-Waugh-
     Lovell, the slope of y on x after both are centred within each category. NaN coefficient

@@ -101,7 +101,8 @@ def test_missing_and_unordered_steps_are_contradictions(tmp_path):
 def test_hostile_analysis_inputs_are_one_warning_each_naming_the_file(tmp_path):
     """Each once passed silently, or (an unreadable ranks.csv) stopped the analysis naming no
     file (issue 63): an unreadable ranks.csv, an infinite metrics.csv cell, negative and NaN
-    singular values, a parquet of another schema, a metrics.csv with a header alone."""
+    singular values, a parquet of another schema, a metrics.csv with a header alone, a ranks.csv
+    of 0 bytes."""
     root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1, 2), steps=10, probe_every=2)
     ranks = root / "R4-grpo-s0" / "ranks.csv"
     ranks.unlink()
@@ -113,6 +114,7 @@ def test_hostile_analysis_inputs_are_one_warning_each_naming_the_file(tmp_path):
     spectra.loc[0, "sigma"], spectra.loc[1, "sigma"] = -1.0, float("nan")
     spectra.to_parquet(root / "R2-grpo-s0" / "spectra.parquet")
     pd.DataFrame({"a": [1, 2]}).to_parquet(root / "R2-grpo-s1" / "spectra.parquet")
+    (root / "R2-grpo-s2" / "ranks.csv").write_bytes(b"")
     header = (root / "R4-grpo-s2" / "metrics.csv").read_text().splitlines()[0]
     (root / "R4-grpo-s2" / "metrics.csv").write_text(header + "\n")
 
@@ -125,6 +127,8 @@ def test_hostile_analysis_inputs_are_one_warning_each_naming_the_file(tmp_path):
         "warning: R2-grpo-s0: spectra.parquet: 2 singular values NaN, infinite or negative (left out)",
         "data problem: R4-grpo-s2: metrics.csv has no rows, though run.json says completed at step 9 "
         "(run left out)",
+        "data problem: R2-grpo-s2: ranks.csv has no rows (0 bytes or a header alone), though the run "
+        "probed every 2 steps (run left out)",
     ]:
         assert result.output.count(line) == 1, (line, result.output)
     other_schema = [line for line in result.output.splitlines() if "R2-grpo-s1" in line]

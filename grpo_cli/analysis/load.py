@@ -337,6 +337,12 @@ def find_contradictions(run: Run) -> list[str]:
             found.append(f"metrics.csv misses steps {missing}")
     elif run.status == "completed" and run.last_step is not None:  # 0 bytes, or a header alone
         found.append(f"metrics.csv has no rows, though run.json says completed at step {run.last_step}")
+    every = run.config.get("probes.every")
+    probed = isinstance(every, int) and every > 0 and run.config.get("probes.enabled") is not False
+    if (run.status == "completed" and probed and not len(run.ranks) and (run.path / "ranks.csv").is_file()
+            and not any(p.startswith("ranks.csv unreadable") for p in run.problems)):
+        found.append("ranks.csv has no rows (0 bytes or a header alone), though the run probed "
+                     f"every {run.config.get('probes.every')} steps")
     if len(run.evals) and (repeated := _repeated(run.evals["step"])):
         found.append(f"eval.csv repeats steps {repeated}")
     if len(run.ranks):

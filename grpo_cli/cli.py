@@ -24,7 +24,8 @@ app = typer.Typer(
 )
 
 # load.py's problem lines that `grpo analyze` prints as warnings (file, what, what was left out)
-DATA_PROBLEM_WORDS = ("torn", "not a number", "non-numeric", "unreadable", "lacks columns", "singular values")
+DATA_PROBLEM_WORDS = ("torn", "not a number", "non-numeric", "unreadable", "lacks columns", "singular values",
+                      "values empty")
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 

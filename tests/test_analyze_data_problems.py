@@ -134,3 +134,18 @@ def test_hostile_analysis_inputs_are_one_warning_each_naming_the_file(tmp_path):
     other_schema = [line for line in result.output.splitlines() if "R2-grpo-s1" in line]
     assert len(other_schema) == 1 and other_schema[0].startswith(  # once "lacks probe steps"
         "data problem: R2-grpo-s1: spectra.parquet unreadable ("), result.output
+
+
+def test_a_rank_column_with_holes_is_named_not_averaged_silently(tmp_path):
+    """A third of erank_entropy NaN once passed silently (issue 63); a column empty throughout is
+    a measure not recorded and says nothing."""
+    root = write_sweep(tmp_path / "toy", group_sizes=(2,), seeds=(0,), steps=10, probe_every=2)
+    path = root / "R2-grpo-s0" / "ranks.csv"
+    ranks = pd.read_csv(path)
+    holes = ranks.index[::3]
+    ranks.loc[holes, "erank_entropy"] = float("nan")
+    ranks["stable_rank"] = float("nan")
+    ranks.to_csv(path, index=False)
+    problems = load_run(root / "R2-grpo-s0").problems
+    assert [p for p in problems if "values empty" in p] == [
+        f"ranks.csv, column erank_entropy: {len(holes)} of {len(ranks)} values empty (NaN; left out of every mean)"]

@@ -238,6 +238,19 @@ def non_finite_cells(table: pd.DataFrame, filename: str, columns, limit: int = 3
     return found
 
 
+def missing_cells(table: pd.DataFrame, filename: str, columns) -> list[str]:
+    """One line per column of `columns` that some rows leave empty (NaN) and others fill: a
+    measure grpo computed for every row, so a hole means a damaged or hand-edited file (a column
+    empty throughout is a measure not recorded, and says nothing)."""
+    found = []
+    for column in [c for c in columns if c in table]:
+        empty = int(pd.to_numeric(table[column], errors="coerce").isna().sum())
+        if 0 < empty < len(table):
+            found.append(f"{filename}, column {column}: {empty} of {len(table)} values empty "
+                         "(NaN; left out of every mean)")
+    return found
+
+
 def _read_yaml(path: Path, problems: list[str]) -> dict[str, Any]:
     if not path.is_file():
         problems.append(f"{path.name} missing")
@@ -295,6 +308,7 @@ def load_run(path: Path) -> Run:
     ranks, rank_lines = _read_csv(path / "ranks.csv", problems)
     problems += non_numeric_cells(ranks, "ranks.csv", RANK_MEASURES, lines=rank_lines)
     problems += non_finite_cells(ranks, "ranks.csv", RANK_MEASURES, lines=rank_lines)
+    problems += missing_cells(ranks, "ranks.csv", RANK_MEASURES)
     run = Run(
         path=path,
         status=status,

@@ -392,6 +392,12 @@ class Rules:
             f"the intervals of per-token minus outcome and of the per-token rank lie above "
             f"{self.margin:g} and {target} + {self.margin:g}; contradicted iff either lies "
             "wholly below even at the Bonferroni level over the two (1 - (1 - confidence) / 2). "
+            f"The per-token rank's bar is read only where the per-token groups average at least "
+            f"{self.target + 2 * self.margin:g} distinct completions ({target} + 2 x "
+            f"{self.margin:g}: a group's rank is at most its distinct completions, so below that "
+            "no credit could clear the bar); there the pair is judged on the difference alone, "
+            "and the sentence says so. Beside it, not in the verdict: the difference per distinct "
+            "completion. "
             + self._together_text("pairs") +
             "Where `grpo probe` directories of both estimators probed the same source, "
             "checkpoint, seed and R (the very same rollouts), their latest checkpoint is read "

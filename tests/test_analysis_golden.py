@@ -67,7 +67,7 @@ SCENARIOS = {"sweep": build_sweep, "probe": build_probe}
 def outputs(out: Path, root: Path) -> dict[str, str]:
     """What the golden files hold: the CSVs, summary.md and report.html, with the run root's path made
     relative (tmp_path differs between runs)."""
-    files = sorted(out.glob("*.csv")) + [out / "summary.md", out / "report.html"]
+    files = sorted(out.glob("*.csv")) + [out / "summary.md", out / "details.md", out / "report.html"]
     return {path.name: path.read_text().replace(str(root), "<root>") for path in files}
 
 
@@ -101,3 +101,41 @@ def test_analyze_outputs_equal_the_golden_files(tmp_path, scenario):
             compare_csv(name, text, expected[name])
         else:
             assert text == expected[name], f"{name} differs from {golden / name}"
+
+
+SUMMARY_BYTES = 30_000  # issue 65: the answer a researcher reads in two minutes
+LINE_CHARS = 500  # no generated line over this (the docs' bound)
+
+
+def test_the_golden_summary_is_short_and_its_sentences_and_docs_block_bounded(tmp_path):
+    """summary.md on the golden sweep: <= 30 KB, no line over 500 characters, one sentence per
+    claim of <= 300; the --write-docs block likewise; each claim's figure title says its verdict."""
+    from grpo_cli.analysis import plots_claims
+    from grpo_cli.analysis.docs_blocks import claims_markdown
+    from grpo_cli.analysis.headline import HEADLINE_LIMIT
+    from grpo_cli.analysis.report import claim_sentences
+    from grpo_cli.analysis.style import Styles
+
+    root = tmp_path / "sweep"
+    result = analyze(build_sweep(root), out=tmp_path / "analysis", figures=False)
+    summary = result.files["summary_md"].read_text()
+    assert len(summary.encode()) <= SUMMARY_BYTES
+    assert max(len(line) for line in summary.splitlines()) <= LINE_CHARS
+    sentences = claim_sentences(result)
+    assert sorted(sentences) == [1, 2, 3, 4]
+    for number, sentence in sentences.items():
+        assert 0 < len(sentence) <= HEADLINE_LIMIT, (number, sentence)
+        assert sentence in summary
+    assert "slope +0.08 [+0.08, +0.08] per doubling over R=4, 8" in sentences[2]
+    assert sentences[4].startswith("Of 4 judged pairs") and "2 contradicted read together" in sentences[4]
+    assert "Verdicts" not in summary and "> Rule: " not in summary  # the evidence is in details.md
+    assert result.files["details_md"].read_text().count("> Rule: ") == 4
+    block = claims_markdown(result, "<root>")
+    assert max(len(line) for line in block.splitlines()) <= LINE_CHARS
+    claim3, claim4 = result.claims[2], result.claims[3]
+    figure = plots_claims.claim3_figure(pd.DataFrame(columns=["metric", "value", "run_id", "step"]),
+                                        claim3.table, Styles([""]), "toy", claim3.verdict)
+    assert f"claim 3 {claim3.verdict}" in figure._suptitle.get_text()
+    figure = plots_claims.claim4_figure(claim4.table, result.rules, Styles(
+        sorted({r.variant for r in result.analysed})), "toy", claim4.verdict)
+    assert f"claim 4 {claim4.verdict}" in figure._suptitle.get_text()

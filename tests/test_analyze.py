@@ -142,7 +142,7 @@ def test_composition_gap_splits_into_duplicates_and_the_rest(tmp_path):
     comp = analyze([tmp_path / "grpo"], figures=False).composition
     assert np.allclose(comp["gap_duplicates"], 0.3)  # predicted - predicted over distinct
     assert np.allclose(comp["gap_rest"], 0.2)  # predicted over distinct - measured
-    text = (tmp_path / "grpo" / "analysis" / "summary.md").read_text()
+    text = (tmp_path / "grpo" / "analysis" / "details.md").read_text()
     assert "duplicates take away 0.30" in text
     # reinforce's groups need not be zero-sum: no prediction, nothing recomputed
     write_sweep(tmp_path / "reinforce", seeds=(0,), estimators=("reinforce",),
@@ -174,14 +174,14 @@ def test_files_figures_and_report(flat):
     assert "Runs differ in: rollout.group_size, seed" in html
     assert "CUDA out of memory" in html and "incomplete" in html
     # the answer first: the four verdicts, each beside its figure, before the runs and tables
-    assert html.index("Claim 2:") < html.index('alt="claim2"') < html.index("<h2>Runs</h2>")
+    assert html.index("Claim 2:") < html.index('alt="claim2"') < html.index("<summary>Runs</summary>")
     assert html.index('alt="claim2"') < html.index("Claim 3:")
     assert "<details><summary>One sentence per matrix x measure" in html
 
 
 def test_summary_md_prints_rule_and_status(flat):
     root, result = flat
-    text = (root / "analysis" / "summary.md").read_text()
+    text = (root / "analysis" / "details.md").read_text()
     assert Rules().rank_text() in text
     assert "1 failed (excluded from every average)" in text
     assert "1 incomplete (excluded)" in text
@@ -227,7 +227,7 @@ def test_trend_alone_contradicts_2a_and_2b_and_threshold_is_configurable(tmp_pat
     loose = analyze([tmp_path], measure="stable_rank", trend_threshold=0.35, figures=False)
     assert (loose.verdicts["verdict_growth"] == "supported").all()
     assert (loose.verdicts["verdict_slope_zero"] == "contradicted").all()  # still not 0
-    assert "0.35 rank units per doubling" in (tmp_path / "analysis" / "summary.md").read_text()
+    assert "0.35 rank units per doubling" in (tmp_path / "analysis" / "details.md").read_text()
 
 
 def test_last_fraction_window(tmp_path):
@@ -256,7 +256,7 @@ def test_include_incomplete_marks_rows(tmp_path):
     assert row["mean"] == pytest.approx(2.2)
     verdict = _rows(result.verdicts, matrix="rollout_batch").iloc[0]
     assert "Provisional" in verdict["sentence"]
-    assert "(n=3*)" in (tmp_path / "analysis" / "summary.md").read_text()
+    assert "(n=3*)" in (tmp_path / "analysis" / "details.md").read_text()
 
 
 def test_sweep_still_running_is_analysed(tmp_path):

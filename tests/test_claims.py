@@ -257,9 +257,9 @@ def test_summary_opens_with_the_four_claims(tmp_path):
     lines = [line for line in markdown.splitlines() if line.startswith("#")]
     assert lines[1] == "## The paper's four claims"
     assert [line.split(":")[0] for line in lines[2:6]] == [f"### Claim {n}" for n in (1, 2, 3, 4)]
-    assert markdown.count("> Rule: ") == 4
+    assert result.files["details_md"].read_text().count("> Rule: ") == 4
     html = result.files["report"].read_text()
-    assert html.index("The paper&#x27;s four claims") < html.index("<h2>Runs</h2>")
+    assert html.index("The paper&#x27;s four claims") < html.index("<summary>Runs</summary>")
     csv = pd.read_csv(result.files["summary_csv"])
     claims = csv[csv["kind"] == "claim"]
     assert list(claims["claim"]) == [1, 2, 3, 4]

@@ -100,7 +100,7 @@ def test_analyze_warns_in_the_summary_and_draws_the_figure(runs, tmp_path):
     assert len(result.collapse_warnings) == 1
     summary = result.files["summary_md"].read_text()
     assert "WARNING: Mode collapse (R=8)" in summary
-    assert "claim 2 per stage" in summary
+    assert "claim 2 per stage" in result.files["details_md"].read_text()
     assert result.figures["collapse"].is_file()
     stages = pd.read_csv(result.files["stages_csv"])
     assert len(stages) == 3 * 2 and set(stages["stage"]) == {"early", "late"}
@@ -116,6 +116,6 @@ def test_the_tolerance_sets_the_collapse_warnings_band_too(runs, tmp_path):
     narrow = analyze([tmp_path / "sweep"], out=tmp_path / "narrow", measure="erank_entropy",
                      tolerance=0.1, figures=False)
     assert len(wide.collapse_warnings) == 1 and narrow.collapse_warnings == []
-    text = narrow.files["summary_md"].read_text()
+    text = narrow.files["details_md"].read_text()
     assert "the late rank is at most 2 + 0.1 and lower than early" in text
     assert "at most 2 + 0.5" not in text

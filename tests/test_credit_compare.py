@@ -119,7 +119,7 @@ def test_analyze_shows_the_table_in_the_claims_section(runs, tmp_path):
     # (grpo vs ppo, process) x (rollout_group: informative, multi-step; rollout_batch: whole,
     # per non-zero row)
     assert len(result.credit_comparison) == 2 * 4
-    summary = result.files["summary_md"].read_text()
+    summary = result.files["details_md"].read_text()
     claims_section = summary.split("## Runs")[0]
     assert "Claim 4 on claim 2's matrices" in claims_section
     assert "R=4: -0.12, R=8: -0.25" in claims_section

@@ -37,7 +37,7 @@ def test_each_checkpoint_gets_its_own_reading_on_the_uncapped_r(probe_dir):
 
 def test_analyze_calls_them_same_checkpoint_comparisons(probe_dir):
     result = analyze([probe_dir], measure="erank_entropy", figures=False)
-    summary = result.files["summary_md"].read_text().split("## Runs")[0]
+    summary = result.files["details_md"].read_text().split("## Runs")[0]
     assert "Claim 2 on the same checkpoint (grpo probe)" in summary
     assert "Same checkpoint: every R of runs/R4-grpo-s0 was sampled from the same weights" in summary
     # two seeds with equal per-seed slopes: a zero-width seed-level interval

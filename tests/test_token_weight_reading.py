@@ -41,7 +41,7 @@ def test_reading_per_variant(sweep):
 
 def test_report_labels_the_advantages_check_and_shows_the_reading(sweep):
     result = analyze([sweep], measure="erank_entropy", figures=False)
-    claims = result.files["summary_md"].read_text().split("## Runs")[0]
+    claims = result.files["details_md"].read_text().split("## Runs")[0]
     assert "true by construction for outcome estimators" in claims
     assert "dr_grpo (outcome): the loss gradient's token weights varied within some rollout at 25%" in claims
 
@@ -54,5 +54,5 @@ def test_claim_1_gets_the_empirical_part(sweep):
     # variant that recorded the weights: grpo uniform, dr_grpo not (ppo is per-token: contrast)
     assert parts == [("1a", "supported"), ("1b", "contradicted"), ("1b", "supported")]
     assert claim.verdict == "mixed"
-    summary = result.files["summary_md"].read_text()
+    summary = result.files["details_md"].read_text()
     assert "dr_grpo (outcome): the loss gradient's token weights varied" in summary.split("## Runs")[0]

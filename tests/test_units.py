@@ -90,7 +90,7 @@ def test_analyze_says_the_unit_in_the_claims_and_the_verdict_table(tmp_path):
     result = analyze([write_sweep(tmp_path / "sweep", seeds=(0, 1))], figures=False)
     claim2 = result.claims[1]
     assert claim2.unit.clause == "conditional on one warm start"
-    summary = result.files["summary_md"].read_text()
+    summary = result.files["details_md"].read_text()
     assert "conditional on one warm start" in summary and "Unit: RL seeds on one shared" in summary
     table = verdict_table(result, result.verdicts)
     assert set(table["unit"]) == {"RL seeds on one shared warm start (conditional on it)"}

@@ -114,7 +114,7 @@ def test_confidence_sets_the_interval_width(tmp_path):
     narrow = analyze([tmp_path], measure="stable_rank", confidence=0.8, figures=False).verdicts
     assert (wide["slope_high"] - wide["slope_low"]).item() > (
         narrow["slope_high"] - narrow["slope_low"]).item()
-    assert "80% seed-level Student-t intervals" in (tmp_path / "analysis" / "summary.md").read_text()
+    assert "80% seed-level Student-t intervals" in (tmp_path / "analysis" / "details.md").read_text()
 
 
 # ---- the rules ----------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_a_non_numeric_rank_cell_is_reported(tmp_path):
     result = analyze([tmp_path], figures=False)
     expected = "ranks.csv line 4, column erank_entropy: 'n/a?' is not a number (left out)"
     assert any(expected in note for note in result.notes)
-    assert expected in (tmp_path / "analysis" / "summary.md").read_text()
+    assert expected in (tmp_path / "analysis" / "details.md").read_text()
 
 
 # ---- docs generated from results ----------------------------------------------------------------
@@ -239,7 +239,9 @@ def test_cli_write_docs_and_confidence(tmp_path):
                                     "--write-docs", "toy", "--docs-page", str(page)])
     assert done.exit_code == 0, done.output
     text = page.read_text()
-    assert "stale" not in text and "80% intervals" in text and "| 2 | supported |" in text
+    assert "stale" not in text and "80% intervals" in text
+    assert "| 2. The gradient matrix has effective rank ~2 whatever the group size R. | supported |" in text
+    assert max(len(line) for line in text.splitlines()) <= 500
     bad = CliRunner().invoke(app, ["analyze", str(tmp_path / "res"), "--write-docs", "nope",
                                    "--docs-page", str(page)])
     assert bad.exit_code == 2 and "expected one" in bad.output

@@ -433,6 +433,10 @@ def _trend_row(variant, metric: str, size, part: pd.DataFrame, zero_at: pd.Serie
         "first": part.loc[part["step"] == first, "value"].mean(),
         "last": part.loc[part["step"] == last, "value"].mean(),
         "slope / 100 steps": per_100.text(3, sign=True),
+        # the same interval as numbers, for the headline sentence and claim 3's figure
+        "slope per 100": per_100.estimate,
+        "slope per 100 low": per_100.low,
+        "slope per 100 high": per_100.high,
         "p (growth)": test["p_up"],
         "p (decline)": test["p_down"],
         "slope given zero-adv. / 100 steps": "-" if held.n == 0 else bs.Interval(

@@ -79,22 +79,36 @@ def figure_inputs(result, ranks: pd.DataFrame, composition: pd.DataFrame,
                         edges=edges)
 
 
+def _claim(f: FigureInputs, number: int):
+    """Claim `number` of the result (None: not judged in these results)."""
+    return next((c for c in f.result.claims if c.number == number), None)
+
+
+def _verdict(f: FigureInputs, number: int) -> str:
+    claim = _claim(f, number)
+    return claim.verdict if claim is not None else "not judged"
+
+
 def _claim2(f: FigureInputs):
     r = f.result
     return plots_claims.claim2_figure(r.summary, r.verdicts, zero_sum_variants(f.runs), r.rules,
-                                      f.styles, f.title)
+                                      f.styles, f.title, _verdict(f, 2))
 
 
 def _claim3(f: FigureInputs):
     zero_sum = set(zero_sum_variants(f.runs))
     table = metric_table([r for r in f.runs if r.variant in zero_sum],
                          [*plots_claims.CLAIM3_PANELS, "grad_norm"])
-    return plots_claims.claim3_figure(with_x(table, f.runs, "step", None), f.styles, f.title)
+    claim = _claim(f, 3)
+    trends = claim.table if claim is not None else pd.DataFrame()
+    return plots_claims.claim3_figure(with_x(table, f.runs, "step", None), trends, f.styles,
+                                      f.title, _verdict(f, 3))
 
 
 def _claim4(f: FigureInputs):
-    table = next((c.table for c in f.result.claims if c.number == 4), pd.DataFrame())
-    return plots_claims.claim4_figure(table, f.result.rules, f.styles, f.title)
+    claim = _claim(f, 4)
+    table = claim.table if claim is not None else pd.DataFrame()
+    return plots_claims.claim4_figure(table, f.result.rules, f.styles, f.title, _verdict(f, 4))
 
 
 def _rank_vs_r(f: FigureInputs):
@@ -132,7 +146,8 @@ REGISTRY: tuple[FigureSpec, ...] = (
     FigureSpec(
         "claim3",
         "Claim 3: gradient sparsity (probe steps) and the zero-advantage group fraction (every "
-        "step) over training, mean over seeds with a min-max band.",
+        "step) over training: each R's fitted trend (the mean per-seed slope the verdict tests, "
+        "shaded: its interval) over its mean series over seeds (thin).",
         3, _claim3),
     FigureSpec(
         "claim4",

@@ -329,12 +329,14 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
 
 def _write(result: AnalysisResult, out: Path) -> None:
     report.summary_frame(result).to_csv(out / "summary.csv", index=False)
-    content = report.blocks(result)
-    (out / "summary.md").write_text(render.render_markdown(content))
-    (out / "report.html").write_text(render.render_html(content, result.figures, figures_module.CAPTIONS))
+    (out / "summary.md").write_text(render.render_markdown(report.blocks(result)))
+    (out / report.DETAILS).write_text(render.render_markdown(report.details_page(result)))
+    (out / "report.html").write_text(render.render_html(report.html_page(result), result.figures,
+                                                        figures_module.CAPTIONS))
     result.files = {
         "summary_csv": out / "summary.csv",
         "summary_md": out / "summary.md",
+        "details_md": out / report.DETAILS,
         "report": out / "report.html",
     }
     # issue 30's readings as data beside the summary (written only when there is something)

@@ -2,7 +2,9 @@
 
 - claim2: the headline rank against R with its intervals, the band around 2, the rank cap
   (a group of R rows has rank <= R) and the fitted slope over the judged R values.
-- claim3: gradient sparsity and the zero-advantage group fraction over training, per R.
+- claim3: gradient sparsity and the zero-advantage group fraction over training: each R's
+  fitted trend (claim 3's slope) with its interval over its mean series.
+Every title says the claim's verdict.
 - claim4: claim 4's deciding reading: outcome and per-token ranks on claim 2's matrix (same
   rows) and their difference against R, with intervals.
 """
@@ -15,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from grpo_cli.analysis.rules import Rules, capped_group_sizes
-from grpo_cli.analysis.style import Styles, band, empty_figure, new_figure, no_data, r_color
+from grpo_cli.analysis.style import Styles, empty_figure, new_figure, no_data, r_color
 from grpo_cli.analysis.tables import curves
 
 CLAIM3_PANELS = {"grad_sparsity": "gradient sparsity",
@@ -42,13 +44,13 @@ def _r_axis(ax, sizes: list[int]) -> None:
 
 
 def claim2_figure(summary: pd.DataFrame, verdicts: pd.DataFrame, variants: list[str],
-                  rules: Rules, styles: Styles, title: str) -> Figure:
+                  rules: Rules, styles: Styles, title: str, verdict: str) -> Figure:
     sel = summary[(summary["matrix"] == rules.rank_matrix)
                   & (summary["measure"] == rules.rank_measure) & (summary["stat"] == "mean")
                   & summary["variant"].isin(variants)]
     name = f"{rules.rank_matrix} / {rules.rank_measure}"
     if sel.empty:
-        return empty_figure(f"{title}: claim 2", f"no {name} ranks")
+        return empty_figure(f"{title}: claim 2 {verdict}", f"no {name} ranks")
     grid = new_figure(1, 1, width=5.0, height=3.6)
     ax = grid.axes[0][0]
     sizes = sorted(int(r) for r in sel["group_size"].unique())
@@ -81,12 +83,30 @@ def claim2_figure(summary: pd.DataFrame, verdicts: pd.DataFrame, variants: list[
         Line2D([], [], color="0.5", ls=":", label="cap: rank <= R"),
         Line2D([], [], color="tab:purple", label="slope over judged R"),
     ]
-    return grid.finish(f"{title}: claim 2, {name} against R", handles)
+    return grid.finish(f"{title}: claim 2 {verdict}, {name} against R", handles)
 
 
-def claim3_figure(metrics_x: pd.DataFrame, styles: Styles, title: str) -> Figure:
+def _trend_lines(ax, curve: pd.DataFrame, trend: pd.Series, color: str) -> None:
+    """A part's fitted trend (claim 3's table: the mean per-seed slope per 100 steps and its
+    interval) through the centre of its mean series, the interval as a fan about it."""
+    x = curve["x"].to_numpy(float)
+    centre_x, centre_y = x.mean(), curve["mean"].to_numpy(float).mean()
+    span = np.array([x.min(), x.max()])
+    def line(slope):
+        return centre_y + slope / 100 * (span - centre_x)
+    ax.plot(span, line(trend["slope per 100"]), color=color, lw=2.2)
+    if np.isfinite(trend["slope per 100 low"]) and np.isfinite(trend["slope per 100 high"]):
+        low, high = line(trend["slope per 100 low"]), line(trend["slope per 100 high"])
+        ax.fill_between(span, np.minimum(low, high), np.maximum(low, high), color=color,
+                        alpha=0.2, lw=0)
+
+
+def claim3_figure(metrics_x: pd.DataFrame, trends: pd.DataFrame, styles: Styles, title: str,
+                  verdict: str) -> Figure:
     """`metrics_x`: CLAIM3_PANELS and grad_norm rows; sparsity at a zero gradient (every group
-    had equal rewards: fully sparse by definition) is left out, as in the claim's test."""
+    had equal rewards: fully sparse by definition) is left out, as in the claim's test.
+    `trends`: claim 3's table (one row per variant label x measure x R with its slope); each
+    R's fitted trend is drawn with its interval over its mean series (thin)."""
     zero = metrics_x.loc[(metrics_x["metric"] == "grad_norm") & (metrics_x["value"] == 0),
                          ["run_id", "step"]]
     if len(zero):
@@ -95,24 +115,34 @@ def claim3_figure(metrics_x: pd.DataFrame, styles: Styles, title: str) -> Figure
         metrics_x = metrics_x[~drop]
     metrics_x = metrics_x[metrics_x["metric"].isin(CLAIM3_PANELS)]
     if metrics_x.empty:
-        return empty_figure(f"{title}: claim 3", "no grad_sparsity or zero_variance_frac")
+        return empty_figure(f"{title}: claim 3 {verdict}", "no grad_sparsity or zero_variance_frac")
     grid = new_figure(1, len(CLAIM3_PANELS), width=3.8, height=3.0)
+    has_trends = not trends.empty and "slope per 100" in trends
     for ax, (metric, label) in zip(grid.axes[0], CLAIM3_PANELS.items(), strict=True):
         rows = metrics_x[metrics_x["metric"] == metric]
         if rows.empty:
             no_data(ax)
             continue
         for (size, variant), curve in curves(rows, []).groupby(["group_size", "variant"]):
-            band(ax, curve, r_color(size), styles.line(variant), styles.label(size, variant))
+            color = r_color(size)
+            ax.plot(curve["x"], curve["mean"], color=color, ls=styles.line(variant), lw=0.7,
+                    alpha=0.45, label=styles.label(size, variant))
+            match = (trends[(trends["measure"] == metric) & (trends["R"] == size)
+                            & ((trends["variant"] == variant) | (variant == ""))]
+                     if has_trends else trends)
+            if len(match) and len(curve) > 1:
+                _trend_lines(ax, curve, match.iloc[0], color)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     sizes = metrics_x["group_size"].unique()
-    return grid.finish(f"{title}: claim 3, the trend (mean over seeds, band min-max)",
+    return grid.finish(f"{title}: claim 3 {verdict}: each R's fitted trend (mean per-seed slope, "
+                       "shaded: its interval) over its mean series (thin)",
                        styles.legend_handles(sizes))
 
 
-def claim4_figure(table: pd.DataFrame, rules: Rules, styles: Styles, title: str) -> Figure:
+def claim4_figure(table: pd.DataFrame, rules: Rules, styles: Styles, title: str,
+                  verdict: str = "") -> Figure:
     """Claim 4's deciding reading (its table, analysis/falsifier.py): per pair, the outcome and
     per-token ranks against R with their intervals (left) and their difference (right), beside
     the thresholds target + margin and margin."""
@@ -120,7 +150,7 @@ def claim4_figure(table: pd.DataFrame, rules: Rules, styles: Styles, title: str)
     needed = {"difference", "difference low", "per-token rank"}
     rows = table[table["difference"].notna()] if needed <= set(table.columns) else table[:0]
     if rows.empty:
-        return empty_figure(f"{title}: claim 4", f"no judged {name} pair of an outcome and a "
+        return empty_figure(f"{title}: claim 4 {verdict}".rstrip(), f"no judged {name} pair of an outcome and a "
                             "per-token estimator")
     grid = new_figure(1, 2, width=4.6, height=3.6)
     ranks, differences = grid.axes[0]
@@ -147,4 +177,4 @@ def claim4_figure(table: pd.DataFrame, rules: Rules, styles: Styles, title: str)
         ax.legend(fontsize=6)
     handles = [Line2D([], [], color="k", ls="--", label=f"{rules.target:g} + {rules.margin:g} "
                       f"(left), {rules.margin:g} (right)")]
-    return grid.finish(f"{title}: claim 4 on {name}", handles)
+    return grid.finish(f"{title}: claim 4 {verdict} on {name}".replace("  ", " "), handles)

@@ -181,7 +181,55 @@ class ClaimBlock:
         return f'<div class="claim"><div class="text">{text}</div>{image}</div>'
 
 
-Block = Heading | Paragraph | Quote | Bullets | Table | Details | ClaimBlock
+@dataclass(frozen=True)
+class Headline:
+    """A claim's answer: its verdict, the one sentence that says what decided it, its figure."""
+
+    heading: str
+    sentence: str
+    figure: str | None  # figures.py registry name
+
+    def markdown(self) -> str:
+        image = f"\n\n![{self.figure}]({self.figure}.png)" if self.figure else ""
+        return f"### {self.heading}\n\n{self.sentence}{image}"
+
+    def html(self, figures: dict[str, Path]) -> str:
+        text = f"<h3>{html.escape(self.heading)}</h3><p>{html.escape(self.sentence)}</p>"
+        image = _img(self.figure, figures[self.figure]) if self.figure in figures else ""
+        return f'<div class="claim"><div class="text">{text}</div>{image}</div>'
+
+
+@dataclass(frozen=True)
+class Link:
+    """A pointer to a file written beside summary.md (details.md, a CSV)."""
+
+    text: str
+    target: str
+
+    def markdown(self) -> str:
+        return f"{self.text}: [{self.target}]({self.target})"
+
+    def html(self, figures: dict[str, Path]) -> str:
+        return f"<p>{html.escape(self.text)}: {html.escape(self.target)}</p>"
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A section of evidence: a heading and its blocks in Markdown (details.md), folded away
+    under its title in HTML (report.html)."""
+
+    title: str
+    blocks: tuple
+
+    def markdown(self) -> str:
+        return "\n\n".join([f"## {self.title}", *(b.markdown() for b in self.blocks)])
+
+    def html(self, figures: dict[str, Path]) -> str:
+        inner = "".join(b.html(figures) for b in self.blocks)
+        return f"<details><summary>{html.escape(self.title)}</summary>{inner}</details>"
+
+
+Block = Heading | Paragraph | Quote | Bullets | Table | Details | ClaimBlock | Headline | Link | Fold
 
 
 def render_markdown(content: list[Block]) -> str:
@@ -189,23 +237,17 @@ def render_markdown(content: list[Block]) -> str:
 
 
 def render_html(content: list[Block], figures: dict[str, Path], captions: dict[str, str]) -> str:
-    """The page: every block, then (before the per-group median table) each figure that no
-    claim shows, with its caption; images embedded, so the page needs no other file."""
+    """The page: every block, then, folded, each figure that no claim shows, with its caption;
+    images embedded, so the page needs no other file."""
     parts = [block.html(figures) for block in content]
-    shown = {block.figure for block in content if isinstance(block, ClaimBlock) and block.figure}
-    figures_html = ["<h2>Figures</h2>"]
-    for name, path in figures.items():
-        if name in shown:
-            continue
-        figures_html.append(
-            f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
-            + _img(name, path)
-        )
-    # figures go after the verdicts and summaries, before the median table
-    cut = next((i for i, p in enumerate(parts) if p.startswith("<h2>Per-group")), len(parts))
-    body = parts[:cut] + figures_html + parts[cut:]
+    shown = {block.figure for block in content
+             if isinstance(block, ClaimBlock | Headline) and block.figure}
+    others = [f"<h3>{html.escape(name)}</h3><p>{html.escape(captions.get(name, ''))}</p>"
+              + _img(name, path) for name, path in figures.items() if name not in shown]
+    if others:
+        parts.append("<details><summary>Figures</summary>" + "".join(others) + "</details>")
     title = html.escape(content[0].text if isinstance(content[0], Heading) else "")
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
     )

@@ -8,15 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import credit_compare, matching, same_checkpoint, token_weights
-from grpo_cli.analysis.claims import claims_table
+from grpo_cli.analysis import credit_compare, headline, matching, same_checkpoint, token_weights
+from grpo_cli.analysis.claims import claims_table, zero_sum_variants
 from grpo_cli.analysis.figures import figure_of_claim
 from grpo_cli.analysis.render import (
     Block,
     Bullets,
     ClaimBlock,
     Details,
+    Fold,
     Heading,
+    Headline,
+    Link,
     Paragraph,
     Quote,
     Table,
@@ -59,6 +62,7 @@ SUMMARY_COLUMNS = [
     "unit",
     "detail",
 ]
+DETAILS = "details.md"  # the evidence, written beside summary.md
 OBJECT_COLUMNS = ["means", "intervals", "parts"]  # kept in memory, not written to summary.csv
 
 
@@ -245,29 +249,53 @@ VERDICT_LEGEND = (
 )
 
 
+SHORT_LEGEND = (
+    "supported / contradicted: the whole interval lies inside / outside the rule's region; "
+    "inconclusive: it straddles a boundary; mixed: parts read both ways; not judged: too little "
+    "data. Every part, rule and table: details.md (report.html: the folded sections below)."
+)
+
+
+def claim_sentences(result) -> dict[int, str]:
+    """claim number -> the one sentence that says what decided it (analysis/headline.py)."""
+    return headline.headlines(result.claims, result.verdicts, result.token_weights, result.rules,
+                              zero_sum_variants(result.analysed))
+
+
+def _claim_heading(claim) -> str:
+    conditional = f"; {claim.unit.clause}" if claim.unit and claim.unit.conditional else ""
+    return (f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
+            + (f" ({claim.parts_text}{conditional})" if claim.parts_text
+               else (f" ({claim.unit.clause})" if conditional else "")))
+
+
 def claim_blocks(result) -> list[Block]:
-    """The opening section: the four verdicts, each beside the one figure that shows it."""
+    """The answer: the four verdicts, one sentence each on what decided it, each beside the one
+    figure that shows it."""
     if not result.claims:
         return []
-    out: list[Block] = [
+    sentences = claim_sentences(result)
+    return [
         Heading("The paper's four claims"),
         Table(claims_table(result.claims)[["claim", "statement", "verdict", "parts", "unit"]]),
-        Paragraph(VERDICT_LEGEND),
+        Paragraph(SHORT_LEGEND),
+        *[Headline(_claim_heading(c), sentences[c.number], figure_of_claim(c.number))
+          for c in result.claims],
     ]
+
+
+def claim_detail_blocks(result) -> list[Block]:
+    """The evidence behind each verdict: every part's sentence, the rule, the table."""
+    if not result.claims:
+        return []
+    out: list[Block] = [Heading("The four claims: every part, rule and table"),
+                        Paragraph(VERDICT_LEGEND)]
     for claim in result.claims:
         sentences = [p.sentence for p in claim.parts] or [claim.evidence]
         if claim.unit is not None:
             sentences.append(claim.unit.sentence())
-        conditional = f"; {claim.unit.clause}" if claim.unit and claim.unit.conditional else ""
-        out.append(ClaimBlock(
-            heading=f"Claim {claim.number}: {claim.statement} Verdict: {claim.verdict}"
-                    + (f" ({claim.parts_text}{conditional})" if claim.parts_text
-                       else (f" ({claim.unit.clause})" if conditional else "")),
-            figure=figure_of_claim(claim.number),
-            sentences=sentences,
-            rule=claim.rule,
-            table=claim.table,
-        ))
+        out.append(ClaimBlock(heading=_claim_heading(claim), figure=None, sentences=sentences,
+                              rule=claim.rule, table=claim.table))
     return out
 
 
@@ -310,11 +338,21 @@ def data_problem_blocks(runs) -> list[Block]:
 
 
 def blocks(result) -> list[Block]:
-    """The content of summary.md and report.html, section by section."""
+    """summary.md: the answer (the verdicts, one sentence each, the claims' figures), then any
+    collapse warning and data problem; every other section is in `sections`."""
     return [
         Heading(f"{result.title}: does effective rank stay ~2 as group size R grows?", 1),
         *claim_blocks(result),
         *[Paragraph(f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *data_problem_blocks(result.runs),
+        Link("The evidence (every part, rule and table)", DETAILS),
+    ]
+
+
+def detail_blocks(result) -> list[Block]:
+    """The evidence, section by section (a level-2 heading opens each)."""
+    return [
+        *claim_detail_blocks(result),
         *token_weight_blocks(result.token_weights),
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
         *same_checkpoint_blocks(result.same_checkpoint, result.rules.rank_matrix,
@@ -329,6 +367,27 @@ def blocks(result) -> list[Block]:
         *collapse_blocks(result.stages, result.stage_readings, result.collapse_warnings, result.rules),
         *median_blocks(result),
     ]
+
+
+def sections(result) -> list[Fold]:
+    """`detail_blocks` cut at each level-2 heading into folds (report.html folds them away)."""
+    folds: list[Fold] = []
+    for block in detail_blocks(result):
+        if isinstance(block, Heading) and block.level == 2:
+            folds.append(Fold(block.text, ()))
+        elif folds:
+            folds[-1] = Fold(folds[-1].title, (*folds[-1].blocks, block))
+    return folds
+
+
+def details_page(result) -> list[Block]:
+    """details.md: every section of the evidence."""
+    return [Heading(f"{result.title}: the evidence behind summary.md", 1), *sections(result)]
+
+
+def html_page(result) -> list[Block]:
+    """report.html: the answer, then every section of the evidence folded."""
+    return [*[b for b in blocks(result) if not isinstance(b, Link)], *sections(result)]
 
 
 def run_blocks(result) -> list[Block]:
@@ -347,7 +406,6 @@ def run_blocks(result) -> list[Block]:
               f"Figures use align={result.align}."),
         *[Paragraph(f"Note: {note}") for note in result.notes],
         Table(run_table(result.runs)),
-        *data_problem_blocks(result.runs),
     ]
 
 

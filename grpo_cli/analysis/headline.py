@@ -124,17 +124,20 @@ def sparsity_headline(claim: Claim, rules: Rules) -> str:
     parts = table[table["reading"] == "sparsity"]
     counts = parts["verdict"].value_counts()
     level = rules.one_sided_level
-    if counts.get(CONTRADICTED, 0):
-        row, p, what = parts.loc[parts["p (decline, Holm)"].idxmin()], "p (decline, Holm)", "steepest decline"
-    else:
-        row, p, what = parts.loc[parts["p (growth)"].idxmax()], "p (growth)", "weakest growth"
-    pooled = next((p_.verdict for p_ in claim.parts if p_.name == "3p"), None)
+    declines = counts.get(CONTRADICTED, 0)
+    p = "p (decline, Holm)" if declines else "p (growth)"
+    tested = parts[parts[p].notna()] if len(parts) else parts
     text = (f"{counts.get(SUPPORTED, 0)} of {len(parts)} sparsity parts (measure x R) grow at the "
             f"one-sided {level:g} level, {counts.get(INCONCLUSIVE, 0)} inconclusive, "
-            f"{counts.get(CONTRADICTED, 0)} decline (every part must grow); {what}: "
-            f"{row['measure']} R={row['R']}, {row['slope per 100']:+.3f} "
-            f"[{row['slope per 100 low']:+.3f}, {row['slope per 100 high']:+.3f}] per 100 steps, "
-            f"{p.split(' ')[0]} = {row[p]:.2g}")
+            f"{declines} decline"
+            + (f", {counts[NOT_JUDGED]} not judged" if counts.get(NOT_JUDGED, 0) else "")
+            + " (every part must grow)")
+    if len(tested):  # the part that decided: the steepest decline, else the weakest growth
+        row = tested.loc[tested[p].idxmin() if declines else tested[p].idxmax()]
+        text += (f"; {'steepest decline' if declines else 'weakest growth'}: {row['measure']} "
+                 f"R={row['R']}, {row['slope per 100']:+.3f} [{row['slope per 100 low']:+.3f}, "
+                 f"{row['slope per 100 high']:+.3f}] per 100 steps, p = {row[p]:.2g}")
+    pooled = next((p_.verdict for p_ in claim.parts if p_.name == "3p"), None)
     return bounded(text + (f"; pooled test {pooled}." if pooled else "."))
 
 

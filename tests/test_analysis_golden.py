@@ -128,6 +128,13 @@ def test_the_golden_summary_is_short_and_its_sentences_and_docs_block_bounded(tm
         assert sentence in summary
     assert "slope +0.08 [+0.08, +0.08] per doubling over R=4, 8" in sentences[2]
     assert sentences[4].startswith("Of 4 judged pairs") and "2 contradicted read together" in sentences[4]
+    # issue 61: the layer gradient's reading stands beside claim 2's verdict, in the answer itself
+    from grpo_cli.analysis.headline import layer_beside_headline
+    from grpo_cli.analysis.report import zero_sum_variants
+
+    layer = layer_beside_headline(result.verdicts, result.rules, zero_sum_variants(result.analysed))
+    assert layer.startswith("Beside it, not in the verdict: layer / stable_rank") and layer in summary
+    assert len(layer) <= HEADLINE_LIMIT and "(2b, within +-0.25: supported)" in layer
     assert "Verdicts" not in summary and "> Rule: " not in summary  # the evidence is in details.md
     assert result.files["details_md"].read_text().count("> Rule: ") == 4
     block = claims_markdown(result, "<root>")

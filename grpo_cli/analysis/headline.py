@@ -23,6 +23,7 @@ from grpo_cli.analysis.rules import (
     Rules,
     combine,
 )
+from grpo_cli.analysis.tables import LAYER_MEAN
 
 HEADLINE_LIMIT = 300  # characters: a sentence a reader takes in at a glance
 MORE = "; {n} more in details.md"
@@ -112,6 +113,22 @@ def rank_headline(claim: Claim, verdicts: pd.DataFrame, rules: Rules, variants: 
             return text
     return head + fit([_rank_clause(v, rules, False) for v in rows], HEADLINE_LIMIT - len(head),
                       ".")
+
+
+LAYER_BESIDE = ("layer", "stable_rank")  # the weight-shaped gradient the paper's "SVD of GRPO gradients" most plausibly means
+
+
+def layer_beside_headline(verdicts: pd.DataFrame, rules: Rules, variants: list[str]) -> str | None:
+    """Claim 2's rule on the pooled `layer` stable rank (the verdict table's row, mean over the
+    probed weights), shown beside the verdict; None where the results hold no such row."""
+    matrix, measure = LAYER_BESIDE
+    rows = verdicts[verdicts["variant"].isin(variants) & (verdicts["matrix"] == matrix)
+                    & (verdicts["measure"] == measure) & (verdicts["layer"] == LAYER_MEAN)]
+    if rows.empty:
+        return None
+    head = f"Beside it, not in the verdict: {matrix} / {measure} (mean over weights): "
+    clauses = [_rank_clause(v, rules, False) for v in rows.itertuples(index=False)]
+    return bounded(head + fit(clauses, HEADLINE_LIMIT - len(head), "."))
 
 
 # ---- claim 3 ---------------------------------------------------------------------------------

@@ -275,13 +275,18 @@ def claim_blocks(result) -> list[Block]:
     if not result.claims:
         return []
     sentences = claim_sentences(result)
-    return [
+    layer = headline.layer_beside_headline(result.verdicts, result.rules,
+                                           zero_sum_variants(result.analysed))
+    out: list[Block] = [
         Heading("The paper's four claims"),
         Table(claims_table(result.claims)[["claim", "statement", "verdict", "parts", "unit"]]),
         Paragraph(SHORT_LEGEND),
-        *[Headline(_claim_heading(c), sentences[c.number], figure_of_claim(c.number))
-          for c in result.claims],
     ]
+    for c in result.claims:
+        out.append(Headline(_claim_heading(c), sentences[c.number], figure_of_claim(c.number)))
+        if c.number == 2 and layer:  # the matrix the paper's words most plausibly name (2w)
+            out.append(Paragraph(layer))
+    return out
 
 
 def claim_detail_blocks(result) -> list[Block]:

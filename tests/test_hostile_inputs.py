@@ -243,8 +243,12 @@ def test_ctrl_c_stops_grpo_analyze_with_exit_130_and_nothing_written(tmp_path):
     root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    # a terminal's Ctrl-C: SIGINT at its default disposition in the child. A pytest-xdist worker
+    # ignores SIGINT, and a child inherits an ignored signal (Python then never raises
+    # KeyboardInterrupt), which made this test pass alone and fail under `make test`
     process = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "analyze", str(root)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not any(root.glob(".analysis.*")):  # drawing the figures into its stage

@@ -154,8 +154,15 @@ def analyze(
         "--follows-r", help="A config key that changes with R by design (e.g. "
         "rollout.prompts_per_step for a fixed number of rollouts per step): part of the R axis, "
         "not a variant. Repeatable.")] = None,
+    same_weights: Annotated[bool, typer.Option(
+        "--same-weights", help="Read `grpo probe` trees over checkpoints instead (claims 2 and 4 "
+        "per checkpoint, units prompt groups, and over independently trained checkpoints; the "
+        "claim map): same_weights.md and its CSVs.")] = False,
 ) -> None:
     """Turn results into plots, summary.csv/summary.md and a self-contained report.html."""
+    if same_weights:
+        _analyze_same_weights(paths, out, tolerance, trend, confidence, write_docs, docs_page)
+        return
     from grpo_cli.analysis import analyze as run_analysis
     from grpo_cli.analysis.docs_blocks import DocsBlockError
     from grpo_cli.analysis.docs_blocks import write_docs as write_docs_block
@@ -237,6 +244,33 @@ def probe(
             raise
         typer.secho(f"probe error: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=1) from None
+
+
+def _analyze_same_weights(paths: list[Path], out: Path | None, tolerance: float, trend: float,
+                          confidence: float, write_docs: str | None, docs_page: Path) -> None:
+    """`grpo analyze --same-weights` (analysis/same_weights_report.py)."""
+    from grpo_cli.analysis.docs_blocks import DocsBlockError
+    from grpo_cli.analysis.load import NoRunsFound
+    from grpo_cli.analysis.pipeline import NoUsableRuns
+    from grpo_cli.analysis.rules import Rules
+    from grpo_cli.analysis.same_weights_report import analyze_same_weights
+
+    rules = Rules(band=tolerance, growth_tolerance=trend, confidence=confidence)
+    try:
+        out_dir, _ = analyze_same_weights(list(paths), out, rules,
+                                          (docs_page, write_docs) if write_docs else None)
+    except (NoUsableRuns, NoRunsFound) as error:
+        typer.secho(f"nothing analysed: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1) from None
+    except (DocsBlockError, ValueError) as error:
+        typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        typer.secho("interrupted: no output written", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=130) from None
+    if write_docs:
+        typer.echo(f"rewrote {docs_page} (block {write_docs})")
+    typer.echo(f"wrote {out_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -339,6 +339,22 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
                 f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds, out_of_band)
 
 
+def over_r_parts(per_r: dict[int, PerR], rules: Rules, rng,
+                 bounds: Callable[[int], tuple[float, float]]) -> tuple[list[Part], bs.Interval | None, str]:
+    """Claim 2's parts (2a, 2b, 2c), the slope interval and the verdict from per-R intervals;
+    `bounds(R)` the range a reading can take (`rank_bounds`). A pair whose slope cannot be judged
+    (one R, or none beyond the cap) gets no verdict: the claim is about R. The verdict reads 2b
+    and 2c; 2a is descriptive (Rules.rank_text)."""
+    sizes = sorted(per_r)
+    judged = judged_group_sizes(sizes, rules.target)
+    capped = capped_group_sizes(sizes, rules.target)
+    slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules, rng)
+    parts = [*slope_pair, level_part(per_r, judged, rules, bounds)]
+    verdict = (NOT_JUDGED if any(p.verdict == NOT_JUDGED for p in parts)
+               else combine(p.verdict for p in parts if p.name in VERDICT_PARTS))
+    return parts, slope_iv, verdict
+
+
 def _group_lookup(groups: pd.DataFrame, window: pd.DataFrame) -> dict:
     """(variant, matrix, measure) -> {(run_id, step): per-group values} in the window."""
     if groups.empty or window.empty:
@@ -375,13 +391,8 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
         sizes = sorted(per_r)
         judged = judged_group_sizes(sizes, rules.target)
         capped = capped_group_sizes(sizes, rules.target)
-        slope_pair, slope_iv = slope_parts(per_r, judged, capped, rules, rng)
-        parts = [*slope_pair, level_part(per_r, judged, rules,
-                                         lambda r, m=matrix, s=stat: rank_bounds(m, s, r))]
-        # a pair whose slope cannot be judged (one R, or none beyond the cap) gets no verdict:
-        # the claim is about R. The verdict reads 2b and 2c; 2a is descriptive (Rules.rank_text)
-        verdict = (NOT_JUDGED if any(p.verdict == NOT_JUDGED for p in parts)
-                   else combine(p.verdict for p in parts if p.name in VERDICT_PARTS))
+        parts, slope_iv, verdict = over_r_parts(per_r, rules, rng,
+                                                lambda r, m=matrix, s=stat: rank_bounds(m, s, r))
         n_incomplete = int(part.loc[part["status"] == "incomplete", "run_id"].nunique())
         sentence = f"{subject(variant, matrix, measure)}: {verdict}. " + " ".join(
             p.sentence for p in parts)

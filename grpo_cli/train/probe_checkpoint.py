@@ -39,6 +39,7 @@ class ProbeTarget:
     kind: str  # run | checkpoint | model
     cfg: DictConfig  # the run's config (run, checkpoint) or the composed one (model)
     checkpoints: list[tuple[int, Path | None]]  # (step, weights file); None: the model's own weights
+    seed: int | None = None  # the probed run's training seed (None: a model directory)
 
 
 def _run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -58,6 +59,12 @@ def _run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
         hint = unknown_key_hint(error)
         raise ConfigError(f"{' '.join(overrides)}: {str(error).splitlines()[0]}"
                           + (f": {hint}" if hint else "")) from None
+
+
+def _trained_seed(run_dir: Path) -> int | None:
+    """The seed the run trained with (its saved config.yaml, before any probe override)."""
+    seed = OmegaConf.load(run_dir / "config.yaml").get("seed")
+    return None if seed is None else int(seed)
 
 
 def _step_of(path: Path) -> int:
@@ -85,8 +92,9 @@ def resolve_target(path: Path, overrides: list[str], all_checkpoints: bool = Fal
         if not (run_dir / "config.yaml").is_file():
             raise ProbeTargetError(f"{path}: a checkpoint file must sit in <run>/checkpoints/ "
                                    f"beside the run's config.yaml ({run_dir / 'config.yaml'} missing)")
-        return ProbeTarget(f"{run_dir.name}-{path.stem}", "checkpoint",
-                           _run_config(run_dir, overrides), [(_step_of(path), path)])
+        cfg = _run_config(run_dir, overrides)
+        return ProbeTarget(f"{run_dir.name}-{path.stem}", "checkpoint", cfg,
+                           [(_step_of(path), path)], _trained_seed(run_dir))
     if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
         folder = path / "checkpoints"
         if all_checkpoints:
@@ -96,7 +104,8 @@ def resolve_target(path: Path, overrides: list[str], all_checkpoints: bool = Fal
         by_step = {_step_of(file): file for file in files if file.is_file()}
         if not by_step:
             raise ProbeTargetError(f"{path}: the run saved no checkpoint ({folder} has no latest.pt)")
-        return ProbeTarget(path.name, "run", _run_config(path, overrides), sorted(by_step.items()))
+        return ProbeTarget(path.name, "run", _run_config(path, overrides), sorted(by_step.items()),
+                           _trained_seed(path))
     if (path / "config.json").is_file():
         from grpo_cli.config.compose import compose_config
 
@@ -223,6 +232,7 @@ def _probe_one(cfg: DictConfig, run_dir: Path, target: ProbeTarget, source: Path
             initial_model={"kind": "checkpoint", "path": str(source), "shared": True},
             extra={"kind": "probe",
                    "probe": {"source": str(source), "source_kind": target.kind,
+                             "source_seed": target.seed,  # the probed run's own seed (None: a model)
                              "checkpoints": {str(step): str(file) if file else None
                                              for step, file in target.checkpoints}}},
         )

@@ -200,6 +200,87 @@ def test_a_model_directory_without_a_tokenizer_names_the_tokenizer_files(tmp_pat
     assert f"{model_dir} has no model files (no tokenizer (tokenizer.json, tokenizer.model" in lines[0]
 
 
+def misshapen_model_dir(root):
+    """The tiny Llama's directory with config.json's intermediate_size doubled: its six MLP
+    weights ([32, 64] and [64, 32] in model.safetensors) no longer fit the model it describes."""
+    from test_models import save_tiny_llama
+
+    model_dir = root / "misshapen"
+    save_tiny_llama(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | {"intermediate_size": 128}))
+    return model_dir
+
+
+def mismatch_line(model_dir) -> str:
+    return (f"model.path={str(model_dir)!r}: its weights do not fit the model its config.json "
+            "describes (model.layers.0.mlp.down_proj.weight: [32, 64] in the weight files, "
+            "[32, 128] in the model; 6 weights differ)")
+
+
+def test_grpo_run_on_weights_that_do_not_fit_their_config_is_one_line(tmp_path):
+    """transformers' 17-line load report (a table of keys) once came first, then a line calling
+    the file damaged. In its own process: transformers logs to the stderr it found at import."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model_dir = misshapen_model_dir(tmp_path)
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "grpo_cli.cli", "run", "experiment=smoke", "model=hf",
+               f"model.path={model_dir}", f"results_dir={tmp_path / 'results'}",
+               f"cache_dir={tmp_path / 'cache'}", "progress=false", "device=cpu"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].endswith(mismatch_line(model_dir)), lines
+    (status,) = (tmp_path / "results" / "smoke").glob("*/run.json")  # named by model.path
+    assert json.loads(status.read_text())["error"] == f"ModelLoadError: {mismatch_line(model_dir)}"
+
+
+def test_grpo_probe_on_weights_that_do_not_fit_their_config_is_one_line(tmp_path):
+    model_dir = misshapen_model_dir(tmp_path)
+    result = CliRunner().invoke(app, ["probe", str(model_dir), "--group-sizes", "2", "--out",
+                                      str(tmp_path / "probe"), "experiment=smoke", "device=cpu",
+                                      f"cache_dir={tmp_path / 'cache'}", "progress=false"])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in printed(result) if not line.startswith("[")]
+    assert lines == [f"probe error: {mismatch_line(model_dir)}"], result.output
+
+
+def test_a_loaded_model_directory_with_keys_missing_still_shows_transformers_report(tmp_path):
+    """Only a size mismatch is replaced by one line: a report of missing or unexpected keys
+    (weights transformers initialises anew) is logged as before."""
+    import logging
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from test_models import save_tiny_llama
+
+    from grpo_cli.models.loading import load_pretrained
+
+    model_dir = tmp_path / "model"
+    save_tiny_llama(model_dir)
+    weights = load_file(model_dir / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger, handler = logging.getLogger("transformers.modeling_utils"), Seen()
+    logger.addHandler(handler)
+    try:
+        load_pretrained(str(model_dir), torch.device("cpu"), torch.float32)
+    finally:
+        logger.removeHandler(handler)
+    assert [message for message in seen if "LOAD REPORT" in message and "model.norm.weight" in message]
+
+
 def test_analyze_refuses_an_output_directory_that_is_a_link(tmp_path):
     """analysis/ planted as a link to another directory once received all 18 outputs (issue 63)."""
     root = write_sweep(tmp_path / "toy", group_sizes=(2, 4), seeds=(0, 1), steps=10, probe_every=2)

@@ -204,6 +204,26 @@ def test_no_readable_checkpoint_names_the_files_and_resume_false(tmp_path, cache
     assert latest.exists()  # left for the user to inspect
 
 
+def test_a_checkpoint_of_another_model_is_named_not_passed_over(tmp_path, cache_dir):
+    """A latest.pt holding another model's weights once read as damaged ('no readable
+    checkpoint', naming no key) and a resume would have fallen back past it to previous.pt."""
+    import torch
+    from conftest import tiny_llama
+
+    assert grpo_run(tmp_path, cache_dir, *fault_at(3)).exit_code == 1
+    latest = run_dir(tmp_path) / "checkpoints" / "latest.pt"
+    other = tiny_llama(hidden_size=16, intermediate_size=32, head_dim=4)
+    torch.save({"model": other.state_dict(), "next_step": 2}, latest)
+
+    result = grpo_run(tmp_path, cache_dir)
+    assert result.exit_code == 1, result.output
+    error = status(run_dir(tmp_path))["error"]
+    assert error.startswith(f"WeightsMismatchError: {latest}: its weights do not fit this model "
+                            "(size mismatch for model.embed_tokens.weight: "), error
+    assert error.endswith("; start over with resume=false"), error
+    assert latest.exists() and not latest.with_name("latest.pt.corrupt").exists()
+
+
 def test_held_sweep_member_is_refused_and_the_others_run(tmp_path, cache_dir):
     from grpo_cli.results.lock import RunLock
 
@@ -272,6 +292,28 @@ def test_a_resume_with_another_learning_rate_is_refused_naming_it(tmp_path, cach
     assert status(out)["status"] == "completed" and status(out)["resumed_from"] == 2
 
 
+def test_a_sweep_resume_with_another_thread_count_is_refused_naming_it(tmp_path, cache_dir):
+    """The sweep path of the resume guard (hydra_app.sweep_problems, before any member starts),
+    under Hydra's basic launcher and the joblib one: threads changes results (summation order)
+    but is left out of run names, so both members would resume their crashed runs under
+    another setting. Each is named with its key, exit 2, and no file changes."""
+    sweep = ("rollout.group_size=2,4", "train.steps=3")
+    crashed = grpo_run(tmp_path, cache_dir, *sweep, *fault_at(2), multirun=True)
+    assert crashed.exit_code == 1, crashed.output  # a failed sweep exits 1; both checkpointed at 2
+    runs = [run_dir(tmp_path, f"R{size}-grpo-s0-train.steps=3") for size in (2, 4)]
+    assert all((run / "checkpoints" / "latest.pt").is_file() for run in runs)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    for launcher in ((), ("hydra/launcher=local_parallel",)):
+        refused = grpo_run(tmp_path, cache_dir, *sweep, "threads=2", *launcher, multirun=True)
+        assert refused.exit_code == 2, refused.output
+        lines = [line for line in refused.output.splitlines() if line.strip()]
+        assert len(lines) == 2, refused.output
+        for run in runs:
+            assert sum(f"{run} holds a run with other settings: threads: 1 -> 2; resuming would mix "
+                       "two configurations" in line for line in lines) == 1, (run, refused.output)
+        assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
 def test_a_resume_may_change_only_keys_that_do_not_change_results():
     from grpo_cli.train.resume_guard import differences
 
@@ -300,3 +342,47 @@ def test_sigterm_during_a_warm_start_stops_at_once(tmp_path):
     record = status(run_dir(tmp_path, "R4-grpo-s0-model.warm_start.steps=5000"))
     assert record["status"] == "interrupted" and record["stopped_by"] == "SIGTERM", record
     assert "no checkpoint yet: re-running the same command starts over" in output
+
+
+def test_a_sigterm_after_a_steps_status_write_still_stops_with_its_checkpoint(tmp_path, cache_dir):
+    """A SIGTERM landing after a step's run.json write and before the loop's stop check once
+    ended the run without the checkpoint it promised (checkpoint_every=100: none at all, so a
+    re-run started over). fault.kind=sigterm raises it in that window, in this process."""
+    assert grpo_run(tmp_path / "full", cache_dir, "checkpoint_every=100").exit_code == 0
+    result = grpo_run(tmp_path / "cut", cache_dir, "checkpoint_every=100", *fault_at(1, "sigterm"))
+    assert result.exit_code == 143, result.output
+    out = run_dir(tmp_path / "cut")
+    record = status(out)
+    assert record["status"] == "interrupted" and record["stopped_by"] == "SIGTERM", record
+    assert record["last_step"] == 1 and record["checkpoint_step"] == 2, record
+    assert ("interrupted by SIGTERM after step 1; re-run the same command to resume at step 2"
+            in result.output)
+
+    resumed = grpo_run(tmp_path / "cut", cache_dir, "checkpoint_every=100")
+    assert resumed.exit_code == 0, resumed.output
+    assert status(out)["status"] == "completed" and status(out)["resumed_from"] == 2
+    full = run_dir(tmp_path / "full")
+    for name in TABLES:
+        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+
+
+def test_a_signal_inside_a_deferred_block_stops_the_run_at_its_end():
+    """A checkpoint's renames and the record of its step are one block (run.py's
+    _Recorder.checkpoint): a second signal there stops the run once both are done, so run.json
+    never names another checkpoint than the one on disk."""
+    stops = StopRequests(log=[].append)
+    stops.training = True
+    stops._handle(signal.SIGTERM, None)  # the first: finish the step, checkpoint, stop
+    reached = []
+    with pytest.raises(RunInterrupted) as stopped:
+        with stops.deferred():
+            stops._handle(signal.SIGINT, None)  # the second: at once, but not inside the block
+            reached.append("end of block")
+    assert reached == ["end of block"] and stopped.value.signal_name == "SIGINT"
+    fresh = StopRequests(log=[].append)
+    fresh.training = True
+    with fresh.deferred():  # a first signal inside a block only asks, as anywhere else
+        fresh._handle(signal.SIGTERM, None)
+    assert fresh.requested == "SIGTERM"
+    with pytest.raises(RunInterrupted):  # outside any block the second one stops at once
+        fresh._handle(signal.SIGTERM, None)

@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,43 @@ def custom_code_refusal(error: Exception, where: str) -> ModelLoadError | None:
         return None
     return ModelLoadError(f"{where}: the model needs the custom code its config.json maps to "
                           "(auto_map); grpo-cli never runs code from a model directory or hub repo")
+
+
+# from_pretrained returns its loading info (missing, unexpected and mismatched keys) instead of
+# raising on a size mismatch after logging its load report: load_pretrained names the key itself
+SIZES_REPORTED = {"ignore_mismatched_sizes": True, "output_loading_info": True}
+
+
+@contextmanager
+def load_report_held():
+    """transformers' load report (a table of keys and notes, 17 lines for one size mismatch),
+    logged by from_pretrained inside the block, held back in the list yielded: the caller
+    decides whether it is shown (`logger.handle(record)`) or replaced by one line."""
+    from transformers.utils import logging as hf_logging
+
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record)
+            return False
+        return True
+
+    logger = hf_logging.get_logger("transformers.modeling_utils")
+    logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(hold)
+
+
+def size_mismatch_line(path: str, mismatched) -> str:
+    """One line naming the first weight whose shape in the files differs from the shape
+    config.json gives it, and how many do; `mismatched` holds (key, files' shape, model's shape)."""
+    key, stored, expected = sorted(mismatched, key=lambda item: item[0])[0]
+    more = f"; {len(mismatched)} weights differ" if len(mismatched) > 1 else ""
+    return (f"model.path={path!r}: its weights do not fit the model its config.json describes "
+            f"({key}: {list(stored)} in the weight files, {list(expected)} in the model{more})")
 
 
 def check_transformers(release: str | None = None) -> None:
@@ -202,14 +240,20 @@ def load_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(
             source, **NO_REMOTE_CODE, **({"gguf_file": gguf_file} if gguf_file else {})
         )
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, **NO_REMOTE_CODE, **(_gguf_kwargs(gguf_file) if gguf_file else {})
-        )
+        with load_report_held() as held:  # judged below: one line for a size mismatch
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, **NO_REMOTE_CODE, **SIZES_REPORTED,
+                **(_gguf_kwargs(gguf_file) if gguf_file else {})
+            )
     except (OSError, ValueError) as error:
         refusal = custom_code_refusal(error, source)
         if refusal is not None:
             raise refusal from None
         raise ModelLoadError(f"model.path={path!r} could not be loaded: {error}") from error
+    if loading["mismatched_keys"]:
+        raise ModelLoadError(size_mismatch_line(path, loading["mismatched_keys"]))
+    for record in held:  # missing or unexpected keys only: transformers' report, as before
+        logging.getLogger(record.name).handle(record)
     if gguf_file:
         _drop_quantizer(model, f"{path}/{gguf_file}")
     if tokenizer.pad_token_id is None:

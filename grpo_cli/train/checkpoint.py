@@ -50,6 +50,12 @@ def read_checkpoint(path: Path, device="cpu") -> dict:
 
 def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -> None:
     """Write `path` atomically; the checkpoint it replaces becomes `previous.pt` beside it."""
+    commit_checkpoint(write_checkpoint(path, next_step, trainer, monitor, probes), path)
+
+
+def write_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -> Path:
+    """The checkpoint written to a temporary beside `path` (the long part: ~1.6 GB for SmolLM2);
+    commit_checkpoint puts it in place. Cut off before that, `path` is as it was."""
     state = {
         "probes": probes.state_dict() if probes is not None else None,
         "next_step": next_step,
@@ -59,7 +65,12 @@ def save_checkpoint(path: Path, next_step: int, trainer, monitor, probes=None) -
         "alarms": monitor.state_dict(),
         "problem_success": trainer.problem_success.state_dict(),
     }
-    temporary = write_temporary(state, path, "checkpoint", CHECKPOINT_HINT)
+    return write_temporary(state, path, "checkpoint", CHECKPOINT_HINT)
+
+
+def commit_checkpoint(temporary: Path, path: Path) -> None:
+    """`temporary` becomes `path`, the checkpoint there `previous.pt` (two renames: between them
+    only `previous.pt` exists, and a resume reads it)."""
     if path.exists():
         path.replace(path.with_name(PREVIOUS))
     temporary.replace(path)
@@ -83,15 +94,26 @@ def save_weights_snapshot(directory: Path, next_step: int, trainer) -> Path:
     return path
 
 
-def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
-    """Load the policy (and value head) of a checkpoint or weights snapshot; return its step."""
-    state = read_checkpoint(path, device)
+class WeightsMismatchError(CheckpointError):
+    """A readable checkpoint of another model (missing keys or another shape): not damaged, so a
+    resume does not fall back past it to an earlier one."""
+
+
+def _load_model_state(path: Path, model, state: dict) -> None:
+    """The checkpoint's policy weights into `model`; WeightsMismatchError, one line naming `path`
+    and the first key that does not fit, for another architecture."""
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:  # another architecture: missing keys or size mismatches
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise CheckpointError(f"{path}: its weights do not fit this model ("
-                              f"{(lines[1:] or lines)[0][:200]})") from None
+        raise WeightsMismatchError(f"{path}: its weights do not fit this model ("
+                                   f"{(lines[1:] or lines)[0][:200]})") from None
+
+
+def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
+    """Load the policy (and value head) of a checkpoint or weights snapshot; return its step."""
+    state = read_checkpoint(path, device)
+    _load_model_state(path, model, state)
     if value_head is not None and state.get("value_head") is not None:
         value_head.load_state_dict(state["value_head"])
     return int(state["next_step"])
@@ -100,7 +122,7 @@ def load_weights(path: Path, model, value_head=None, device="cpu") -> int:
 def load_checkpoint(path: Path, trainer, monitor, probes=None) -> int:
     """Restore a run's state in place; return the step to continue from."""
     state = read_checkpoint(path, trainer.device)
-    trainer.model.load_state_dict(state["model"])
+    _load_model_state(path, trainer.model, state)
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.value_head is not None and state["value_head"] is not None:
         trainer.value_head.load_state_dict(state["value_head"])
@@ -119,7 +141,8 @@ def resume_checkpoint(path: Path, trainer, monitor, probes=None, log=print) -> i
     When the fallback is used, the unreadable `path` is renamed `<name>.corrupt` (so the next save
     does not rotate it into `previous.pt`); if no checkpoint can be read, CheckpointError names
     every file tried and leaves them in place. A file refused as unsafe stops the resume there
-    (UnsafeCheckpointError naming it): falling back past it would hide that it was planted.
+    (UnsafeCheckpointError naming it): falling back past it would hide that it was planted; so
+    does one of another model (WeightsMismatchError naming its first key that does not fit).
     """
     tried = []
     for candidate in (path, path.with_name(PREVIOUS)):
@@ -132,6 +155,8 @@ def resume_checkpoint(path: Path, trainer, monitor, probes=None, log=print) -> i
                 f"{error}; move it away to resume from an earlier checkpoint, or start over with "
                 "resume=false"
             ) from None
+        except WeightsMismatchError as error:  # another model's weights, not a damaged file
+            raise WeightsMismatchError(f"{error}; start over with resume=false") from None
         except Exception as error:  # torch raises many types for a damaged file
             tried.append(f"{candidate}: {type(error).__name__}: {error}".splitlines()[0])
             log(f"checkpoint unreadable, trying an earlier one: {tried[-1]}")

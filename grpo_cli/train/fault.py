@@ -1,8 +1,9 @@
 """`fault.step=N fault.kind=...`: a failure on purpose at step N, to rehearse what a run leaves
-behind when it crashes, is interrupted, meets a NaN loss or a full disk: its status in run.json, its rows
-written so far, its checkpoints, and the resume of the same command without the fault. The tests
-of those guarantees use it (tests/test_run_reliability.py), and a researcher can run the same
-check on a cluster before a long job. Off unless `fault.step` is set.
+behind when it crashes, is interrupted or sent SIGTERM, meets a NaN loss or a full disk: its
+status in run.json, its rows written so far, its checkpoints, and the resume of the same
+command without the fault. The tests of those guarantees use it (tests/test_run_reliability.py),
+and a researcher can run the same check on a cluster before a long job. Off unless `fault.step`
+is set.
 
 `fault.*` is left out of the run directory's name (conf/config.yaml), so that the re-run without
 the fault resumes in the directory that the faulty run left.
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 from dataclasses import dataclass
 
-FAULT_KINDS = ("crash", "interrupt", "nan_loss", "disk_full")  # what each does: FaultConfig (config/schema.py)
+FAULT_KINDS = ("crash", "interrupt", "nan_loss", "disk_full", "sigterm")  # what each does: FaultConfig (config/schema.py)
 
 
 class InjectedFault(RuntimeError):
@@ -44,6 +46,14 @@ class Fault:
             raise KeyboardInterrupt(f"fault.kind=interrupt at step {step}")
         if self._due(step, "disk_full"):
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (fault.kind=disk_full at step {step})")
+
+    def after_step_recorded(self, step: int) -> None:
+        """`fault.kind=sigterm`: SIGTERM to this process once step `step` is recorded (its rows
+        and status written) and before the loop looks for a stop request: the window where a
+        signal once ended a run without the checkpoint it promises. raise_signal runs the
+        handler before it returns, so the signal lands there and nowhere else."""
+        if self._due(step, "sigterm"):
+            signal.raise_signal(signal.SIGTERM)
 
     def nan_loss(self, step: int) -> bool:
         """Whether the last micro-batch's loss at `step` is to become NaN."""

@@ -52,9 +52,14 @@ class StopRequests:
         self.log = log
         self.requested: str | None = None  # the first signal's name
         self.training = False  # the loop has begun (set by _train once set-up is done)
+        self.deferring = False  # inside deferred(): a stop at once waits for the block's end
+        self.pending: str | None = None  # the signal that will stop the run at the block's end
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
+        if (self.requested is not None or not self.training) and self.deferring:
+            self.pending = name
+            return
         if self.requested is not None or not self.training:
             raise RunInterrupted(name)
         self.requested = name
@@ -64,6 +69,20 @@ class StopRequests:
     def stop_now_if_requested(self) -> None:
         if self.requested is not None:
             raise RunInterrupted(self.requested)
+
+    @contextmanager
+    def deferred(self):
+        """A block no signal cuts in two (a checkpoint's renames and the record of its step, a
+        few microseconds): a signal that stops the run at once takes effect at the block's end,
+        so the status never names another checkpoint than the one on disk."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            raise RunInterrupted(pending)
 
     @contextmanager
     def installed(self):
@@ -171,13 +190,12 @@ def _write_final_status(results: RunResults, record: dict, log) -> None:
 
 def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, trackers) -> None:
     from grpo_cli.train.alarms import AlarmMonitor
-    from grpo_cli.train.checkpoint import resume_checkpoint, save_checkpoint, save_weights_snapshot
+    from grpo_cli.train.checkpoint import resume_checkpoint
     from grpo_cli.train.loop import TrainingLoop
-    from grpo_cli.train.progress import StepProgress
     from grpo_cli.train.setup import build_components, freeze_long_lived_objects, resolved_rollout
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
-    device, trainer, probes = parts.device, parts.trainer, parts.probes
+    device = parts.device
     loop = TrainingLoop(cfg, parts)
     record["device"] = str(device) + (
         f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
@@ -188,56 +206,110 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
     start = 0
     resumed = None
     if cfg.resume:
-        resumed = resume_checkpoint(results.checkpoint_path, trainer, monitor, probes, log=log)
+        resumed = resume_checkpoint(results.checkpoint_path, parts.trainer, monitor, parts.probes, log=log)
     if resumed is not None:
         start = record["resumed_from"] = record["checkpoint_step"] = resumed
         log(f"resuming {results.run_dir} at step {start}")
     freeze_long_lived_objects()
     results.truncate_from(start)
     results.ensure_files()
+    if start == 0 and cfg.keep_checkpoints:  # W_0: the weights every kept step is compared with
+        from grpo_cli.train.checkpoint import save_weights_snapshot
+
+        save_weights_snapshot(results.checkpoint_path.parent, 0, parts.trainer)
     results.write_status(record)
 
     stops.training = True  # from here a first signal finishes the step and saves a checkpoint
-    steps = cfg.train.steps
+    _steps(cfg, loop, start, monitor, _Recorder(cfg, results, record, stops, trackers), log)
+
+
+class _Recorder:
+    """Where the loop's steps go: result tables, trackers, checkpoints and run.json."""
+
+    def __init__(self, cfg, results: RunResults, record: dict, stops: StopRequests, trackers):
+        self.cfg, self.results, self.record, self.stops, self.trackers = cfg, results, record, stops, trackers
+        self.fault = Fault.from_config(cfg)
+
+    def step(self, step: int, done, monitor, log) -> list:
+        """One step's rows (probes, evaluation, metrics, timings, alarms) and trackers; return
+        the alarms' events of this step."""
+        results, output = self.results, done.output
+        if done.probe_rows is not None:
+            results.ranks.append(done.probe_rows.ranks)
+            results.spectra.append(done.probe_rows.spectra)
+            results.grad_norms.append(done.probe_rows.grad_norms)
+        if done.eval_row is not None:
+            results.evals.append([done.eval_row])
+        results.metrics.append([output.metrics])
+        results.timings.append([done.timings])
+        events = monitor.update(step, output.metrics)
+        for event in events:
+            log(f"ALARM step {event.step}: {event.message}")
+        results.events.append([vars(event) for event in events])
+        self.trackers.step(step, output.metrics, done.eval_row,
+                           done.probe_rows.ranks if done.probe_rows is not None else None, events)
+        self.record["last_step"] = step
+        return events
+
+    def checkpoint(self, finished: int, trainer, monitor, probes) -> None:
+        """The run's state after `finished` steps. Its write may take seconds (a second signal
+        stops the run at once there: the last checkpoint stays whole and recorded); its renames
+        and the record of its step are one deferred block."""
+        from grpo_cli.train.checkpoint import (
+            commit_checkpoint,
+            save_weights_snapshot,
+            write_checkpoint,
+        )
+
+        path = self.results.checkpoint_path
+        temporary = write_checkpoint(path, finished, trainer, monitor, probes)
+        with self.stops.deferred():
+            commit_checkpoint(temporary, path)
+            self.record["checkpoint_step"] = finished
+        if self.cfg.keep_checkpoints:
+            save_weights_snapshot(path.parent, finished, trainer)
+
+    def end_step(self, step: int, finished: int, due: bool, state) -> None:
+        """After step `step`'s rows: a checkpoint if `due`, run.json, then a stop if a signal
+        asked for one. The stop request is read after the status is written, and the stop
+        itself checkpoints, so a first signal that arrives at any point of the step ends the
+        run with a checkpoint at `finished` (it once could land between the two and end the
+        run without one)."""
+        trainer, monitor, probes = state
+        if due or self.stops.requested:
+            self.checkpoint(finished, trainer, monitor, probes)
+        self.results.write_status(self.record)
+        self.fault.after_step_recorded(step)  # fault.kind=sigterm: a signal in that window
+        if finished < self.cfg.train.steps and self.stops.requested is not None:
+            if self.record["checkpoint_step"] != finished:
+                self.checkpoint(finished, trainer, monitor, probes)
+                self.results.write_status(self.record)
+            self.stops.stop_now_if_requested()
+
+
+def _steps(cfg, loop, start: int, monitor, recorder: _Recorder, log) -> None:
+    """Steps `start`..train.steps - 1, each recorded, checkpointed when due, stopped on request."""
+    from grpo_cli.train.progress import StepProgress
+
+    steps, results = cfg.train.steps, recorder.results
+    state = (loop.trainer, monitor, loop.probes)  # what a checkpoint saves
     accuracy = None
     with StepProgress(steps, start, enabled=cfg.progress, label=results.run_dir.name) as progress:
         if start == 0 and loop.eval_every > 0:  # the policy before any step
             row = loop.evaluate(0)
             results.evals.append([row])
-            trackers.step(0, eval_row=row)
+            recorder.trackers.step(0, eval_row=row)
             accuracy = row["accuracy"]
         for step in range(start, steps):
             done = loop.run_step(step)
-            output = done.output
-            if done.probe_rows is not None:
-                results.ranks.append(done.probe_rows.ranks)
-                results.spectra.append(done.probe_rows.spectra)
-                results.grad_norms.append(done.probe_rows.grad_norms)
+            events = recorder.step(step, done, monitor, log)
             if done.eval_row is not None:
-                results.evals.append([done.eval_row])
                 accuracy = done.eval_row["accuracy"]
-            results.metrics.append([output.metrics])
-            results.timings.append([done.timings])
-            events = monitor.update(step, output.metrics)
-            for event in events:
-                log(f"ALARM step {event.step}: {event.message}")
-            results.events.append([vars(event) for event in events])
-            trackers.step(step, output.metrics, done.eval_row,
-                          done.probe_rows.ranks if done.probe_rows is not None else None, events)
-            record["last_step"] = step
-            progress.advance(output.metrics["reward_mean"], accuracy)
+            progress.advance(done.output.metrics["reward_mean"], accuracy)
             finished = step + 1
-            if (finished % cfg.checkpoint_every == 0 or finished == steps or events
-                    or stops.requested):
-                save_checkpoint(results.checkpoint_path, finished, trainer, monitor, probes)
-                if cfg.keep_checkpoints:
-                    save_weights_snapshot(results.checkpoint_path.parent, finished, trainer)
-                record["checkpoint_step"] = finished
-            results.write_status(record)
-            if finished < steps:
-                stops.stop_now_if_requested()
+            due = finished % cfg.checkpoint_every == 0 or finished == steps or bool(events)
+            recorder.end_step(step, finished, due, state)
             if events and cfg.alarms.stop_on_alarm:
-                record["stopped_by"] = events[0].alarm
+                recorder.record["stopped_by"] = events[0].alarm
                 log(f"stopping at step {step}: alarms.stop_on_alarm=true")
                 break
-

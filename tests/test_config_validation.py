@@ -82,9 +82,9 @@ def test_sweep_with_a_bad_member_is_refused_before_any_member_runs(tmp_path):
 def test_each_problem_names_its_key_and_range():
     cfg = compose_config(["experiment=smoke", "rollout.group_size=0", "optim.lr=-1",
                           "eval.every=-1", "rollout.top_p=1.5"])
-    assert config_problems(cfg) == [
-        "rollout.top_p=1.5: must be in (0, 1]",
+    assert config_problems(cfg) == [  # in the schema's order (each range is its field's metadata)
         "rollout.group_size=0: must be >= 1",
+        "rollout.top_p=1.5: must be in (0, 1]",
         "optim.lr=-1.0: must be > 0",
         "eval.every=-1: must be >= 0",
     ]
@@ -151,3 +151,21 @@ def test_an_empty_task_path_is_refused_not_read_as_the_working_directory():
     problems = config_problems(compose_config(["experiment=smoke", "task=gsm8k", "task.path=''"]))
     assert problems == ["task.path='': must be a directory holding train.jsonl and test.jsonl, or "
                         "null for the datasets hub"]
+
+
+def test_each_range_is_its_schema_fields_metadata():
+    """One owner per range: the schema field's metadata (config/schema.py `ranged`), which
+    validate.py walks; a field that may be None is not checked when None."""
+    from grpo_cli.validate import schema_ranges
+
+    found = list(schema_ranges())
+    ranges = {key: allowed for key, allowed, _ in found}
+    assert ranges["optim.lr"].text() == "> 0" and ranges["rollout.top_p"].text() == "in (0, 1]"
+    assert ranges["probes.rank_rtol"].text() == "in (0, 1)" and ranges["eval.every"].text() == ">= 0"
+    assert ranges["seed"].text() == "in [0, 2**64 - 1] (torch.manual_seed's range)"
+    lr, top_p = ranges["optim.lr"], ranges["rollout.top_p"]
+    assert [lr.holds(v) for v in (1e-9, 0.0, float("inf"), float("nan"), None, "x")] == [
+        True, False, False, False, False, False]
+    assert [top_p.holds(v) for v in (0.0, 1e-9, 1.0, 1.0 + 1e-9)] == [False, True, True, False]
+    assert {key for key, _, may_be_none in found if may_be_none} == {
+        "model.warm_start.seed", "algorithm.loss_constant", "fault.step"}

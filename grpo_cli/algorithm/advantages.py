@@ -384,30 +384,12 @@ def process_advantages(
 
     Every completion token must have a step index >= 0. Prompt and padding get 0.
     """
-    if baseline not in PROCESS_BASELINES:
-        raise ValueError(f"process baseline must be one of {PROCESS_BASELINES}, got {baseline!r}")
     in_completion = completion_mask > 0  # [N, L]
-    # one read: a completion token without a step, and the largest step index
-    unindexed, last_step = torch.stack(
-        [((step_index < 0) & in_completion).any().long(), step_index.max().clamp(min=0)]
-    ).tolist()
-    if unindexed:
-        raise ValueError("every completion token needs a step index >= 0")
-    num_rows, length = step_rewards.shape
-    if num_rows % group_size:
-        raise ValueError(f"{num_rows} rollouts do not split into groups of {group_size}")
-    num_steps = last_step + 1  # K
+    num_steps = _process_steps(step_index, in_completion, group_size, baseline)  # K
+    num_rows = step_rewards.shape[0]
     token_step = step_index.clamp(min=0)  # [N, L]
     rewards = torch.where(in_completion, step_rewards.double(), 0.0)  # [N, L]
-
-    has_completion = in_completion.any(dim=1, keepdim=True)  # [N, 1]
-    last_column = length - 1 - in_completion.flip(1).int().argmax(dim=1, keepdim=True)  # [N, 1]
-    # [N, L] True on each non-empty rollout's last completion token
-    is_last_token = torch.zeros_like(in_completion).scatter(1, last_column, has_completion)
-    if outcome_rewards is None:
-        outcome = (rewards * is_last_token).sum(dim=1)  # [N] f_n
-    else:
-        outcome = outcome_rewards.to(rewards).reshape(-1) * has_completion.squeeze(1)  # [N] f_n
+    is_last_token, outcome = _outcome(rewards, in_completion, outcome_rewards)  # [N, L], [N] f_n
 
     def per_step(token_values: torch.Tensor) -> torch.Tensor:  # [N, L] -> [N, K] sum per step
         zeros = torch.zeros(num_rows, num_steps, dtype=rewards.dtype, device=rewards.device)
@@ -428,6 +410,37 @@ def process_advantages(
 
     token_advantage = step_advantage.gather(1, token_step) + outcome_advantage[:, None]  # [N, L]
     return torch.where(in_completion, token_advantage, 0.0).float()
+
+
+def _process_steps(step_index: torch.Tensor, in_completion: torch.Tensor, group_size: int,
+                   baseline: str) -> int:
+    """K, the number of steps of the longest rollout (step_index [N, L]); ValueError for an
+    unknown baseline, a completion token without a step or rows that are not whole groups."""
+    if baseline not in PROCESS_BASELINES:
+        raise ValueError(f"process baseline must be one of {PROCESS_BASELINES}, got {baseline!r}")
+    # one read: a completion token without a step, and the largest step index
+    unindexed, last_step = torch.stack(
+        [((step_index < 0) & in_completion).any().long(), step_index.max().clamp(min=0)]
+    ).tolist()
+    if unindexed:
+        raise ValueError("every completion token needs a step index >= 0")
+    num_rows = step_index.shape[0]
+    if num_rows % group_size:
+        raise ValueError(f"{num_rows} rollouts do not split into groups of {group_size}")
+    return last_step + 1
+
+
+def _outcome(rewards: torch.Tensor, in_completion: torch.Tensor,
+             outcome_rewards: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(True on each non-empty rollout's last completion token [N, L], the outcome f_n [N]):
+    `outcome_rewards`, or the reward on that last token where it is None."""
+    length = rewards.shape[1]
+    has_completion = in_completion.any(dim=1, keepdim=True)  # [N, 1]
+    last_column = length - 1 - in_completion.flip(1).int().argmax(dim=1, keepdim=True)  # [N, 1]
+    is_last_token = torch.zeros_like(in_completion).scatter(1, last_column, has_completion)
+    if outcome_rewards is None:
+        return is_last_token, (rewards * is_last_token).sum(dim=1)
+    return is_last_token, outcome_rewards.to(rewards).reshape(-1) * has_completion.squeeze(1)
 
 
 def gae(

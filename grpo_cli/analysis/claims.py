@@ -195,26 +195,9 @@ def rank_claim(
     matched_by = {
         (m.variant, m.matrix, m.measure): m.reading for m in matched.itertuples(index=False)
     }
-    rows = []
-    for v in primary.itertuples(index=False):
-        row = {
-            "variant": _label(v.variant, _estimators(runs).get(v.variant)),
-            "matrix": v.matrix,
-            "measure": v.measure,
-            **{f"R={r}": iv.text(2) + (" capped" if str(r) in v.capped.split(", ") else "")
-               for r, iv in sorted(v.intervals.items())},
-            "slope / doubling": (
-                f"{v.slope:+.2f} [{v.slope_low:+.2f}, {v.slope_high:+.2f}]"
-                if np.isfinite(v.slope_low) else ("-" if np.isnan(v.slope) else f"{v.slope:+.2f}")
-            ),
-            "2a slope = 0": v.verdict_slope_zero,
-            "2b growth small": v.verdict_growth,
-            "2c ~2": v.verdict_level,
-            "verdict": v.verdict,
-            "at matched progress (point)": matched_by.get((v.variant, v.matrix, v.measure), "-"),
-            **shown.columns.get(v.variant, {}),
-        }
-        rows.append(row)
+    rows = [_rank_row(v, labels.get(v.variant, _label(v.variant, None)), matched_by,
+                      shown.columns.get(v.variant, {}))
+            for v in primary.itertuples(index=False)]
     rows += shown.layer_rows
     if not rows:
         return Claim(
@@ -237,6 +220,29 @@ def rank_claim(
     )
     verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
     return Claim(2, verdict, evidence, pd.DataFrame(rows), parts=parts)
+
+
+def _rank_row(v, label: str, matched_by: dict, beside_columns: dict) -> dict:
+    """Claim 2's table row of one verdict row `v` (rank_verdict.rank_verdicts): each R's
+    interval, the slope with its interval, the parts' verdicts, the matched-progress reading and
+    the columns shown beside it (beside.claim2_beside)."""
+    return {
+        "variant": label,
+        "matrix": v.matrix,
+        "measure": v.measure,
+        **{f"R={r}": iv.text(2) + (" capped" if str(r) in v.capped.split(", ") else "")
+           for r, iv in sorted(v.intervals.items())},
+        "slope / doubling": (
+            f"{v.slope:+.2f} [{v.slope_low:+.2f}, {v.slope_high:+.2f}]"
+            if np.isfinite(v.slope_low) else ("-" if np.isnan(v.slope) else f"{v.slope:+.2f}")
+        ),
+        "2a slope = 0": v.verdict_slope_zero,
+        "2b growth small": v.verdict_growth,
+        "2c ~2": v.verdict_level,
+        "verdict": v.verdict,
+        "at matched progress (point)": matched_by.get((v.variant, v.matrix, v.measure), "-"),
+        **beside_columns,
+    }
 
 
 def _rank_parts_together(primary: pd.DataFrame, runs: list[Run], rules: Rules

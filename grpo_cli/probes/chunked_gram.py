@@ -383,9 +383,16 @@ def hooked_grams(
     if sharded and any(fallbacks):
         _refuse_sharded_fallback(sorted({n for f in fallbacks for n in f}), "their hooks missed a row chunk")
     _rerun_for_fallbacks(model, chunks, params, fallbacks, samples)
+    return _completed(settled, samples, len(spans), order, device)
+
+
+def _completed(settled, samples, chunks: int, order: torch.Tensor | None, device) -> list[ParamGrams]:
+    """Each set's ParamGrams with the per_sample Grams of its fallback parameters filled in from
+    their rows (`samples`: set -> name -> chunk -> [c, numel]), in the rows' order again where
+    `order` [N] took them widest first."""
     for (result, fallback), rows_by_name in zip(settled, samples, strict=True):
         for name in fallback:
-            g = _stack_rows([rows_by_name[name][k] for k in range(len(spans))])  # [N, numel]
+            g = _stack_rows([rows_by_name[name][k] for k in range(chunks)])  # [N, numel]
             result.grams[name], result.methods[name] = g @ g.T, "per_sample"
     if order is not None:  # back to the rows' order
         back = torch.argsort(order).to(device)

@@ -252,15 +252,9 @@ def per_rollout_grams(
     token_coeffs: Mapping[str, torch.Tensor],  # name -> [N, L]
     params: ParamSpec = None,
     *,
-    method: str = "auto",
-    sketch_dim: int = 4096,
-    seed: int = 0,
-    per_param: bool = False,
-    row_chunk: int = 0,
-    check: bool = True,
-    merge_duplicates: bool = True,
-    skip_zero_rows: bool = True,
-    own: Collection[str] | None = None,
+    method: str = "auto", sketch_dim: int = 4096, seed: int = 0, per_param: bool = False,
+    row_chunk: int = 0, check: bool = True, merge_duplicates: bool = True,
+    skip_zero_rows: bool = True, own: Collection[str] | None = None,
 ) -> dict[str, GramResult]:
     """Grams for several coefficient sets (e.g. {"adv": A*w, "score": w}) from one forward
     per row chunk (row_chunk rollouts at a time; 0: all at once).
@@ -302,27 +296,32 @@ def per_rollout_grams(
         input_ids, attention_mask = input_ids[kept], attention_mask[kept]
         coeffs = [c[kept.to(c.device)] for c in coeffs]
     n = input_ids.shape[0]
-    if method == "per_sample":
-        if any_sharded(params.values()):
-            raise ValueError("probes.gram_method=per_sample differentiates to the parameters, "
-                             "which FSDP2 holds as DTensor shards; use auto, ghost or sketch")
-        owned = params if own is None else {name: p for name, p in params.items() if name in own}
-        grams = per_sample_grams(
-            model, input_ids, attention_mask, coeffs, owned, row_chunk=row_chunk
-        )
-        parts = [ParamGrams(g, dict.fromkeys(g, "per_sample")) for g in grams]
-    else:
-        parts = hooked_grams(
-            model, input_ids, attention_mask, coeffs, params,
-            route=method, sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk, check=check,
-            own=own,
-        )
+    parts = _param_grams(model, input_ids, attention_mask, coeffs, params, method,
+                         dict(sketch_dim=sketch_dim, seed=seed, row_chunk=row_chunk, check=check,
+                              own=own))
     results = {name: _result(p, n, device, per_param) for name, p in zip(names, parts, strict=True)}
     if merged is not None:
         results = {name: _expand(result, index.to(device)) for name, result in results.items()}
     if live_rows is not None:
         results = {name: _embed(result, live_rows, n_all) for name, result in results.items()}
     return results
+
+
+def _param_grams(model, input_ids, attention_mask, coeffs, params, method: str,
+                 options: dict) -> list[ParamGrams]:
+    """Each coefficient set's per-parameter Grams of the rows given, by `method`: per_sample
+    (autograd to every parameter of `options["own"]`, default all) or the hooked routes;
+    `options`: sketch_dim, seed, row_chunk, check, own (per_rollout_grams)."""
+    if method != "per_sample":
+        return hooked_grams(model, input_ids, attention_mask, coeffs, params, route=method, **options)
+    if any_sharded(params.values()):
+        raise ValueError("probes.gram_method=per_sample differentiates to the parameters, "
+                         "which FSDP2 holds as DTensor shards; use auto, ghost or sketch")
+    own = options["own"]
+    owned = params if own is None else {name: p for name, p in params.items() if name in own}
+    grams = per_sample_grams(model, input_ids, attention_mask, coeffs, owned,
+                             row_chunk=options["row_chunk"])
+    return [ParamGrams(g, dict.fromkeys(g, "per_sample")) for g in grams]
 
 
 def _live_part(input_ids, attention_mask, coeffs, live):

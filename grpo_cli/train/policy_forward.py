@@ -194,15 +194,7 @@ def shared_prefix_forward(
     # One embedding lookup for every forward below: each lookup's backward zeroes and fills a
     # dense [V, H] gradient (113 MB for SmolLM2), once per forward call otherwise.
     embeds = model.get_input_embeddings()(batch.input_ids)  # [n, L, H]
-    cache = DynamicCache(config=model.config)
-    prompt_scores, _, head = final_columns(
-        model, 1,
-        inputs_embeds=take_rows(embeds[:, :prompt_length], first),
-        attention_mask=take_rows(batch.attention_mask[:, :prompt_length], first),
-        position_ids=take_rows(positions[:, :prompt_length], first), use_cache=True,
-        **cache_argument(cache),
-    )  # [U, 1, H or V]
-    prompt_cache = [(layer.keys, layer.values) for layer in cache.layers]  # [U, H, P, D] each
+    prompt_cache, prompt_scores, head = _prompt_forward(model, batch, embeds, positions, first)
     completion_length = batch.input_ids.shape[1] - prompt_length
     if buckets > 1 and widths is None:
         widths = batch.completion_widths().tolist()  # one read
@@ -212,19 +204,9 @@ def shared_prefix_forward(
     for rows in groups:
         width = completion_length if len(groups) == 1 else max(1, max(widths[row] for row in rows))
         prompt_rows = [inverse[row] for row in rows]
-        columns = slice(prompt_length, prompt_length + width)
-        group_cache = DynamicCache(config=model.config)
-        for index, (keys, values) in enumerate(prompt_cache):  # [U, ...] -> [n_g, ...], differentiable
-            group_cache.update(expand_rows(keys, prompt_rows), expand_rows(values, prompt_rows), index)
-        completion_scores, _, _ = final_columns(
-            model, width,
-            inputs_embeds=take_rows(embeds[:, columns], rows),
-            attention_mask=take_rows(batch.attention_mask[:, : prompt_length + width], rows),
-            position_ids=take_rows(positions[:, columns], rows), use_cache=True,
-            **cache_argument(group_cache),
-        )  # [n_g, width, H or V]
-        scores = torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
-        group_targets = take_rows(batch.input_ids[:, columns], rows)  # [n_g, width]
+        scores = _bucket_scores(model, batch, (embeds, positions), (prompt_cache, prompt_scores),
+                                rows, prompt_rows, width)  # [n_g, width, H or V]
+        group_targets = take_rows(batch.input_ids[:, prompt_length:prompt_length + width], rows)  # [n_g, width]
         if one_head_pass:  # each row's positions through its last token, for one head pass below
             kept = [(index, row, column) for index, row in enumerate(rows) for column in range(widths[row])]
             flat = [index * width + column for index, _, column in kept]
@@ -241,6 +223,45 @@ def shared_prefix_forward(
     if len(groups) == 1:
         return logprobs[0], entropy[0]
     return in_row_order(logprobs, groups), in_row_order(entropy, groups)
+
+
+def _prompt_forward(model, batch: RolloutBatch, embeds: torch.Tensor, positions: torch.Tensor,
+                    first: list[int]):
+    """One forward over the distinct prompts `first` (embeds [n, L, H], positions [n, L]):
+    their cache ([U, H, P, D] keys and values per layer), the last prompt column's scores
+    [U, 1, H or V] and the head final_columns leaves to the caller (None: scores are logits)."""
+    prompt_length = batch.prompt_length
+    cache = DynamicCache(config=model.config)
+    prompt_scores, _, head = final_columns(
+        model, 1,
+        inputs_embeds=take_rows(embeds[:, :prompt_length], first),
+        attention_mask=take_rows(batch.attention_mask[:, :prompt_length], first),
+        position_ids=take_rows(positions[:, :prompt_length], first), use_cache=True,
+        **cache_argument(cache),
+    )  # [U, 1, H or V]
+    return [(layer.keys, layer.values) for layer in cache.layers], prompt_scores, head
+
+
+def _bucket_scores(model, batch: RolloutBatch, inputs, prompt, rows: list[int],
+                   prompt_rows: list[int], width: int) -> torch.Tensor:
+    """The scores [n_g, width, H or V] that predict the first `width` completion tokens of
+    `rows`: the last prompt column's (`prompt` = (its cache [U, H, P, D] per layer, its scores
+    [U, 1, H or V]), taken for each row's prompt `prompt_rows`), then the completion forward's
+    own columns but the last, on that cache; `inputs` = (embeds [n, L, H], positions [n, L])."""
+    (embeds, positions), (prompt_cache, prompt_scores) = inputs, prompt
+    prompt_length = batch.prompt_length
+    columns = slice(prompt_length, prompt_length + width)
+    group_cache = DynamicCache(config=model.config)
+    for index, (keys, values) in enumerate(prompt_cache):  # [U, ...] -> [n_g, ...], differentiable
+        group_cache.update(expand_rows(keys, prompt_rows), expand_rows(values, prompt_rows), index)
+    completion_scores, _, _ = final_columns(
+        model, width,
+        inputs_embeds=take_rows(embeds[:, columns], rows),
+        attention_mask=take_rows(batch.attention_mask[:, : prompt_length + width], rows),
+        position_ids=take_rows(positions[:, columns], rows), use_cache=True,
+        **cache_argument(group_cache),
+    )  # [n_g, width, H or V]
+    return torch.cat([expand_rows(prompt_scores, prompt_rows), completion_scores[:, :-1]], dim=1)
 
 
 def _one_head_pass(shape: torch.Size, places: list[tuple[int, int]], head, hidden: list[torch.Tensor],

@@ -57,11 +57,14 @@ def test_same_checkpoint_slope_interval_is_the_t_interval_of_per_seed_slopes():
 
     import pandas as pd
 
+    from grpo_cli.analysis.rules import Rules
     from grpo_cli.analysis.same_checkpoint import _slope_interval
 
-    part = pd.DataFrame({"seed": [0, 0, 1, 1, 2, 2], "group_size": [4, 8] * 3,
+    part = pd.DataFrame({"seed": [0, 0, 1, 1, 2, 2], "group_size": [4, 8] * 3, "step": 10,
+                         "run_id": [f"R{r}-s{s}" for s in range(3) for r in (4, 8)],
                          "value": [2.0, 2.4, 2.0, 2.5, 2.0, 2.6]})
-    low, high = _slope_interval(part, [4, 8], 0.9)
+    rules = Rules(confidence=0.9)
+    low, high = _slope_interval(part, [4, 8], rules)
     half = 2.9200 * 0.1 / math.sqrt(3)
     assert (low, high) == pytest.approx((0.5 - half, 0.5 + half), abs=1e-4)
-    assert all(map(math.isnan, _slope_interval(part[part["seed"] == 0], [4, 8], 0.9)))
+    assert all(map(math.isnan, _slope_interval(part[part["seed"] == 0], [4, 8], rules)))

@@ -15,7 +15,7 @@ steps):
   on one set of weights (`grpo probe`) the groups are the units (the regression's own se);
 - `closed_form_share`: the rank as a share of the orthogonal closed form at the group's
   composition and distinct completions (ranks.csv pred_distinct_<measure>, outcome estimators
-  only), per R and its slope per doubling, with claim 2's intervals (rank_verdict._per_r);
+  only), per R and its slope per doubling, with claim 2's intervals (over_r.per_r_intervals);
 - `growth_source`: which of the two moves with R;
 - `per_distinct_difference`: claim 4's per-token minus outcome rank per distinct completion,
   paired by seed where both sides ran the same seeds;
@@ -33,7 +33,7 @@ import pandas as pd
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import _per_r, slope_interval
+from grpo_cli.analysis.over_r import per_r_intervals, slope_interval
 from grpo_cli.analysis.rules import Rules, judged_group_sizes
 from grpo_cli.analysis.summary import last_part
 from grpo_cli.analysis.tables import META, run_meta
@@ -174,7 +174,7 @@ def closed_form_share(rows: pd.DataFrame, rules: Rules, rng: np.random.Generator
         slope = (bs.t_interval(estimate, se, df, len(at), rules.confidence, rng, rules.resamples)
                  if len(judged) >= 2 else None)
         return ClosedFormShare(tuple(sorted(per_size.items())), slope)
-    per_r = _per_r(part, {}, False, rules, rng, lambda r: (0.0, math.inf))
+    per_r = per_r_intervals(part, {}, False, rules, rng, lambda r: (0.0, math.inf))
     judged = judged_group_sizes(per_r, rules.target)
     slope = slope_interval(per_r, judged, rules, rng) if len(judged) >= 2 else None
     return ClosedFormShare(tuple((r, per_r[r].interval) for r in sorted(per_r)), slope)

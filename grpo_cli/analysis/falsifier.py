@@ -7,7 +7,7 @@ problems with >= the rule book's min_checked_steps of them (a step-reward estima
 uniform credit, so those groups cannot show what per-token credit does; the restriction is the
 same for every estimator, never chosen by name). Per run the window mean over its last probe
 steps, per R the seed-level t-interval and per-token minus outcome Welch's interval: the same
-code as claim 2 (rank_verdict._per_r, bootstrap.welch_interval), so the calibration tests cover
+code as claim 2 (over_r.per_r_intervals, bootstrap.welch_interval), so the calibration tests cover
 both. R <= target is capped (a group of R rows has rank <= R) and not judged. A group's rank is
 also at most its number of distinct completions, so the absolute bar (per-token rank >= target +
 margin) is judged only where the per-token groups' distinct completions leave room above it
@@ -38,9 +38,9 @@ from grpo_cli.analysis import beside, diversity
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.load import Run
+from grpo_cli.analysis.over_r import per_r_intervals
 from grpo_cli.analysis.rank_verdict import (
     Part,
-    _per_r,
     rank_bounds,
     read_together,
     rng_for,
@@ -172,8 +172,8 @@ def window_units(window: pd.DataFrame, variant: str, size: int, rules: Rules, ke
     part = window[(window["variant"] == variant) & (window["group_size"] == size)]
     if part.empty:
         return None
-    per_r = _per_r(part, {}, False, rules, rng_for(rules, *key, variant),
-                   lambda r: rank_bounds(rules.rank_matrix, "mean", r))
+    per_r = per_r_intervals(part, {}, False, rules, rng_for(rules, *key, variant),
+                            lambda r: rank_bounds(rules.rank_matrix, "mean", r))
     return (per_r[size].interval, per_r[size].units) if size in per_r else None
 
 

@@ -7,7 +7,7 @@ per-rollout gradients of the whole model, which no training loop forms), and the
 low-rank-gradient literature reads. Claim 2's verdict reads `rollout_group`, the R x P matrix of
 the paper's zero-sum argument; this module reads claim 2's rule (2b, 2c) on `layer`, per weight
 and pooled (the mean over layers, the verdict table's row), for stable rank and entropy rank,
-with the same code and intervals (rank_verdict._per_r, slope_parts, level_part).
+with the same code and intervals (over_r.per_r_intervals, slope_parts, level_part).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
-from grpo_cli.analysis.rank_verdict import _per_r, level_part, rank_bounds, rng_for, slope_parts
+from grpo_cli.analysis.over_r import per_r_intervals
+from grpo_cli.analysis.rank_verdict import level_part, rank_bounds, rng_for, slope_parts
 from grpo_cli.analysis.rules import Rules, capped_group_sizes, judged_group_sizes
 from grpo_cli.analysis.summary import last_part
 from grpo_cli.analysis.tables import LAYER_MEAN
@@ -57,7 +58,7 @@ def layer_readings(ranks: pd.DataFrame, variants: list[str], rules: Rules) -> li
     out = []
     for (variant, layer, measure), part in window.groupby(["variant", "layer", "measure"]):
         rng = rng_for(rules, variant, MATRIX, layer, "all", measure)
-        per_r = _per_r(part, {}, False, rules, rng, lambda r: rank_bounds(MATRIX, "all", r))
+        per_r = per_r_intervals(part, {}, False, rules, rng, lambda r: rank_bounds(MATRIX, "all", r))
         sizes = sorted(per_r)
         judged = judged_group_sizes(sizes, rules.target)
         (_, growth), slope = slope_parts(per_r, judged, capped_group_sizes(sizes, rules.target),

@@ -7,10 +7,10 @@ same weights and the same prompts: the trajectory, which decides the rank in a c
 training runs (issue 30), is out of the comparison. `checkpoint_table` reads claim 2 at each
 checkpoint: the rank per R (mean over seeds), the slope per doubling of R over the judged
 (uncapped) R values with its seed-level interval where two or more seeds ran every judged R
-(the t-interval of per-seed slopes, analysis/bootstrap.py) and the largest deviation from the
-target; `sentences` says what they are. Claim 2's verdict reads the training runs (primary: the
-paper's claim is about each R's own training); this reading removes the trajectory (collapse
-proceeds at a different pace per R) and is the check on it.
+(claim 2's kernel, over_r.slope_interval: the t-interval of per-seed slopes) and the largest
+deviation from the target; `sentences` says what they are. Claim 2's verdict reads the training
+runs (primary: the paper's claim is about each R's own training); this reading removes the
+trajectory (collapse proceeds at a different pace per R) and is the check on it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.bootstrap import mean_interval, slope
+from grpo_cli.analysis.bootstrap import UNBOUNDED
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.over_r import reading_over_r
+from grpo_cli.analysis.over_r import per_r_intervals, reading_over_r, slope_interval
 from grpo_cli.analysis.rules import Rules
 
 PROBE_TRAINER = "grpo-probe"
@@ -37,18 +37,19 @@ def probe_source(run: Run) -> str:
     return str(probe.get("source") or run.config.get("model.path") or run.experiment)
 
 
-def _slope_interval(part: pd.DataFrame, judged: list[int], confidence: float
-                    ) -> tuple[float, float]:
-    """(low, high) of the slope per doubling from per-seed slopes (NaN unless >= 2 seeds each
-    ran every judged R)."""
-    table = part[part["group_size"].isin(judged)].pivot_table(
-        index="seed", columns="group_size", values="value", aggfunc="mean")
-    table = table.dropna()
-    if len(judged) < 2 or len(table) < 2:
+def _slope_interval(part: pd.DataFrame, judged: list[int], rules: Rules) -> tuple[float, float]:
+    """(low, high) of the slope per doubling over `judged` (over_r.slope_interval, claim 2's
+    kernel: the t-interval of per-seed slopes where the same seeds ran every judged R, else
+    Welch's; NaN with fewer than two seeds or two R)."""
+    if len(judged) < 2:
         return np.nan, np.nan
-    per_seed = slope(np.log2(np.array(judged, float)), table[judged].to_numpy(float))
-    iv = mean_interval(per_seed, confidence, np.random.default_rng(0), 100)
-    return iv.low, iv.high
+    rng = np.random.default_rng(0)  # draws only: low and high are exact
+    per_r = per_r_intervals(part[part["group_size"].isin(judged)], {}, False, rules, rng,
+                            lambda size: UNBOUNDED)
+    if sorted(per_r) != sorted(judged):
+        return np.nan, np.nan
+    iv = slope_interval(per_r, judged, rules, rng)
+    return (iv.low, iv.high) if iv.finite else (np.nan, np.nan)
 
 
 def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, rules: Rules) -> pd.DataFrame:
@@ -56,8 +57,7 @@ def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, rules: Rules) -> pd.D
     the step's value), the judged R values, the slope per doubling and the largest |rank -
     target| over them, on the rule book's matrix and measure. Empty without `grpo probe` runs.
     `ranks`: tables.rank_table."""
-    matrix, measure, target, confidence = (rules.rank_matrix, rules.rank_measure, rules.target,
-                                           rules.confidence)
+    matrix, measure, target = rules.rank_matrix, rules.rank_measure, rules.target
     probes = {str(run.path): run for run in runs if is_probe(run)}
     if not probes or ranks.empty:
         return pd.DataFrame()
@@ -70,7 +70,7 @@ def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, rules: Rules) -> pd.D
         means = part.groupby("group_size")["value"].mean()
         means = {int(r): float(v) for r, v in means.items()}
         reading = reading_over_r(means, target)
-        low, high = _slope_interval(part, list(reading.judged), confidence)
+        low, high = _slope_interval(part, list(reading.judged), rules)
         rows.append({
             "source": source, "variant": variant, "checkpoint step": int(step),
             "seeds": int(part["seed"].nunique()),

@@ -15,7 +15,8 @@ import pytest
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import falsifier, trend
 from grpo_cli.analysis.claims import _trend_verdict
-from grpo_cli.analysis.rank_verdict import PerR, level_part, rank_bounds, slope_interval
+from grpo_cli.analysis.over_r import PerR, slope_interval
+from grpo_cli.analysis.rank_verdict import level_part, rank_bounds
 from grpo_cli.analysis.rules import CONTRADICTED, MIXED, SUPPORTED, Rules, combine, holm
 
 RULES = Rules()  # 90% intervals, one-sided trend level 0.05

@@ -167,7 +167,7 @@ def test_welch_interval_closed_form():
 
 def test_paired_slope_is_the_t_interval_of_per_seed_slopes(tmp_path):
     """Every seed ran every R: the slope's interval is that of the per-seed slopes."""
-    from grpo_cli.analysis.rank_verdict import PerR, slope_interval
+    from grpo_cli.analysis.over_r import PerR, slope_interval
 
     rng = np.random.default_rng(0)
     table = np.array([[2.0, 2.3, 2.5], [2.2, 2.4, 2.9], [1.9, 2.1, 2.6]])  # [seed, R]

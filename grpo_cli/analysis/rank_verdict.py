@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
-from grpo_cli.analysis.over_r import reading_over_r
+from grpo_cli.analysis.over_r import PerR, per_r_intervals, reading_over_r, slope_interval
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -34,7 +34,6 @@ from grpo_cli.analysis.rules import (
 from grpo_cli.analysis.summary import SUMMARY_KEYS, last_part, sort_rows, verdict_rows
 from grpo_cli.analysis.tables import PER_GROUP_MATRICES
 
-EMPTY = np.empty(0)
 VERDICT_COLUMNS = [
     *SUMMARY_KEYS,
     "judged",
@@ -149,74 +148,11 @@ def read_together(parts: list[Part], labels: list[str], rules: Rules, what: str
     return read, head + body + "."
 
 
-@dataclass
-class PerR:
-    """One R of one variant x matrix x measure: its interval and the independent units behind
-    it (one window mean per seed, or a `grpo probe` run's prompt groups)."""
-
-    interval: bs.Interval
-    units: np.ndarray  # [n] the values whose mean is the estimate
-    seeds: tuple | None  # the seed of each unit (None: groups of one run)
-
-
 def rank_bounds(matrix: str, stat: str, group_size: int) -> tuple[float, float]:
     """The range a rank reading can take: >= 0 (measures.py: a zero spectrum gives 0), and a
     group's R x P matrix has rank <= R, so its per-group mean is <= R."""
     upper = float(group_size) if matrix in PER_GROUP_MATRICES and stat == "mean" else math.inf
     return 0.0, upper
-
-
-def _per_r(part: pd.DataFrame, groups: dict, use_groups: bool, rules: Rules, rng,
-           bounds, same_weights: frozenset[str] = frozenset()) -> dict[int, PerR]:
-    """R -> PerR for one variant x matrix x measure. Each run keeps its window mean (its probe
-    steps and groups are not independent); seeds are the units. A single `grpo probe` run
-    (`same_weights`: one set of weights, no seed-to-seed training variation) uses its prompt
-    groups as the units instead (their deviations about the run's value)."""
-    out = {}
-    for size, rows in part.groupby("group_size"):
-        per_run = rows.groupby("run_id", sort=True).agg(value=("value", "mean"),
-                                                        seed=("seed", "first"))
-        values = per_run["value"].to_numpy(float)
-        if not np.isfinite(values).any():
-            continue
-        size = int(size)
-        run_id = per_run.index[0]
-        if len(per_run) == 1 and use_groups and run_id in same_weights:
-            steps = rows.loc[rows["run_id"] == run_id, "step"].astype(int).unique()
-            found = [groups.get((run_id, int(s)), EMPTY) for s in steps]
-            pooled = np.concatenate(found) if found else EMPTY
-            if pooled.size >= 2:
-                units = pooled + (values[0] - pooled.mean())  # [groups], mean = the run's value
-                iv = bs.mean_interval(units, rules.confidence, rng, rules.resamples,
-                                      bounds(size))
-                out[size] = PerR(iv, units, None)
-                continue
-        iv = bs.mean_interval(values, rules.confidence, rng, rules.resamples, bounds(size))
-        seeds = tuple(per_run["seed"])
-        out[size] = PerR(iv, values, seeds if len(set(seeds)) == len(seeds) else None)
-    return out
-
-
-def slope_interval(per_r: dict[int, PerR], judged: list[int], rules: Rules, rng) -> bs.Interval:
-    """The least-squares slope per doubling over `judged` with its interval: the t-interval of
-    per-seed slopes when every judged R has one run per seed of the same seeds (the pairing by
-    seed is kept), else Welch's interval of the slope as a linear combination of the per-R
-    means (runs at different R independent)."""
-    x = np.log2(np.array(judged, dtype=float))
-    estimates = np.array([per_r[r].interval.estimate for r in judged])
-    estimate = float(bs.slope(x, estimates))
-    keys = [per_r[r].seeds for r in judged]
-    if all(k is not None for k in keys) and len({frozenset(k) for k in keys}) == 1:
-        seeds = sorted(keys[0])
-        table = np.array([[dict(zip(per_r[r].seeds, per_r[r].units, strict=True))[s]
-                           for r in judged] for s in seeds])  # [seed, judged R]
-        iv = bs.mean_interval(bs.slope(x, table), rules.confidence, rng, rules.resamples)
-    else:
-        weights = (x - x.mean()) / ((x - x.mean()) @ (x - x.mean()))
-        iv = bs.welch_interval([per_r[r].units for r in judged], weights, rules.confidence, rng,
-                               rules.resamples)
-    iv.estimate = estimate  # the slope of the means: the same number up to round-off
-    return iv
 
 
 def _r_list(sizes) -> str:
@@ -386,8 +322,8 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
         variant, matrix, layer, stat, measure = key
         use_groups = stat == "mean" and matrix in PER_GROUP_MATRICES
         rng = rng_for(rules, *key)
-        per_r = _per_r(part, lookup.get((variant, matrix, measure), {}), use_groups, rules,
-                       rng, lambda r, m=matrix, s=stat: rank_bounds(m, s, r), same_weights)
+        per_r = per_r_intervals(part, lookup.get((variant, matrix, measure), {}), use_groups, rules,
+                                rng, lambda r, m=matrix, s=stat: rank_bounds(m, s, r), same_weights)
         sizes = sorted(per_r)
         judged = judged_group_sizes(sizes, rules.target)
         capped = capped_group_sizes(sizes, rules.target)

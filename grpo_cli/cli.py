@@ -246,6 +246,27 @@ def probe(
         raise typer.Exit(code=1) from None
 
 
+@app.command()
+def trajectory(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories that kept checkpoints (keep_checkpoints=true).")],
+    layer_regex: Annotated[str | None, typer.Option(
+        help="2-D weights to read (default: every block's projections and lm_head).")] = None,
+) -> None:
+    """The update W_t - W_0 over each run's kept checkpoints: per layer its rank-1 share and the
+    path's rank-1 share and linearity (AlphaRL, RELEX), written to RUN/trajectory.csv."""
+    from grpo_cli.config.errors import ConfigError, InputError
+    from grpo_cli.train.trajectory_run import DEFAULT_LAYER_REGEX, write_trajectory
+
+    for run_dir in runs:
+        try:
+            typer.echo(f"wrote {write_trajectory(run_dir, layer_regex or DEFAULT_LAYER_REGEX, log=typer.echo)}")
+        except (ConfigError, InputError) as error:
+            if debug():
+                raise
+            typer.secho(f"trajectory error: {error}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code=2 if isinstance(error, ConfigError) else 1) from None
+
+
 def _analyze_same_weights(paths: list[Path], out: Path | None, tolerance: float, trend: float,
                           confidence: float, write_docs: str | None, docs_page: Path) -> None:
     """`grpo analyze --same-weights` (analysis/same_weights_report.py)."""

@@ -180,6 +180,60 @@ def top1_energy_share(sigma) -> float:
     return float(s[0] ** 2 / total) if total > 0 else 0.0
 
 
+# trajectory.csv (`grpo trajectory`, grpo_cli/probes/trajectory.py): the update W_t - W_0 over a
+# run's kept checkpoints, one row per weight ("all": the selected weights together) and kept step
+TRAJECTORY_COLUMNS = ("step", "layer", "update_norm", "rank1_share", "cosine_to_last",
+                      "path_rank1_share", "path_linearity")
+TOP_ENERGY_K = (1, 2, 3)  # ranks.csv top<k>_energy_share, every row (SALT, arXiv 2606.05800)
+TOP_ENERGY_COLUMNS = tuple(f"top{k}_energy_share" for k in TOP_ENERGY_K)
+
+
+def top_energy_shares(sigma) -> dict[str, float]:
+    """E_k = sum_{j<=k} sigma_j^2 / sum sigma^2 for k in TOP_ENERGY_K (descending sigma): the share
+    of ||A||_F^2 in the top-k singular directions, the best rank-k approximation's (Eckart-Young);
+    its residual 1 - E_k lies outside them. E_k = 1 once k covers the spectrum; 0 for a zero one.
+
+    >>> top_energy_shares([2.0, 1.0, 1.0, 1.0, 1.0])
+    {'top1_energy_share': 0.5, 'top2_energy_share': 0.625, 'top3_energy_share': 0.75}
+    """
+    energy = _spectrum(sigma) ** 2
+    total = float(energy.sum())
+    cumulative = energy.cumsum()
+    return {column: (float(cumulative[min(k, energy.size) - 1]) / total if total > 0 else 0.0)
+            for k, column in zip(TOP_ENERGY_K, TOP_ENERGY_COLUMNS, strict=True)}
+
+
+# a group's summed gradient counts as zero when ||G_b||^2 <= this x R x tr K_b: K's entries come
+# from float32 per-rollout gradients, each good to ~eps32 |g_i| |g_j|, so 1^T K_b 1 is known to
+# ~eps32 (sum_i |g_i|)^2 <= eps32 R tr K_b; 64 eps32 leaves room for the sums' length
+GROUP_SUM_ZERO_RTOL = 64 * 2.0**-23
+
+
+def group_abs_cosine(gram, group_size: int, zero_rtol: float = GROUP_SUM_ZERO_RTOL) -> float:
+    """Mean |cos(G_b, G_c)| over pairs b < c of groups, G_b = sum_{i in b} g_i the group's (one
+    prompt's) summed gradient, exact from K [N, N] (rows of a group contiguous): <G_b, G_c> is
+    (S K S^T)_bc, S the [B, N] group indicator. 0: the prompts' gradients are orthogonal; 1:
+    parallel or opposed ("Why GRPO needs normalization", arXiv 2601.23135, reads its training
+    phases off this cross-prompt orthogonality). Groups whose sum is zero (every advantage 0, or
+    below `zero_rtol`, above) are left out; NaN with fewer than two left.
+
+    >>> group_abs_cosine([[1.0, 0.0], [0.0, 1.0]], 1), group_abs_cosine([[1.0, -2.0], [-2.0, 4.0]], 1)
+    (0.0, 1.0)
+    """
+    k = np.asarray(gram, dtype=np.float64)
+    groups = k.shape[0] // group_size
+    blocks = k.reshape(groups, group_size, groups, group_size)
+    sums = blocks.sum(axis=(1, 3))  # [B, B]
+    traces = np.einsum("bibi->b", blocks)  # [B] tr K_b
+    squares = np.diagonal(sums)  # [B] ||G_b||^2
+    kept = squares > zero_rtol * group_size * np.clip(traces, 0.0, None)
+    if int(kept.sum()) < 2:
+        return math.nan
+    norms = np.sqrt(squares[kept])
+    cosines = sums[np.ix_(kept, kept)] / np.outer(norms, norms)
+    return float(np.abs(cosines[np.triu_indices(norms.size, 1)]).mean())
+
+
 def predicted_coherence(advantages, cosine: float = 0.0) -> float:
     """Coherence of rows a_i s_i for unit score vectors of pairwise cosine `cosine` (module
     docstring); NaN when every a_i is 0.

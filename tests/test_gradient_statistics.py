@@ -19,6 +19,7 @@ from grpo_cli.measures import (
     batch_gradient_norm,
     gradient_noise,
     gradient_snr,
+    group_abs_cosine,
     noise_scale,
     norm_summary,
     norms_disagree,
@@ -345,3 +346,65 @@ def test_gradient_table_scales_norms_by_n_and_takes_running_medians_of_the_noise
     unknown = Run(tmp_path / "r1", "completed", None, {}, {"rollout.group_size": 4}, metrics, empty,
                   empty, empty, None)  # no prompts_per_step: N unknown, nothing scaled
     assert not gradient_table([unknown], list(GRADIENT_COLUMNS)).metric.str.endswith("_times_n").any()
+
+
+# ---- cross-prompt orthogonality (arXiv 2601.23135) and the top-k energy (SALT) -----------------
+def group_cosines(g: np.ndarray, group_size: int) -> np.ndarray:  # g [N, P] -> |cos| of each pair
+    sums = g.reshape(-1, group_size, g.shape[1]).sum(1)  # [B, P] each prompt's summed gradient
+    unit = sums / np.linalg.norm(sums, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    return np.abs(cos[np.triu_indices(len(sums), 1)])
+
+
+def test_group_cosine_closed_forms():
+    """Two prompts whose summed gradients are orthogonal read 0, parallel or opposed 1; the rows
+    within a group need not be (each group here has two rows whose sum is the direction)."""
+    e1, e2, e3 = np.eye(3)
+    orthogonal = np.stack([e1 + e3, -e3, e2 - e3, e3])  # sums e1 and e2
+    parallel = np.stack([e1 + e3, -e3, 2 * e1 + e2, -e2])  # sums e1 and 2 e1
+    opposed = np.stack([e1 + e3, -e3, -e1 + e2, -e2])  # sums e1 and -e1
+    assert group_abs_cosine(orthogonal @ orthogonal.T, 2) == 0.0
+    assert group_abs_cosine(parallel @ parallel.T, 2) == pytest.approx(1.0, abs=4 * np.finfo(float).eps)
+    assert group_abs_cosine(opposed @ opposed.T, 2) == pytest.approx(1.0, abs=4 * np.finfo(float).eps)
+    three = np.stack([e1, e2, e1 + e2])  # one row per group: pairs 0, 1/sqrt 2, 1/sqrt 2
+    assert group_abs_cosine(three @ three.T, 1) == pytest.approx((0 + 2 / math.sqrt(2)) / 3, rel=1e-15)
+
+
+def test_group_cosine_leaves_out_zero_gradients():
+    """A group with every advantage 0 has a zero summed gradient, and so does one whose rows
+    cancel to round-off: neither has a direction, so both are left out; fewer than two left: NaN."""
+    e1, e2 = np.eye(2)
+    g = np.stack([e1, e1, e2, e2, 0 * e1, 0 * e1, e1 + 1e-9 * e2, -e1])  # groups e1, e2, 0, ~0
+    assert group_abs_cosine(g @ g.T, 2) == 0.0  # the pair e1, e2 only (1e-18 << 64 eps32 R tr K_b)
+    assert math.isnan(group_abs_cosine(g[:6] @ g[:6].T * 0, 2))  # a zero gradient throughout
+    assert math.isnan(group_abs_cosine(g[2:6] @ g[2:6].T, 2))  # one direction: no pair
+    assert math.isnan(group_abs_cosine(np.ones((2, 2)), 2))  # one group
+
+
+def test_group_cosine_and_top_energy_equal_float64_autograd(probed):
+    """On the float64 model, metrics.csv's grad_group_abs_cosine is |cos| of the two prompts'
+    summed autograd rows, and rollout_batch's top-k energy shares are those of the rows' own
+    singular values (numpy's SVD). The probe's log-softmax is float32 (gram.py), so each K_ij is
+    good to ~eps32 |g_i| |g_j|: a cosine of group sums to ~3 R^2 eps32 tr K / min_b |G_b|^2, an
+    energy share (eigenvalues off by <= N eps32 tr K) to 2 k N eps32."""
+    model, batch, _, suite, _ = probed
+    output = step_output(batch, torch.tensor([1.0, 0.0, 0.0, 1.0]))  # both groups informative
+    g = autograd_rows(model, batch, -(output.loss_weights * output.advantages), suite.gram_params)
+    rows, _ = record((model, batch, output, suite, g))
+    (expected,) = group_cosines(g, 2)
+    assert 0.01 < expected < 0.99  # neither orthogonal nor parallel: the test can tell
+    eps32 = float(np.finfo(np.float32).eps)
+    sums = g.reshape(2, 2, -1).sum(1)  # [B, P]
+    bound = 3 * 2**2 * eps32 * (g**2).sum() / (sums**2).sum(1).min()
+    assert rows.metrics["grad_group_abs_cosine"] == pytest.approx(expected, abs=bound)
+    energy = np.linalg.svd(g, compute_uv=False) ** 2
+    (row,) = [r for r in rows.ranks if r["matrix"] == "rollout_batch"]
+    for k in (1, 2, 3):
+        assert row[f"top{k}_energy_share"] == pytest.approx(energy[:k].sum() / energy.sum(),
+                                                            abs=2 * k * len(g) * eps32)
+    assert "grad_group_abs_cosine" in METRIC_COLUMNS and "grad_group_abs_cosine" in PROBE_METRICS
+
+
+def test_group_cosine_is_empty_when_one_prompt_is_informative(probed):
+    rows, _ = record(probed)  # group 1's rewards 1, 1: a zero summed gradient
+    assert math.isnan(rows.metrics["grad_group_abs_cosine"])

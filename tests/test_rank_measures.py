@@ -1,6 +1,7 @@
 import doctest
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -224,3 +225,32 @@ def test_layer_spectra_benchmark_runs_and_finds_the_routes_agree(tmp_path):
         parts = [row for row in rows if row["method"] == total["method"] and row["rows"] != "0"]
         expected = sum(3 * int(row["count"]) * float(row["seconds"]) for row in parts)
         assert float(total["seconds"]) == pytest.approx(expected)
+
+
+def test_top_energy_shares_of_a_gram_with_known_eigenvalues():
+    """E_k of a Gram Q diag(lambda) Q^T (Q a random orthogonal basis), read off its eigenvalues as
+    the probes do, is the closed form sum_{j<=k} lambda_j / sum lambda; the residual 1 - E_k the
+    rest. The spectrum carries float64 eigensolver round-off, ~n eps lambda_1 on each lambda."""
+    from grpo_cli.measures import top_energy_shares
+    from grpo_cli.probes.rank_measures import singular_values_from_gram
+
+    eigenvalues = torch.tensor([9.0, 4.0, 2.0, 0.5, 0.5, 0.0], dtype=torch.float64)
+    basis, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+    gram = basis @ torch.diag(eigenvalues) @ basis.T
+    shares = top_energy_shares(singular_values_from_gram(gram).numpy())
+    tolerance = 6 * 64 * np.finfo(np.float64).eps  # n x 64 eps, relative to lambda_1 / sum lambda ~ 1/2
+    assert shares["top1_energy_share"] == pytest.approx(9 / 16, abs=tolerance)
+    assert shares["top2_energy_share"] == pytest.approx(13 / 16, abs=tolerance)
+    assert 1 - shares["top3_energy_share"] == pytest.approx(1 / 16, abs=tolerance)  # the residual
+
+
+def test_top_energy_shares_named_edges():
+    from grpo_cli.measures import top1_energy_share, top_energy_shares
+
+    assert top_energy_shares([0.0, 0.0, 0.0, 0.0]) == dict.fromkeys(
+        ("top1_energy_share", "top2_energy_share", "top3_energy_share"), 0.0)  # a zero gradient: 0
+    assert top_energy_shares([3.0, 4.0]) == {  # fewer directions than k: all the energy
+        "top1_energy_share": 16 / 25, "top2_energy_share": 1.0, "top3_energy_share": 1.0}
+    assert top_energy_shares([1.0] * 8)["top3_energy_share"] == pytest.approx(3 / 8)  # orthonormal rows: k / n
+    sigma = [5.0, 2.0, 0.5]
+    assert top_energy_shares(sigma)["top1_energy_share"] == top1_energy_share(sigma)  # one owner agrees

@@ -35,6 +35,7 @@ from grpo_cli.integrations.trl_setup import (  # noqa: E402
     task_reward,
 )
 from grpo_cli.integrations.trl_spectra import SpectraCallback  # noqa: E402
+from grpo_cli.measures import group_abs_cosine, top_energy_shares  # noqa: E402
 from grpo_cli.probes.gram import group_blocks, group_sum_gram  # noqa: E402
 from grpo_cli.runtime.transformers_api import checkpointing_argument  # noqa: E402
 
@@ -120,6 +121,26 @@ def assert_same_spectrum(recorded: torch.Tensor, reference: torch.Tensor, label:
     assert gap <= 1e-6 * scale, f"{label}: max |sigma gap| {gap:.3e} vs sigma_1 {scale:.3e}"
 
 
+def assert_gram_measures(run_dir, step: int, gram: torch.Tensor, label: str) -> None:
+    """rollout_batch's top-k energy shares (ranks.csv) and the prompts' mean |cosine|
+    (metrics.csv) are those of the reference Gram. Spectra 1e-6 sigma_1 apart (what
+    assert_same_spectrum holds) move E_k by <= 2 k 1e-6 sigma_1^2 / sum sigma^2 <= 6e-6; entries of
+    K 1e-6 lambda_1 apart move a cosine of group sums by <= 3 R^2 1e-6 lambda_1 / min_b |G_b|^2."""
+    ranks = pd.read_csv(run_dir / "ranks.csv")
+    row = ranks[(ranks.step == step) & (ranks.matrix == "rollout_batch")].iloc[0]
+    for column, expected in top_energy_shares(sigma_of(gram).numpy()).items():
+        assert abs(row[column] - expected) <= 6e-6, f"{label} {column}"
+    recorded = pd.read_csv(run_dir / "metrics.csv").set_index("step").grad_group_abs_cosine[step]
+    expected = group_abs_cosine(gram.numpy(), 4)
+    if math.isnan(expected):
+        assert math.isnan(recorded), label
+        return
+    sums = group_sum_gram(gram, 4).diagonal().clamp(min=0).sqrt()  # [B] |G_b|
+    live = sums[sums > 0]
+    bound = 3 * 16 * 1e-6 * float(torch.linalg.eigvalsh(gram)[-1]) / float(live.min()) ** 2
+    assert abs(recorded - expected) <= bound, f"{label} grad_group_abs_cosine"
+
+
 @pytest.mark.parametrize(("loss_type", "checkpointing"), [
     ("dapo", True),  # TRL's defaults (gradient checkpointing on)
     ("grpo", False),  # the bench's
@@ -151,6 +172,7 @@ def test_recorded_spectra_are_trls_per_rollout_gradients(policy_source, tmp_path
                              f"{loss_type} step {step} rollout_batch")
         assert_same_spectrum(recorded_sigma(spectra, step, "group_batch", "all"),
                              sigma_of(group_sum_gram(gram, 4)), f"{loss_type} step {step} group_batch")
+        assert_gram_measures(run_dir, step, gram, f"{loss_type} step {step}")
         recorded_groups = sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
                                              & spectra.group.str.startswith("g")].group))
         assert recorded_groups, "no informative group recorded"
@@ -537,6 +559,7 @@ def assert_global_batch_spectra(policy_source, tmp_path, out, loss_type: str) ->
                              f"{loss_type} step {step} rollout_batch")
         assert_same_spectrum(recorded_sigma(spectra, step, "group_batch", "all"),
                              sigma_of(group_sum_gram(gram, 4)), f"{loss_type} step {step} group_batch")
+        assert_gram_measures(out / "run", step, gram, f"{loss_type} step {step}")
         blocks = group_blocks(gram, 4)
         groups = sorted(set(spectra[(spectra.step == step) & (spectra.matrix == "rollout_group")
                                     & spectra.group.str.startswith("g")].group))

@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 from grpo_cli.algorithm.kinds import LEGACY_ESTIMATOR_FACTS
-from grpo_cli.measures import RANK_MEASURES
+from grpo_cli.measures import RANK_MEASURES, TRAJECTORY_COLUMNS
 
 RUN_MARKERS = ("run.json", "config.yaml", "metrics.csv")
 SKIP_DIRS = {"analysis", "checkpoints", "__pycache__"}
@@ -422,6 +422,23 @@ def read_spectra(run: Run, steps: list[int] | None = None) -> pd.DataFrame:
         _note(run, f"spectra.parquet: {int(bad.sum())} singular values NaN, infinite or negative (left out)")
         table = table[~bad].reset_index(drop=True)
     return table
+
+
+def read_trajectory(run: Run) -> pd.DataFrame:
+    """trajectory.csv (`grpo trajectory`), numbers as numbers; empty if absent, unreadable or of
+    another schema (noted in run.problems)."""
+    path = run.path / "trajectory.csv"
+    if not path.is_file():
+        return pd.DataFrame(columns=list(TRAJECTORY_COLUMNS))
+    table, _ = _read_csv(path, run.problems)
+    if table.empty:
+        return pd.DataFrame(columns=list(TRAJECTORY_COLUMNS))
+    if lacking := [column for column in TRAJECTORY_COLUMNS if column not in table]:
+        _note(run, f"trajectory.csv lacks columns {lacking} (left out)")
+        return pd.DataFrame(columns=list(TRAJECTORY_COLUMNS))
+    numbers = [column for column in TRAJECTORY_COLUMNS if column != "layer"]
+    table[numbers] = table[numbers].apply(pd.to_numeric, errors="coerce")
+    return table.dropna(subset=["step"])
 
 
 def _note(run: Run, problem: str) -> None:

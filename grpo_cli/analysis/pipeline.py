@@ -29,6 +29,7 @@ from grpo_cli.analysis import (
     same_checkpoint,
     token_weights,
     units,
+    update_geometry,
 )
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis import figures as figures_module
@@ -90,6 +91,8 @@ class AnalysisResult:
     matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
     same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
     token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
+    top_energy: pd.DataFrame = field(default_factory=pd.DataFrame)  # E_k per matrix x R (update_geometry.py)
+    trajectory: pd.DataFrame = field(default_factory=pd.DataFrame)  # trajectory.csv's last kept step per R
     units: dict = field(default_factory=dict)  # variant -> units.Unit: what its seeds replicate
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
@@ -324,6 +327,8 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
         analysed, result.collapse, result.progress_bins, rules)
     result.credit_comparison = credit_compare.comparison_table(analysed, measures, rules, same_rows)
     result.same_checkpoint = same_checkpoint.checkpoint_table(analysed, ranks, rules)
+    result.top_energy = update_geometry.top_energy_table(analysed, rules.last_fraction)
+    result.trajectory = update_geometry.trajectory_table(analysed)
     return comp_table
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis import credit_compare, headline, matching, same_checkpoint, token_weights
+from grpo_cli.analysis import (
+    credit_compare,
+    headline,
+    matching,
+    same_checkpoint,
+    token_weights,
+    update_geometry,
+)
 from grpo_cli.analysis.claims import claims_table, zero_sum_variants
 from grpo_cli.analysis.figures import figure_of_claim
 from grpo_cli.analysis.render import (
@@ -358,6 +365,7 @@ def detail_blocks(result) -> list[Block]:
     """The evidence, section by section (a level-2 heading opens each)."""
     return [
         *claim_detail_blocks(result),
+        *update_geometry.blocks(result.top_energy, result.trajectory),
         *token_weight_blocks(result.token_weights),
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
         *same_checkpoint_blocks(result.same_checkpoint, result.rules.rank_matrix,

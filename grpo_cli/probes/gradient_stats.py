@@ -22,6 +22,7 @@ from grpo_cli.measures import (
     GRAD_NORM_SUMMARY,
     batch_gradient_norm,
     gradient_snr,
+    group_abs_cosine,
     noise_scale,
     norm_summary,
     norms_disagree,
@@ -51,6 +52,7 @@ def gradient_metrics(
         "grad_norm_mismatch": mismatch,
         "grad_noise_scale": noise_scale(k.numpy()),
         "grad_noise_scale_groups": noise_scale(group_sum_gram(k, group_size).numpy()),
+        "grad_group_abs_cosine": group_abs_cosine(k.numpy(), group_size),
         "grad_snr": gradient_snr(k.numpy()),
     }
 

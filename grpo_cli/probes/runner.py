@@ -32,9 +32,10 @@ from grpo_cli.config.errors import ConfigError, InputError
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.measures import (
     RANK_MEASURES,
+    TOP_ENERGY_COLUMNS,
     predicted_coherence,
     predicted_rank_measures,
-    top1_energy_share,
+    top_energy_shares,
 )
 from grpo_cli.probes.cancellation import coherence, mean_cosine
 from grpo_cli.probes.composition import (
@@ -508,7 +509,7 @@ class ProbeSuite:
         for aggregate, reduce in (("mean", statistics.fmean), ("median", statistics.median)):
             row = {"step": step, "matrix": matrix, "layer": "", "group": aggregate,
                    "n_rows": size, "n_zero_groups": zero_groups}
-            for column in (*RANK_MEASURES, "n_nonzero_rows"):
+            for column in (*RANK_MEASURES, *TOP_ENERGY_COLUMNS, "n_nonzero_rows"):
                 values = [r[column] for r in group_rows]
                 row[column] = reduce(values) if values else float("nan")
             for column in CANCELLATION_COLUMNS:
@@ -539,8 +540,7 @@ class ProbeSuite:
             rows, step, matrix, "all", sigma, layer=name,
             sparsity=gradient_sparsity(tensor, self.cfg.sparsity_rtol),
             hoyer=hoyer_sparsity(tensor),
-            powerlaw_alpha=alpha, powerlaw_r2=r2,
-            top1_energy_share=top1_energy_share(sigma.numpy()), **extras,
+            powerlaw_alpha=alpha, powerlaw_r2=r2, **extras,
         )
 
     def _add(self, rows: ProbeRows, step, matrix, group, sigma, layer="", spectrum=True, **extras):
@@ -548,6 +548,7 @@ class ProbeSuite:
         row = {"step": step, "matrix": matrix, "layer": layer, "group": group,
                "n_rows": int(sigma.numel())}
         row.update(all_rank_measures(sigma, self.cfg.rank_rtol))
+        row.update(top_energy_shares(sigma.numpy()))  # SALT's top-k shared directions
         row.update(extras)
         rows.ranks.append(row)
         if spectrum:

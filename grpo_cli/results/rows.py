@@ -29,7 +29,7 @@ PHASES = tuple(
 PEAK_COLUMNS = tuple(column for column in TIMING_COLUMNS if column.startswith("peak_") and column != "peak_memory_mb")
 # metrics.csv columns the probes fill on probe steps (grpo_cli/probes/runner.py ProbeRows.metrics)
 PROBE_METRICS = (
-    "grad_sparsity", "grad_hoyer",
+    "grad_sparsity", "grad_hoyer", "grad_group_abs_cosine",
     "update_changed_frac", "update_changed_frac_master", "update_changed_frac_bf16",
     *(column for column in METRIC_COLUMNS if column.startswith(("grad_norm_", "grad_noise_", "grad_snr"))),
 )

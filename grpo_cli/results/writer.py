@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_cli.config.errors import InputError
-from grpo_cli.measures import RANK_MEASURES
+from grpo_cli.measures import RANK_MEASURES, TOP_ENERGY_COLUMNS
 
 METRIC_COLUMNS = (
     "step",
@@ -67,6 +67,7 @@ METRIC_COLUMNS = (
     "grad_norm_mismatch",  # 1 when the two differ beyond round-off, 0 when not, empty: not comparable
     "grad_noise_scale",  # B_simple = tr Sigma / |G|^2 in rollouts (McCandlish et al. 2018)
     "grad_noise_scale_groups",  # ... with each group's summed gradient as one example, in prompts
+    "grad_group_abs_cosine",  # mean |cos| between the groups' summed gradients (arXiv 2601.23135)
     "grad_snr",  # |G|^2 / (tr Sigma / N) = N / B_simple
     "grad_norm_layer_max_share",  # max over layers of ||G_l||^2 / ||G||^2, G the trainer's batch gradient
 )
@@ -100,7 +101,8 @@ RANK_COLUMNS = (
     + tuple(f"pred_{name}" for name in RANK_MEASURES)
     + tuple(f"pred_distinct_{name}" for name in RANK_MEASURES)
     + ("sparsity", "hoyer", "powerlaw_alpha", "powerlaw_r2")
-    + ("top1_energy_share", "changed_frac", "changed_frac_master", "changed_frac_bf16")
+    + TOP_ENERGY_COLUMNS  # every row: E_k, the share of sum sigma^2 in the top k directions
+    + ("changed_frac", "changed_frac_master", "changed_frac_bf16")
     + ("coherence", "pred_coherence", "score_cosine")
 )
 SPECTRA_COLUMNS = ("step", "matrix", "layer", "group", "k", "sigma")
@@ -319,3 +321,17 @@ def _write_text_atomic(path: Path, text: str) -> None:
     with _removed_on_failure(temporary):
         temporary.write_text(text)
         temporary.replace(path)
+
+
+def write_table(path: Path, rows: Iterable[dict], columns: Sequence[str]) -> None:
+    """A whole CSV (a file computed at once, e.g. trajectory.csv), written atomically; a key
+    outside `columns` is a programming error."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        unknown = set(row) - set(columns)
+        if unknown:
+            raise KeyError(f"{path.name}: unknown columns {sorted(unknown)}")
+        writer.writerow([_format(row.get(column)) for column in columns])
+    _write_text_atomic(path, buffer.getvalue())

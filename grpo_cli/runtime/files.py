@@ -19,16 +19,17 @@ class UnsafeCheckpointError(InputError):
     """A torch file that holds pickled objects beyond tensors and plain data: refused unread."""
 
 
-def load_plain(path: Path, device="cpu"):
+def load_plain(path: Path, device="cpu", mmap: bool = False):
     """torch.load `path` with `weights_only=True`: tensors and plain data (ints, floats, strings,
     lists, dicts) only. The one reader of grpo-cli's torch files (checkpoints, weight snapshots,
     the probes' initial layers and running sums, the TRL callback's state). A file that needs any
     other pickled object, which could run code as it loads, raises UnsafeCheckpointError in one
-    line naming it; a damaged file raises what torch raises."""
+    line naming it; a damaged file raises what torch raises. `mmap`: tensors are read from the
+    file as they are used (on the CPU), so a reader of many snapshots holds none whole."""
     try:
         with warnings.catch_warnings():  # a raw pickle's protocol: refused below anyway
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location=device, weights_only=True)
+            return torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:  # torch's weights-only unpickler met another object
         cause = str(error.__context__ or "").strip().splitlines()
         raise UnsafeCheckpointError(

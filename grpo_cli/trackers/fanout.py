@@ -1,6 +1,7 @@
 """One object the run talks to; it fans each call out to the chosen trackers.
 
-Tags: `train/<metrics.csv column>`, `eval/accuracy`, `rank/<matrix>/<measure>`, `alarm/<alarm>`
+Tags: `train/<metrics.csv column>`, `eval/accuracy`, `rank/<matrix>/<measure>` (a rank measure or a
+`top<k>_energy_share`), `alarm/<alarm>`
 (the alarm's value; its message goes to each tracker's text log).
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_cli.measures import RANK_MEASURES
+from grpo_cli.measures import RANK_MEASURES, TOP_ENERGY_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def rank_curves(rows: Iterable[dict], series: list[str]) -> dict[str, float]:
     sums: dict[str, list[float]] = {}
     wanted = None if "all" in series else set(series)
     for row in rows:
-        for measure in RANK_MEASURES:
+        for measure in (*RANK_MEASURES, *TOP_ENERGY_COLUMNS):
             pair = f"{row['matrix']}/{measure}"
             value = row.get(measure)
             if (wanted is None or pair in wanted) and _finite(value):

@@ -52,6 +52,9 @@ class GradientSnapshot:
     def after_backward(self):
         pass
 
+    def after_update(self):
+        return None
+
 
 def step_loss_and_grads(setup, step: int = 0):
     snapshot = GradientSnapshot(setup.model)

@@ -29,6 +29,7 @@ from grpo_cli.analysis import (
     same_checkpoint,
     token_weights,
     units,
+    update_density,
     update_geometry,
 )
 from grpo_cli.analysis import composition as comp
@@ -91,6 +92,7 @@ class AnalysisResult:
     matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
     same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
     token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
+    update_density: pd.DataFrame = field(default_factory=pd.DataFrame)  # beside claim 3 (update_density.py)
     top_energy: pd.DataFrame = field(default_factory=pd.DataFrame)  # E_k per matrix x R (update_geometry.py)
     trajectory: pd.DataFrame = field(default_factory=pd.DataFrame)  # trajectory.csv's last kept step per R
     units: dict = field(default_factory=dict)  # variant -> units.Unit: what its seeds replicate
@@ -309,6 +311,7 @@ def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
     comp_table = comp.composition_table(analysed, measures)
     result.composition = comp.departure(comp_table)
     result.token_weights = token_weights.token_weight_table(analysed)
+    result.update_density = update_density.density_table(analysed)
     # ranks on the same rows for every estimator, once: claim 4 decides on its measure, the
     # credit comparison shows every measure analysed
     same_rows = credit_compare.same_rows_table(
@@ -349,7 +352,7 @@ def _write(result: AnalysisResult, out: Path) -> None:
         ("stages", result.stages), ("stage_readings", result.stage_readings),
         ("credit_comparison", result.credit_comparison), ("matching", result.matching_coverage),
         ("matching_bins", result.matching_bins), ("same_checkpoint", result.same_checkpoint),
-        ("token_weights", result.token_weights),
+        ("token_weights", result.token_weights), ("update_density", result.update_density),
     ):
         if not table.empty:
             table.to_csv(out / f"{name}.csv", index=False)

@@ -14,6 +14,7 @@ from grpo_cli.analysis import (
     matching,
     same_checkpoint,
     token_weights,
+    update_density,
     update_geometry,
 )
 from grpo_cli.analysis.claims import claims_table, zero_sum_variants
@@ -367,6 +368,7 @@ def detail_blocks(result) -> list[Block]:
         *claim_detail_blocks(result),
         *update_geometry.blocks(result.top_energy, result.trajectory),
         *token_weight_blocks(result.token_weights),
+        *update_density_blocks(result.update_density),
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
         *same_checkpoint_blocks(result.same_checkpoint, result.rules.rank_matrix,
                                 result.rules.rank_measure),
@@ -533,6 +535,23 @@ def same_checkpoint_blocks(table: pd.DataFrame, matrix: str, measure: str) -> li
               "Intervals are seed-level (per-seed slopes)."),
         Bullets(same_checkpoint.sentences(table, matrix, measure)),
         Table(table),
+    ]
+
+
+def update_density_blocks(table: pd.DataFrame) -> list[Block]:
+    """Beside claim 3: the step's update density and head share (analysis/update_density.py)."""
+    if table.empty:
+        return []
+    return [
+        Heading("Beside claim 3: how dense each step's update is", 3),
+        Paragraph("Descriptive, not in claim 3's verdict. A sparser gradient need not mean a "
+                  "sparser update: metrics.csv step_changed_frac is the share of the layer weights "
+                  "one optimizer step changed (step_changed_frac_bf16: in a bf16 copy), "
+                  "grad_share_head_embedding the output head's and embedding's share of the "
+                  "gradient's squared norm. Each run's mean over the first and second half of its "
+                  "steps, then the mean over its seeds."),
+        Bullets(update_density.sentences(table)),
+        Table(table.round(4)),
     ]
 
 

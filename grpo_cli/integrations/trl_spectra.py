@@ -19,22 +19,27 @@ reads `.grad` whole for the norms, sparsity and `layer` through collectives ever
 files a TRL run writes differently are listed there under "Runs recorded inside TRL").
 
 How it sees the batch. A transformers callback is handed no batch and no trainer, so `attach`
-wraps six methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
+wraps seven methods of that one trainer instance (TRL's code, never grpo-cli's; each wrapper
 calls the original and only records):
 
 - `_generate_and_score_completions`: the step's rollouts before TRL shuffles them (groups
   contiguous): prompt and completion ids and masks, advantages, loss-token count;
 - `_calculate_rewards`: each rollout's rewards (TRL's reward_weights applied, as it logs them);
 - `compute_loss`: the loss value, and the entropy and clip fraction TRL records for the step;
+- `_get_per_token_logps_and_entropies`, inside a training `compute_loss`: each token's entropy,
+  which with that micro-batch's advantages gives the entropy split by the advantage's sign;
 - `_clip_grad_norm`: called after the step's backward and before clipping and the optimizer:
-  `grad_sum` adds the step's gradient here (every step, as `grpo run` does before clipping), and
-  on probe steps the probes run here, at the weights the batch's loss was computed at;
+  `grad_sum` adds the step's gradient here (every step, as `grpo run` does before clipping), the
+  head's and embedding's squared gradient norms are taken, the layer weights are copied where
+  `changed_every` is due (compared after the optimizer step: `on_optimizer_step`), and on probe
+  steps the probes run here, at the weights the batch's loss was computed at;
 - `train`: holds the run directory's lock (grpo_cli/results/lock.py, the one `grpo run` takes)
   for the whole run, and records `failed` in run.json when training raises;
 - `log` (the Trainer's documented place to inject into the logs): a training log gets the probe
   steps' metrics.csv columns measured since the last one (the scalars `grpo run` sends to its
   trackers), so `report_to`'s loggers (TensorBoard, W&B, ...) and `state.log_history` have them.
-  A callback's `on_log` could not: it runs after the loggers, which were added first.
+  A callback's `on_log` could not: it runs after the loggers, which were added first. The
+  per-step columns TRL does not log itself (LOGGED_STEP_COLUMNS) go the same way, every step.
 
 The probes are grpo-cli's (`ProbeSuite`): the per-rollout rows are TRL's own per-rollout loss
 gradients (trl_batch.py says which settings make that exact and refuses the others), their Grams
@@ -65,9 +70,17 @@ from grpo_cli.algorithm.scored import ScoredBatch
 from grpo_cli.config.schema import ProbesConfig
 from grpo_cli.integrations.trl_batch import TrlStep, trl_rows, trl_step, unsupported_settings
 from grpo_cli.integrations.trl_distributed import gather_rows, shared_grams
+from grpo_cli.probes.head_share import HEAD_SHARE_COLUMNS, head_gradient_squares
 from grpo_cli.probes.runner import PER_ROLLOUT_MATRICES, ProbeSuite, check_matrices
 from grpo_cli.probes.step import ProbedStep
-from grpo_cli.probes.step_metrics import LossTotals, read_batch, step_metrics
+from grpo_cli.probes.step_change import STEP_CHANGED_COLUMNS, StepChange, step_change_due
+from grpo_cli.probes.step_metrics import (
+    ENTROPY_SIGN_COLUMNS,
+    LossTotals,
+    entropy_sign_sums,
+    read_batch,
+    step_metrics,
+)
 from grpo_cli.results.lock import RunLock
 from grpo_cli.results.rows import metrics_row, run_record, timing_row, utc_now
 from grpo_cli.results.writer import RunResults
@@ -83,6 +96,8 @@ TRL_METRICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean"}  # o
 # TRL's backward is counted in time_other)
 TIMED = ("rollout", "reward", "forward", "optimizer", "probes", "other")
 PROBE_STATE = "grpo_cli_probes.pt"  # grad_sum, saved inside each of TRL's checkpoint-N directories
+# metrics.csv columns of every step that TRL's own logs lack, sent to its loggers (`_around_log`)
+LOGGED_STEP_COLUMNS = (*HEAD_SHARE_COLUMNS, *STEP_CHANGED_COLUMNS, *ENTROPY_SIGN_COLUMNS, "distinct_correct")
 
 
 class TrlLossForward(nn.Module):
@@ -152,6 +167,7 @@ class SpectraCallback(TrainerCallback):
             "_generate_and_score_completions": self._around_generation,
             "_calculate_rewards": self._around_rewards,
             "compute_loss": self._around_compute_loss,
+            "_get_per_token_logps_and_entropies": self._around_token_logps,
             "_clip_grad_norm": self._around_clip_grad_norm,
         }
         wrappers["train"] = self._around_train
@@ -202,6 +218,12 @@ class SpectraCallback(TrainerCallback):
         self._grad_norm = math.nan
         self._probe_rows = None
         self._before_update_done = False
+        self._entropy_sums: torch.Tensor | None = None  # [6] entropy_sign_sums over the micro-batches
+        self._loss_entropies: torch.Tensor | None = None  # [n, Lc] inside a training compute_loss
+        self._in_loss = False
+        self._head_squares: torch.Tensor | None = None  # [3] before clipping
+        self._step_change: StepChange | None = None  # W_t copied before the optimizer step
+        self._step_changed: torch.Tensor | None = None  # [3] StepChange.after
 
     # ---- wrapped TRL methods --------------------------------------------------------------------
     def _around_train(self, original, *args, **kwargs):
@@ -253,14 +275,35 @@ class SpectraCallback(TrainerCallback):
     def _around_compute_loss(self, original, *args, **kwargs):
         if not self.trainer.model.training:
             return original(*args, **kwargs)
-        with self.timer.phase("forward"):
-            loss = original(*args, **kwargs)
+        self._in_loss, self._loss_entropies = True, None
+        try:
+            with self.timer.phase("forward"):
+                loss = original(*args, **kwargs)
+        finally:
+            self._in_loss = False
         self._loss += float(loss.detach())
+        inputs = args[1] if len(args) > 1 else kwargs["inputs"]
+        if self._loss_entropies is not None:  # EAPO's split over this micro-batch's loss tokens
+            mask = inputs["completion_mask"].float()  # [n, Lc], as TRL's entropy metric
+            if inputs.get("tool_mask") is not None:
+                mask = mask * inputs["tool_mask"].float()
+            advantages = inputs["advantages"]  # [n] (or [n, Lc])
+            advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+            sums = entropy_sign_sums(self._loss_entropies, advantages.expand_as(mask), mask)  # [6]
+            self._entropy_sums = sums if self._entropy_sums is None else self._entropy_sums + sums
         logged = self.trainer._metrics["train"]  # what TRL logs for this micro-batch
         for ours, theirs in TRL_METRICS.items():
             if logged.get(theirs):
                 self._trl_metrics[ours].append(float(logged[theirs][-1]))
         return loss
+
+    def _around_token_logps(self, original, *args, **kwargs):
+        """TRL's per-token log-probs and entropies; inside a training compute_loss the entropies
+        are kept for the split by the advantage's sign."""
+        output = original(*args, **kwargs)
+        if self._in_loss and output[1] is not None:
+            self._loss_entropies = output[1].detach()
+        return output
 
     def _around_clip_grad_norm(self, original, *args, **kwargs):
         self._before_update()
@@ -348,6 +391,10 @@ class SpectraCallback(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.timer.stop("optimizer")
+        if self._step_change is not None:  # what the optimizer step changed (every process under FSDP2)
+            with self.timer.phase("probes"):
+                self._step_changed = self._step_change.after()
+            self._step_change = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_data is None:
@@ -358,9 +405,14 @@ class SpectraCallback(TrainerCallback):
 
             device = next(self._policy.parameters()).device
             self._loss = float(reduce(torch.tensor(self._loss, device=device), reduction="mean"))
+            if self._entropy_sums is not None:  # every process's tokens (each measured its own rows)
+                self._entropy_sums = reduce(self._entropy_sums, reduction="sum")
         if not self._main:
             return
         metrics = self._metrics_row()
+        for column in LOGGED_STEP_COLUMNS:  # for TRL's loggers (_around_log)
+            if math.isfinite(metrics[column]):
+                self._unlogged.setdefault(column, []).append(float(metrics[column]))
         if self._probe_rows is not None:
             metrics.update(self._probe_rows.metrics)
             for column, value in self._probe_rows.metrics.items():  # for TRL's loggers (_around_log)
@@ -393,6 +445,11 @@ class SpectraCallback(TrainerCallback):
         if self._before_update_done or self._step_data is None:
             return
         self._before_update_done = True
+        self._head_squares = head_gradient_squares(self._policy)  # a collective under FSDP2
+        if step_change_due(self.probe_settings.changed_every, self._step) and (self._main or self._sharded):
+            with self.timer.phase("probes"):
+                self._step_change = StepChange(self.probes.layer_params)
+                self._step_change.before()
         if "grad_sum" in self.probes.matrices:
             with self.timer.phase("probes"):
                 self.probes.accumulate_gradients()
@@ -454,7 +511,8 @@ class SpectraCallback(TrainerCallback):
         token_weight_counts = uniform_weight_rollouts(
             -(data.loss_weights * data.advantages), data.advantages, data.batch.completion_mask)
         readings = read_batch(data.batch, ScoredBatch(rewards=rewards, correct=correct), data.advantages,
-                              token_weight_counts)
+                              token_weight_counts, entropy_sums=self._entropy_sums,
+                              head_squares=self._head_squares, step_changed=self._step_changed)
         losses = LossTotals(loss=self._loss, pg_loss=self._loss,  # unsupported_settings admits no other term
                             kl=math.nan, value_loss=math.nan, entropy=trl["entropy"], clip_frac=trl["clip_frac"])
         return metrics_row(step_metrics(self._step, readings, losses, self._grad_norm))

@@ -3,7 +3,9 @@
 `step_capture` hands the trainer a `StepCapture` for a `ProbeSuite` (runner.py). On a probe step
 it takes the per-rollout Gram factors from the training forward and backward where that is exact
 (fused.py), else it asks the suite for its separate pass; on every step it adds the pass's
-gradient to `grad_sum`, and off probe steps it measures the gradient's sparsity where due.
+gradient to `grad_sum`, off probe steps it measures the gradient's sparsity where due, and where
+`probes.changed_every` says it copies the layer weights before the update and counts what the
+update changed (`after_update`, step_change.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from grpo_cli.probes.fused import (
 )
 from grpo_cli.probes.gram import group_blocks
 from grpo_cli.probes.per_sample import CHUNK_ELEMS
+from grpo_cli.probes.step_change import StepChange, step_change_due
 from grpo_cli.runtime.timing import PhaseTimer
 
 if TYPE_CHECKING:
@@ -44,10 +47,13 @@ class StepCapture:
     """
 
     def __init__(self, suite: ProbeSuite, step: int, model: torch.nn.Module,
-                 timer: PhaseTimer | None = None, probe: bool = True, sparsity: bool = False):
+                 timer: PhaseTimer | None = None, probe: bool = True, sparsity: bool = False,
+                 changed: bool = False):
         self.suite, self.step, self.model, self.timer = suite, step, model, timer
         self.probe = probe  # False: a step that only adds to grad_sum and/or measures sparsity
         self.sparsity = sparsity  # off a probe step: grad_sparsity / grad_hoyer (metrics)
+        # step_changed_frac*: the layer weights before the update, compared after it
+        self.step_change = StepChange(suite.layer_params, suite.optimizer) if changed else None
         self.metrics: dict[str, float] = {}  # what an off-probe step measured, for metrics.csv
         self.per_rollout = probe and suite.per_rollout_matrices
         self.training_pass = suite.fuse_training_pass and self.per_rollout
@@ -73,6 +79,8 @@ class StepCapture:
     def before_update(self, batch, advantages, loss_weights, fused: bool) -> tuple[dict, dict]:
         """(layer batch gradients, per-rollout Grams) for `StepOutput` (empty off probe steps)."""
         suite = self.suite
+        if self.step_change is not None:  # before the first optimizer step: W_t
+            self.step_change.before()
         if not self.probe:
             if self.sparsity:
                 self.metrics = suite.measure_sparsity()
@@ -85,6 +93,16 @@ class StepCapture:
         if grams is None:
             grams = suite.rollout_grams(self.step, batch, loss_weights, advantages, self.model)
         return layer_grads, grams
+
+    def after_update(self) -> torch.Tensor | None:
+        """After the step's last optimizer step: its step_changed_frac* values [3] on the device
+        (None where not due), timed as probes."""
+        if self.step_change is None:
+            return None
+        if self.timer is None:
+            return self.step_change.after()
+        with self.timer.phase("probes"):
+            return self.step_change.after()
 
     def after_backward(self) -> None:
         """Every pass of every step, before clipping: grad_sum += G_t."""
@@ -127,11 +145,13 @@ class StepCapture:
 
 
 def step_capture(suite: ProbeSuite, step: int, model: torch.nn.Module, timer: PhaseTimer | None = None,
-                 probe: bool = True) -> StepCapture | None:
+                 probe: bool = True, update: bool = True) -> StepCapture | None:
     """What step `step` asks of the trainer's update (`GRPOTrainer.step(capture=...)`): on a
     probe step the pre-update gradients, on every step grad_sum's running sum, off probe
-    steps the gradient's sparsity where `suite.sparsity_due`; None when it asks nothing."""
+    steps the gradient's sparsity where `suite.sparsity_due`, on a step that updates (`update`)
+    the weights it changes where `probes.changed_every` says; None when it asks nothing."""
     sparsity = not probe and suite.sparsity_due(step)
-    if not probe and not sparsity and "grad_sum" not in suite.matrices:
+    changed = update and step_change_due(suite.cfg.changed_every, step)
+    if not probe and not sparsity and not changed and "grad_sum" not in suite.matrices:
         return None
-    return StepCapture(suite, step, model, timer, probe=probe, sparsity=sparsity)
+    return StepCapture(suite, step, model, timer, probe=probe, sparsity=sparsity, changed=changed)

@@ -4,7 +4,8 @@
 predictions in grpo_cli/measures.py (`predicted_rank_measures`, with the model they assume);
 `count_distinct_rows` bounds a group's rank by its number of distinct completions, and
 `distinct_per_group` counts them for every group at once on the device (metrics.csv
-`distinct_completions`).
+`distinct_completions`), `distinct_correct_per_group` those among its correct rollouts
+(`distinct_correct`).
 
 The model holds only for advantages of the form c (r_i - mean r), c > 0, with binary r
 (`composition_applies`): grpo, dr_grpo and rloo without an overlong penalty. Not for reinforce
@@ -115,10 +116,34 @@ def distinct_per_group(
     >>> distinct_per_group(t, torch.tensor([[1, 1]] * 3 + [[1, 0]] * 3), 3).tolist()
     [2, 1]
     """
+    return (~_repeats_earlier(tokens, mask, group_size).any(dim=-1)).sum(dim=-1)  # [B]
+
+
+def _repeats_earlier(tokens: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B, R, R] bool: [b, i, j] when j < i and rows i and j of group b have the same tokens
+    under the same mask."""
     keys = torch.where(mask > 0, tokens, -1).reshape(-1, group_size, tokens.shape[-1])  # [B, R, L]
     same = (keys.unsqueeze(2) == keys.unsqueeze(1)).all(dim=-1)  # [B, R, R]
     earlier = torch.ones(group_size, group_size, dtype=torch.bool, device=tokens.device).tril(-1)
-    return (~(same & earlier).any(dim=-1)).sum(dim=-1)  # [B]
+    return same & earlier
+
+
+def distinct_correct_per_group(
+    tokens: torch.Tensor,  # [N, L] token ids, N = B * R
+    mask: torch.Tensor,  # [N, L] 1 on tokens that count
+    correct: torch.Tensor,  # [N] 1.0 where the final answer is right, else 0.0
+    group_size: int,
+) -> torch.Tensor:  # [B] int64
+    """Distinct completions among each group's correct rollouts (G2RPO's correct modes), without a
+    host read: a correct row is new when no earlier correct row of its group has its tokens.
+
+    >>> t = torch.tensor([[5, 1], [5, 1], [5, 2], [7, 7], [7, 8], [7, 9]])
+    >>> distinct_correct_per_group(t, torch.ones(6, 2), torch.tensor([1.0, 1, 0, 0, 0, 0]), 3).tolist()
+    [1, 0]
+    """
+    right = (correct > 0).reshape(-1, group_size)  # [B, R]
+    repeated = (_repeats_earlier(tokens, mask, group_size) & right.unsqueeze(1)).any(dim=-1)  # [B, R]
+    return (right & ~repeated).sum(dim=-1)
 
 
 def informative_distinct_mean(tokens: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,
@@ -128,3 +153,12 @@ def informative_distinct_mean(tokens: torch.Tensor, mask: torch.Tensor, rewards:
     groups = rewards.reshape(-1, group_size)  # [B, R]
     informative = ((groups.max(dim=1).values - groups.min(dim=1).values).abs() >= 1e-12).double()  # [B]
     return (distinct_per_group(tokens, mask, group_size).double() * informative).sum() / informative.sum()
+
+
+def correct_distinct_mean(tokens: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
+                          group_size: int) -> torch.Tensor:  # 0-d float64
+    """metrics.csv's `distinct_correct`: mean distinct correct completions per group with a
+    correct rollout (`distinct_correct_per_group`), NaN when no rollout is correct; on the device."""
+    counts = distinct_correct_per_group(tokens, mask, correct, group_size).double()  # [B]
+    solved = (correct.reshape(-1, group_size) > 0).any(dim=1).double()  # [B]
+    return counts.sum() / solved.sum()

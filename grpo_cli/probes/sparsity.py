@@ -79,8 +79,13 @@ def changed_entries(current: torch.Tensor, initial: torch.Tensor, dtype: torch.d
     >>> changed_entries(torch.tensor([1.0, 1.0 + 2**-10, 3.0]), torch.ones(3), torch.bfloat16)
     1
     """
+    return int(changed_count(current, initial, dtype))
+
+
+def changed_count(current: torch.Tensor, initial: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`changed_entries` as a 0-d int64 tensor on `current`'s device (no host read)."""
     if current.shape != initial.shape:
         raise ValueError(f"shapes differ: {tuple(current.shape)} and {tuple(initial.shape)}")
     dtype = dtype or current.dtype
     initial = initial.to(current.device)
-    return int((current.detach().to(dtype) != initial.to(dtype)).sum())
+    return (current.detach().to(dtype) != initial.to(dtype)).sum()

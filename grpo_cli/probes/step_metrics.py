@@ -6,6 +6,10 @@ build their row here, so a column means the same for both and is added in one pl
 `step_metrics` joins those readings with the update's (`LossTotals`, the gradient norm) into the
 row's values, which `grpo_cli.results.rows.metrics_row` puts in column order. What a trainer does
 not measure is NaN: TRL gives no sampler log-probs, KL or value loss, and no problem ids.
+
+What only the update holds comes in as device tensors read with the batch: each trainer sums
+`entropy_sign_sums` over its micro-batches' training forwards (token entropy by the advantage's
+sign) and takes `head_gradient_squares` (grpo_cli/probes/head_share.py) before clipping.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from grpo_cli.algorithm.scored import (
     group_outcome_shares,
     zero_variance_groups,
 )
-from grpo_cli.probes.composition import informative_distinct_mean
+from grpo_cli.probes.composition import correct_distinct_mean, informative_distinct_mean
+from grpo_cli.probes.head_share import head_shares
+from grpo_cli.probes.step_change import STEP_CHANGED_COLUMNS
 from grpo_cli.rollout.batch import RolloutBatch
 
 
@@ -61,6 +67,12 @@ class BatchReadings:
     distinct_completions: float  # mean distinct completions per informative group (NaN: none)
     token_weight_uniform_frac: float  # informative rollouts with uniform d loss / d log pi(y_t)
     token_weight_spread: float  # ... their mean relative spread (NaN: no informative rollout)
+    distinct_correct: float  # mean distinct correct completions per group with one (NaN: none correct)
+    entropy_adv_positive: float  # mean token entropy over tokens with advantage > 0 (NaN: none)
+    entropy_adv_negative: float  # ... < 0
+    entropy_adv_zero: float  # ... == 0
+    head_squares: tuple[float, float, float]  # head_gradient_squares (NaN: not measured)
+    step_changed: tuple[float, float, float]  # STEP_CHANGED_COLUMNS (NaN: not measured)
     correct: tuple[float, ...]  # [N] each rollout's `correct`, in batch order (groups contiguous)
 
 
@@ -70,13 +82,20 @@ def read_batch(
     advantages: torch.Tensor,  # [N, L]
     token_weight_counts: torch.Tensor,  # [3] `uniform_weight_rollouts`, summed over the passes
     logprob_gap: torch.Tensor | None = None,  # [T] |sampler - policy| log-prob per completion token
+    entropy_sums: torch.Tensor | None = None,  # [6] `entropy_sign_sums`, summed over the forwards
+    head_squares: torch.Tensor | None = None,  # [3] `head_gradient_squares`
+    step_changed: torch.Tensor | None = None,  # [3] `StepChange.after` (probes/step_change.py)
 ) -> BatchReadings:
-    """The batch's readings, every one reduced on the device, then one host read."""
+    """The batch's readings, every one reduced on the device, then one host read (NaN for the
+    entropy split and head squares not given)."""
     group_size, mask = batch.group_size, batch.completion_mask  # mask [N, L]
     rewards = scored.rewards  # [N]
     scored_only = rewards.nan_to_num(0.0)  # a missing reward counts as 0 in spreads and groups
     lengths = batch.completion_lengths()  # [N]
     gap = mask.new_full((1,), math.nan) if logprob_gap is None else logprob_gap  # [T]
+    entropy_sums = mask.new_zeros(6, dtype=torch.float64) if entropy_sums is None else entropy_sums.double()
+    head_squares = mask.new_full((3,), math.nan) if head_squares is None else head_squares
+    step_changed = mask.new_full((3,), math.nan) if step_changed is None else step_changed.to(mask.device)
     values = {
         "accuracy": scored.correct.mean(),
         # nanmean only where a reward is missing: grpo-cli's rollouts always have one, and on
@@ -93,6 +112,10 @@ def read_batch(
         **dict(zip(("groups_all_wrong", "groups_all_right", "groups_mixed"),
                    group_outcome_shares(scored.correct, group_size), strict=True)),
         "distinct_completions": informative_distinct_mean(batch.input_ids, mask, scored_only, group_size),
+        "distinct_correct": correct_distinct_mean(batch.input_ids, mask, scored.correct, group_size),
+        **dict(zip(ENTROPY_SIGN_COLUMNS, entropy_sums[:3] / entropy_sums[3:], strict=True)),  # 0 / 0: NaN
+        **{f"head_square_{k}": value for k, value in enumerate(head_squares)},
+        **dict(zip(STEP_CHANGED_COLUMNS, step_changed, strict=True)),
         **dict(zip(("token_weight_uniform_frac", "token_weight_spread"),
                    token_weight_readings(token_weight_counts), strict=True)),
     }
@@ -101,7 +124,32 @@ def read_batch(
     named = dict(zip(values, read[: len(values)], strict=True))
     for count in ("completion_len_max", "tokens"):
         named[count] = int(named[count])
+    named["head_squares"] = tuple(named.pop(f"head_square_{k}") for k in range(3))
+    named["step_changed"] = tuple(named.pop(column) for column in STEP_CHANGED_COLUMNS)
     return BatchReadings(group_size=group_size, correct=tuple(read[len(values):]), **named)
+
+
+ENTROPY_SIGN_COLUMNS = ("entropy_adv_positive", "entropy_adv_negative", "entropy_adv_zero")
+
+
+def entropy_sign_sums(
+    entropy: torch.Tensor,  # [n, L] each token's entropy under the policy (nats)
+    advantages: torch.Tensor,  # [n, L] each token's advantage
+    mask: torch.Tensor,  # [n, L] 1 on the tokens the loss counts
+) -> torch.Tensor:  # [6] float64
+    """(sum of H over tokens with A > 0, A < 0, A = 0, then their token counts), over `mask`:
+    EAPO's (arXiv 2604.11056) polarity split of the token entropy; sums over micro-batches and
+    processes add up, and metrics.csv's ENTROPY_SIGN_COLUMNS are the sums over the counts.
+
+    >>> entropy_sign_sums(torch.tensor([[1.0, 2.0, 4.0]]), torch.tensor([[0.5, -1.0, 0.0]]),
+    ...                   torch.tensor([[1.0, 1.0, 0.0]])).tolist()
+    [1.0, 2.0, 0.0, 1.0, 1.0, 0.0]
+    """
+    counted = mask > 0  # [n, L]
+    signs = (advantages > 0, advantages < 0, advantages == 0)
+    kept = [(sign & counted).double() for sign in signs]  # each [n, L]
+    values = entropy.detach().double()
+    return torch.stack([(values * k).sum() for k in kept] + [k.sum() for k in kept])
 
 
 def step_metrics(step: int, readings: BatchReadings, losses: LossTotals, grad_norm: float, *,
@@ -140,4 +188,8 @@ def step_metrics(step: int, readings: BatchReadings, losses: LossTotals, grad_no
         "distinct_completions": readings.distinct_completions,
         "token_weight_uniform_frac": readings.token_weight_uniform_frac,
         "token_weight_spread": readings.token_weight_spread,
+        **head_shares(readings.head_squares, grad_norm),  # of grad_norm^2: NaN at a zero gradient
+        "distinct_correct": readings.distinct_correct,
+        **{column: getattr(readings, column) for column in ENTROPY_SIGN_COLUMNS},
+        **dict(zip(STEP_CHANGED_COLUMNS, readings.step_changed, strict=True)),  # NaN: not measured
     }

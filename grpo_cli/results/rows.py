@@ -31,6 +31,7 @@ PEAK_COLUMNS = tuple(column for column in TIMING_COLUMNS if column.startswith("p
 PROBE_METRICS = (
     "grad_sparsity", "grad_hoyer", "grad_group_abs_cosine",
     "update_changed_frac", "update_changed_frac_master", "update_changed_frac_bf16",
+    "step_changed_frac", "step_changed_frac_master", "step_changed_frac_bf16",  # probes.changed_every
     *(column for column in METRIC_COLUMNS if column.startswith(("grad_norm_", "grad_noise_", "grad_snr"))),
 )
 # run.json's estimator_facts (grpo_cli/algorithm/advantages.py RegisteredEstimator.facts)

@@ -70,6 +70,17 @@ METRIC_COLUMNS = (
     "grad_group_abs_cosine",  # mean |cos| between the groups' summed gradients (arXiv 2601.23135)
     "grad_snr",  # |G|^2 / (tr Sigma / N) = N / B_simple
     "grad_norm_layer_max_share",  # max over layers of ||G_l||^2 / ||G||^2, G the trainer's batch gradient
+    # every step (grpo_cli/probes/head_share.py, step_change.py, step_metrics.py; docs/results.md)
+    "grad_share_head_embedding",  # (||g_head||^2 + ||g_embedding||^2) / grad_norm^2, a tied weight once
+    "grad_share_head",  # ||g_head||^2 / grad_norm^2 (empty: tied to the embedding)
+    "grad_share_embedding",  # ||g_embedding||^2 / grad_norm^2 (empty: tied to the head)
+    "step_changed_frac",  # entries of the layer weights this step's update changed (probes.changed_every)
+    "step_changed_frac_master",  # ... in the fp32 masters (empty without them)
+    "step_changed_frac_bf16",  # ... in a bf16 round-to-nearest copy of the weights
+    "entropy_adv_positive",  # mean token entropy over tokens whose advantage is > 0 (EAPO)
+    "entropy_adv_negative",  # ... < 0
+    "entropy_adv_zero",  # ... == 0
+    "distinct_correct",  # mean distinct correct completions per group with a correct one (G2RPO)
 )
 TIMING_COLUMNS = (
     "step",

@@ -73,7 +73,7 @@ class TrainingLoop:
             # ---- the GRPO step (its phases are timed inside; the probes' hook reads its gradients;
             # update=False stops before the optimizer: grpo probe) ----
             capture = (None if self.probes is None
-                       else step_capture(self.probes, step, self.model, timer, probe=probe_now))
+                       else step_capture(self.probes, step, self.model, timer, probe=probe_now, update=update))
             output = self.trainer.step(step, capture=capture, update=update)
             # ---- probes: spectra of this step's gradients ----
             if probe_now:

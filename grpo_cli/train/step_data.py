@@ -67,6 +67,9 @@ class UpdateResult:
     token_weight_counts: torch.Tensor
     layer_grads: dict[str, torch.Tensor]  # probe steps: batch gradients (else empty)
     rollout_grams: dict[str, torch.Tensor]  # ... and per-rollout Grams
+    entropy_sums: torch.Tensor  # [6] the first pass's `entropy_sign_sums`, summed over micro-batches
+    head_squares: torch.Tensor  # [3] the first pass's `head_gradient_squares`, before clipping
+    step_changed: torch.Tensor | None  # [3] the update's step_changed_frac* (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class MicroBatchOutput:
     terms: torch.Tensor  # [6] LOGGED_TERMS, float64
     logprobs: torch.Tensor  # [n, L] the policy's log-probs of its rows, detached
     token_weight_counts: torch.Tensor  # [3] `uniform_weight_rollouts` of its rows
+    entropy_sums: torch.Tensor  # [6] `entropy_sign_sums` of its rows
 
 
 class ProbeCapture(Protocol):
@@ -97,3 +101,7 @@ class ProbeCapture(Protocol):
 
     def after_backward(self) -> None:
         """After every pass's backward, before clipping (grad_sum += G_t)."""
+
+    def after_update(self) -> torch.Tensor | None:
+        """After the step's last optimizer step: the step_changed_frac* values [3] on the device
+        (probes/step_change.py), None where not measured."""

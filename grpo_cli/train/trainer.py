@@ -30,7 +30,8 @@ from grpo_cli.algorithm.scored import (
     mean_expected_zero_variance_fraction,
     zero_variance_groups,
 )
-from grpo_cli.probes.step_metrics import read_batch, step_metrics
+from grpo_cli.probes.head_share import head_gradient_squares
+from grpo_cli.probes.step_metrics import entropy_sign_sums, read_batch, step_metrics
 from grpo_cli.results.rows import metrics_row
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.batch import RolloutBatch, concat_batches, select_groups, select_rows
@@ -339,6 +340,8 @@ class GRPOTrainer:
                         p.grad = torch.zeros_like(p)
             with timer.phase("optimizer"):  # the gradient norm (what clip_grad_norm_ computes first)
                 norm_tensor = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+                if first:  # the head's and embedding's part of it, read with the metrics
+                    head_squares = head_gradient_squares(self.model)
             values, norm = read_pass(step, [output.terms for output in outputs], norm_tensor,  # host read
                                      partial(self._non_finite_report, batch, outputs, targets))
             if first:
@@ -346,6 +349,7 @@ class GRPOTrainer:
                     values, plan.shares, plan.batch_tokens,
                     kl_term=targets.ref_logprobs is not None, value_term=self.value_head is not None)
                 policy_logprobs = torch.cat([output.logprobs for output in outputs]).to(batch.completion_mask.dtype)
+                entropy_sums = torch.stack([output.entropy_sums for output in outputs]).sum(dim=0)  # [6]
             if capture is not None:
                 with timer.phase("probes"):  # pre-update batch gradients and Grams; grad_sum
                     if first:
@@ -360,8 +364,11 @@ class GRPOTrainer:
                 max_norm = max_norm if max_norm > 0 else math.inf
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm_tensor)
                 self.optimizer.step()
+        # the weights the update changed (probes.changed_every), read with the metrics
+        changed = capture.after_update() if capture is not None and apply else None
         return UpdateResult(grad_norm=grad_norm, losses=losses, policy_logprobs=policy_logprobs,
-                            token_weight_counts=counts, layer_grads=layer_grads, rollout_grams=rollout_grams)
+                            token_weight_counts=counts, layer_grads=layer_grads, rollout_grams=rollout_grams,
+                            entropy_sums=entropy_sums, head_squares=head_squares, step_changed=changed)
 
     def _plan_update(self, step: int, batch: RolloutBatch, targets: Targets,
                      capture: ProbeCapture | None) -> UpdatePlan:
@@ -459,7 +466,10 @@ class GRPOTrainer:
             loss.detach(), pg_loss.detach(), stats["clip_frac"],
             (entropy.detach() * part_mask).sum(), kl_sum.detach(), v_loss.detach(),
         ]).double()  # exact: .item() would give the same doubles
-        return MicroBatchOutput(terms=terms, logprobs=logprobs.detach(), token_weight_counts=token_weight_counts)
+        # EAPO's split of the entropy by the advantage's sign (before TIS, which keeps it)
+        entropy_sums = entropy_sign_sums(entropy, targets.advantages[rows], part_mask)  # [6]
+        return MicroBatchOutput(terms=terms, logprobs=logprobs.detach(), token_weight_counts=token_weight_counts,
+                                entropy_sums=entropy_sums)
 
     def _policy_forward(self, part: RolloutBatch, plan: UpdatePlan, rows: slice, hook):
         """`forward_policy` over a micro-batch; with `plan.live`, its idle rows (no loss
@@ -585,7 +595,9 @@ class GRPOTrainer:
         """The metrics.csv row (grpo_cli/probes/step_metrics.py): the batch's readings in one host
         read, then each problem's success so far."""
         readings = read_batch(batch, scored, targets.advantages, result.token_weight_counts,
-                              logprob_gap=self._logprob_gap(batch, plan, result))
+                              logprob_gap=self._logprob_gap(batch, plan, result),
+                              entropy_sums=result.entropy_sums, head_squares=result.head_squares,
+                              step_changed=result.step_changed)
         prompt_rates = self.problem_success.estimate(batch.problem_indices, readings.accuracy)  # [B]
         size = batch.group_size
         self.problem_success.update(

@@ -215,7 +215,6 @@ class ProbesConfig:
     sparsity_rtol: float = ranged(1e-3, OPEN_UNIT)  # sparsity: |g| < sparsity_rtol * max|g|
     sparsity_every: int = ranged(1, AT_LEAST_0)  # grad_sparsity / grad_hoyer every N steps, probe steps or not (0: probe steps only); one pass over the probed parameters' gradients, one host read
     changed_every: int = ranged(1, AT_LEAST_0)  # step_changed_frac* (weights the step's update changed) every N steps (0: never); one copy of the layer_regex weights while the optimizer steps, read with the metrics row
-    changed_every: int = ranged(1, AT_LEAST_0)  # step_changed_frac* (weights the step's update changed) every N steps (0: never); one copy of the layer_regex weights while the optimizer steps, read with the metrics row
     max_groups_saved: int = ranged(64, AT_LEAST_0)  # per-group spectra kept per probe step
 
 

@@ -45,7 +45,7 @@ OLDEST_TRANSFORMERS_TESTS ?= tests/test_models.py tests/test_static_decode.py te
   tests/test_stop_tokens.py tests/test_deprecation_guard.py
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-other-isa test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit analyze bench bench-probes trl-example clean
+.PHONY: help setup test test-other-isa test-slow test-gpu test-vllm test-oldest-transformers check-gpu-resolution check test-trl-vllm lint reproduce-cpu reproduce-paper rehearse-paper gpu-report settle smollm2-cpu smollm2-cpu-credit smollm2-probe analyze bench bench-probes trl-example clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/\$$(VENV)/$(VENV)/g' -e 's/\$$(VLLM_GPU)/$(VLLM_GPU)/g' \
@@ -133,6 +133,13 @@ smollm2-cpu: $(STAMP) ## SmolLM2-135M-Instruct learns on a CPU: R = 2, 4, 8 (SMO
 	for S in $(subst $(comma), ,$(SMOLLM2_SEEDS)); do for R in $(SMOLLM2_R); do echo $$S $$R; done; done | \
 	  xargs -P $(SMOLLM2_JOBS) -L 1 sh -c '$(GRPO) run experiment=cpu_smollm2_learn seed=$$0 rollout.group_size=$$1 rollout.prompts_per_step=$$((32 / $$1)) threads=$(SMOLLM2_THREADS) progress=false $(SMOLLM2_ARGS)'
 	$(GRPO) analyze results/cpu_smollm2_learn --follows-r rollout.prompts_per_step
+
+# make smollm2-probe (issue 62): GSM8K's release files (GSM8K_DIR) and scripts/smollm2_probe.py's
+# options (SMOLLM2_PROBE_ARGS, e.g. "--batches 6 --group-sizes 2,4,8,16,32"; --dry-run prints the plan)
+GSM8K_DIR ?= ../shared/data/gsm8k
+SMOLLM2_PROBE_ARGS ?=
+smollm2-probe: $(STAMP) ## Claims 2 and 4 on SmolLM2 on the same weights: train seeds 0-2 (weights kept), grpo probe the pretrained model and each checkpoint at R = 2..16 on GSM8K prompts, otb/process on the same rollouts, then grpo analyze --same-weights
+	$(PY) scripts/smollm2_probe.py --gsm8k $(GSM8K_DIR) $(SMOLLM2_PROBE_ARGS)
 
 smollm2-cpu-credit: $(STAMP) ## Claim 4 on SmolLM2 (CPU): per-token credit (ppo) beside grpo (CREDIT_ALGOS=grpo,ppo,process), R = 4 (CREDIT_R=...), seed 0, then analyze
 	for A in $(subst $(comma), ,$(CREDIT_ALGOS)); do echo $$A; done | \

@@ -82,14 +82,15 @@ def test_probe_of_every_kept_checkpoint_equals_the_run_at_those_steps(tmp_path, 
     assert trained.exit_code == 0, trained.output
     run_dir = next((tmp_path / "smoke").glob("R4-grpo-s0*"))
     kept = sorted(path.name for path in (run_dir / "checkpoints").glob("step_*.pt"))
-    assert kept == ["step_000001.pt", "step_000002.pt", "step_000003.pt"]
+    # step 0: the weights the run started from (W_0), kept so W_t - W_0 needs no model at hand
+    assert kept == ["step_000000.pt", "step_000001.pt", "step_000002.pt", "step_000003.pt"]
     out = tmp_path / "probe"
     probed = grpo_probe(run_dir, out, "--group-sizes", "4", "--all-checkpoints")
     assert probed.exit_code == 0, probed.output
-    assert sorted(set(pd.read_csv(out / "R4" / "ranks.csv")["step"])) == [1, 2, 3]
-    assert load_run(out / "R4").contradictions == []  # steps 1-3 only: no "missing step 0"
-    # the run probed steps 1 and 2 at the weights those checkpoints hold (step 3: after training)
-    assert_same_spectra(run_dir, out / "R4", [1, 2])
+    assert sorted(set(pd.read_csv(out / "R4" / "ranks.csv")["step"])) == [0, 1, 2, 3]
+    assert load_run(out / "R4").contradictions == []
+    # the run probed steps 0-2 at the weights those checkpoints hold (step 3: after training)
+    assert_same_spectra(run_dir, out / "R4", [0, 1, 2])
     # one checkpoint file, other prompts: its step only, 2 prompts x R rows
     one = grpo_probe(run_dir / "checkpoints" / "step_000002.pt", tmp_path / "one", "--group-sizes",
                      "2", "--prompts", "2", "--seed", "5")

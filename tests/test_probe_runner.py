@@ -320,7 +320,8 @@ def test_the_step_hook_adds_every_pass_to_grad_sum_and_captures_only_on_probe_st
     probing = step_capture(suite, 2, model, probe=True)
     layer_grads, grams = probing.before_update(None, None, None, fused=False)
     assert torch.equal(layer_grads[name], torch.ones(16, 16, dtype=torch.float64)) and grams == {}
-    quiet_off = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=0), model, tmp_path / "w1.pt")
+    quiet_off = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=0, changed_every=0), model,
+                           tmp_path / "w1.pt")  # nothing asked: no sparsity, no step-to-step change
     assert step_capture(quiet_off, 1, model, probe=False) is None
 
 
@@ -333,7 +334,8 @@ def test_off_probe_steps_measure_the_gradients_sparsity_in_closed_form(tmp_path)
     for p in model.parameters():
         p.grad = torch.ones_like(p) if p is model.get_parameter(name) else torch.zeros_like(p)
     n = sum(p.numel() for p in model.parameters())
-    suite = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=2), model, tmp_path / "w0.pt")
+    suite = ProbeSuite(ProbesConfig(matrices=["layer"], sparsity_every=2, changed_every=0), model,
+                       tmp_path / "w0.pt")  # changed_every=0: odd steps ask nothing at all
     assert step_capture(suite, 3, model, probe=False) is None
     capture = step_capture(suite, 4, model, probe=False)
     assert capture.before_update(None, None, None, fused=False) == ({}, {})

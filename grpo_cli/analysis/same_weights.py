@@ -35,7 +35,8 @@ from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.falsifier import judge_pair
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import PerR, over_r_parts, rank_bounds, rng_for
+from grpo_cli.analysis.over_r import PerR
+from grpo_cli.analysis.rank_verdict import over_r_parts, rank_bounds, rng_for
 from grpo_cli.analysis.rules import OUTCOME, PER_TOKEN, Rules, estimator_family, judged_group_sizes
 from grpo_cli.analysis.same_checkpoint import is_probe
 from grpo_cli.analysis.tables import LAYER_MATRICES, PER_GROUP_MATRICES

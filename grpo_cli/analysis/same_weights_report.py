@@ -158,13 +158,8 @@ def figure(result: SameWeights, rules: Rules, path: Path) -> Path:
 
 def write(result: SameWeights, rules: Rules, stage: Path, source: str) -> dict[str, Path]:
     """Every output file into `stage` (the caller renames them into place)."""
-    files = {
-        "same_weights.md": markdown(result, rules, source),
-    }
-    out = {}
-    for name, text in files.items():
-        (stage / name).write_text(text)
-        out[name] = stage / name
+    out = {"same_weights.md": stage / "same_weights.md"}
+    out["same_weights.md"].write_text(markdown(result, rules, source))
     tables = {"same_weights_claim2.csv": claim2_table(result.map_readings + result.family),
               "same_weights_claim4.csv": claim4_table(result.claim4),
               "claim_map.csv": result.claim_map, "same_weights_units.csv": result.units}

@@ -14,7 +14,7 @@ completed is skipped. Each command's wall time and peak RSS (its own wait4 rusag
 OUT/commands.csv, for the note the issue asks for. One command at a time by default: a
 whole-model probe of SmolLM2 peaks near 12 GB, two at once would not fit a 23 GB machine.
 
-Measured on the pretrained weights (2026-12-02, 2-core AVX2 CPU, idle; one probe batch each): the
+Measured on the pretrained weights (2026-12-01/02, 2-core AVX2 CPU; one probe batch each): the
 reading needs informative groups (mixed rewards), and SmolLM2-135M-Instruct rarely solves GSM8K.
 Full GSM8K train, R = 8, 16 rollouts, 160 tokens: reward 0.000 (290 s, peak RSS 3.1 GB, machine
 loaded). The 1,247 train problems with two solution lines and a question under 200 characters,

@@ -342,3 +342,28 @@ def test_ctrl_c_stops_grpo_analyze_with_exit_130_and_nothing_written(tmp_path):
     assert process.returncode == 130, output  # once exit 0
     assert "interrupted: no output written" in output and "Traceback" not in output
     assert not any(root.glob(".analysis.*")) and not (root / "analysis").exists()
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_still_stops_the_commit(tmp_path):
+    # CI saw it: SIGINT landed in a matplotlib weakref callback, Python printed "Exception
+    # ignored ... KeyboardInterrupt", and the analysis renamed its outputs in and exited 0
+    import signal
+
+    import pytest
+
+    from grpo_cli.analysis.pipeline import staged_output
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker ignores it
+    try:
+        out = tmp_path / "analysis"
+        with pytest.raises(KeyboardInterrupt):
+            with staged_output(out, below=tmp_path) as stage:
+                (stage / "summary.csv").write_text("x\n")
+                try:  # what a finalizer does with the KeyboardInterrupt raised inside it
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    pass
+        assert not out.exists() and list(tmp_path.iterdir()) == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler given back
+    finally:
+        signal.signal(signal.SIGINT, before)

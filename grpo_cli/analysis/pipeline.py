@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,7 +233,10 @@ def staged_output(out: Path, below: Path) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        yield stage
+        with _interrupts_remembered() as received:
+            yield stage
+            if received:  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see below)
+                raise KeyboardInterrupt
         out.mkdir(exist_ok=True)
         _refuse_links(out, below)  # not swapped for a link meanwhile
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -244,6 +249,31 @@ def staged_output(out: Path, below: Path) -> Iterator[Path]:
             os.close(target)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextmanager
+def _interrupts_remembered() -> Iterator[list[int]]:
+    """Ctrl-C while the outputs are built, remembered as well as raised. A KeyboardInterrupt
+    that lands in a finalizer or weakref callback (matplotlib drops transforms that way while
+    drawing) is printed as "Exception ignored" and lost, and the analysis would then commit as
+    if never interrupted; the caller checks the list before renaming anything in. Left alone
+    where SIGINT is not Python's default (ignored, or handled by someone else) or off the main
+    thread."""
+    received: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield received
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handle)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _variant_labels(runs: list[Run], grouping: Grouping) -> dict[str, dict]:

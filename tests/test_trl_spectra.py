@@ -506,6 +506,44 @@ def global_output(parts: list[dict], pad_token_id: int) -> dict:
     return output
 
 
+def assert_global_step_readings(trainer, run_dir, step: int, output: dict, batch_grads: dict,
+                                rewards: torch.Tensor) -> None:
+    """Issue 64's per-step readings of a two-process run (metrics.csv) are those of one process
+    on the same global batch (tests/test_trl_step_readings.py checks one process against TRL's
+    own tensors): the head's and embedding's share of the batch gradient's squared norm, the
+    entropy split by the advantage's sign (token counts from both processes), the distinct
+    correct completions of the groups (group 1 straddles the processes), and lr = 0's step
+    changing no weight. The batch gradient's norms agree with one process's to 1e-6 relative
+    (the bound the norms below are held to: each process pads its own rows, so the two runs
+    differ by more than one reduction order), so each square sum to 2e-6 and a share, their
+    ratio, to 4e-6; the entropies come from the forward alone (test_step_readings' F64_SUMS)."""
+    from test_trl_step_readings import distinct_correct, entropy_split, same
+
+    row = pd.read_csv(run_dir / "metrics.csv").set_index("step").loc[step]
+    policy = trainer.model
+    head = {n for n, p in policy.named_parameters() if p is policy.get_output_embeddings().weight}
+    embedding = {n for n, p in policy.named_parameters() if p is policy.get_input_embeddings().weight}
+    squares = {n: float(g.double().square().sum()) for n, g in batch_grads.items() if g is not None}
+    total = sum(squares.values())
+    expected = {"grad_share_head_embedding": sum(squares.get(n, 0.0) for n in head | embedding) / total}
+    if head != embedding:  # untied: each on its own
+        expected["grad_share_head"] = sum(squares.get(n, 0.0) for n in head) / total
+        expected["grad_share_embedding"] = sum(squares.get(n, 0.0) for n in embedding - head) / total
+    for column, value in expected.items():
+        assert abs(row[column] - value) <= 4e-6 * value, (step, column, row[column], value)
+    assert row.step_changed_frac == 0.0 and row.step_changed_frac_bf16 == 0.0  # lr = 0
+    with torch.no_grad():
+        _, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            policy, torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1),
+            torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+            output["completion_ids"].size(1), compute_entropy=True)
+    for column, value in zip(("entropy_adv_positive", "entropy_adv_negative", "entropy_adv_zero"),
+                             entropy_split(entropies, output), strict=True):
+        assert same(row[column], value), (step, column, row[column], value)
+    correct = (rewards > 0.5).tolist()  # the callback's success_threshold
+    assert same(row.distinct_correct, distinct_correct(output, correct, 4)), (step, row.distinct_correct)
+
+
 def run_two_processes(policy_source, out, loss_type: str, *worker_args: str) -> list[dict]:
     """tests/trl_ddp_worker.py in 2 CPU processes (torchrun, gloo), 6 rows each, groups of 4
     (group 1 sits on both processes); each process's ranks/rank{r}.json."""
@@ -577,6 +615,8 @@ def assert_global_batch_spectra(policy_source, tmp_path, out, loss_type: str) ->
             rows = spectra[(spectra.step == step) & (spectra.matrix == "layer") & (spectra.layer == name)]
             recorded = torch.tensor(rows.sort_values("k")["sigma"].to_numpy(), dtype=torch.float64)
             assert_same_spectrum(recorded, torch.linalg.svdvals(batch_grads[name].double()), f"step {step} {name}")
+        assert_global_step_readings(trainer, out / "run", step, output, batch_grads,
+                                    torch.cat([part["rewards"] for part in parts]))
         # grad_norms.csv's batch rows (no rollout): the trainer's .grad before clipping, whole
         batch = all_norms[(all_norms.step == step) & all_norms.rollout.isna()].set_index("layer").grad_norm
         for layer, prefix in (("all", ""), ("model.layers.0", "model.layers.0."), ("lm_head.weight", "lm_head.weight")):

@@ -99,14 +99,21 @@ def main() -> None:
     batches = out / "batches"
     batches.mkdir(parents=True, exist_ok=True)
     inner, step = trainer._generate_and_score_completions, [0]
+    score, rewards = trainer._calculate_rewards, []
+
+    def scoring(*a, **k):  # this process's rows' rewards as TRL weighs them (before its gather)
+        per_func = score(*a, **k)  # [rows, F]
+        rewards.append((per_func * trainer.reward_weights.to(per_func.device)).nansum(dim=1))
+        return per_func
 
     def saving(*a, **k):  # wraps the callback's wrapper: the same dict TRL trains on
         output = inner(*a, **k)
-        torch.save({key: value for key, value in output.items() if torch.is_tensor(value)},
-                   batches / f"rank{rank}-step{step[0]}.pt")
+        saved = {key: value for key, value in output.items() if torch.is_tensor(value)}
+        torch.save({**saved, "rewards": rewards[-1]}, batches / f"rank{rank}-step{step[0]}.pt")
         step[0] += 1
         return output
 
+    trainer._calculate_rewards = scoring
     trainer._generate_and_score_completions = saving
     trainer.train()
     from grpo_cli.runtime.sharded import whole

@@ -195,13 +195,18 @@ def analyze(
     except KeyboardInterrupt:  # the outputs are built beside the target: none was half written
         typer.secho("interrupted: no output written", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=130) from None
-    for run in result.runs:
+    _warn_run_problems(result.runs)
+    typer.echo(f"wrote {result.out_dir}")
+
+
+def _warn_run_problems(runs: list) -> None:
+    """One stderr line per data problem the loader found: contradictions left the run out."""
+    for run in runs:
         for problem in run.contradictions:
             typer.secho(f"data problem: {run.name}: {problem} (run left out)", fg=typer.colors.YELLOW, err=True)
         for problem in run.problems:
             if problem not in run.contradictions and any(word in problem for word in DATA_PROBLEM_WORDS):
                 typer.secho(f"warning: {run.name}: {problem}", fg=typer.colors.YELLOW, err=True)
-    typer.echo(f"wrote {result.out_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -198,14 +198,20 @@ def analyze(
         include_incomplete=include_incomplete, notes=notes, **_variant_labels(runs, grouping),
     )
     comp_table = _judge(result, ranks)
-    with staged_output(result.out_dir, below=paths[0]) as stage:
+    _stage_outputs(result, ranks, comp_table, steps, figures, below=paths[0])
+    return result
+
+
+def _stage_outputs(result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame,
+                   steps: list[int] | None, figures: bool, below: Path) -> None:
+    """Draw and write everything beside result.out_dir, then rename it in (staged_output)."""
+    with staged_output(result.out_dir, below=below) as stage:
         if figures:
             result.figures = figures_module.draw_figures(
                 figures_module.figure_inputs(result, ranks, comp_table, steps), stage)
         _write(result, stage)
     result.figures = {name: result.out_dir / path.name for name, path in result.figures.items()}
     result.files = {name: result.out_dir / path.name for name, path in result.files.items()}
-    return result
 
 
 class UnsafeOutput(ValueError):

@@ -417,12 +417,7 @@ class ProbeSuite:
                 row_chunk=self.cfg.gram_row_chunk, check=not self._hooks_verified, per_param=True,
                 own=own,
             )  # one forward per row chunk, shared by the coefficient sets
-            # The hooks' consistency check depends on the model's structure only: once every
-            # hooked parameter has passed it, later probes skip it (and the weight gradients).
-            methods = next(iter(results.values())).methods
-            if methods:  # empty: no pass ran, nothing was checked
-                fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
-                self._hooks_verified = not fell_back
+            self._note_hook_check(next(iter(results.values())).methods)
             grams = {key: result.gram for key, result in results.items()}  # each [M, M] float64
             per_param = results["advantage" if per_rollout is None else "score"].per_param
             scale = None
@@ -438,6 +433,14 @@ class ProbeSuite:
             score[index] = grams["score"].to(score.device)
         return {"advantage": advantage, "score_blocks": group_blocks(score, size),
                 "param_diagonals": diagonals}
+
+    def _note_hook_check(self, methods: dict[str, str]) -> None:
+        """The hooks' consistency check depends on the model's structure only: once every hooked
+        parameter has passed it (`methods`: the method each parameter's Gram used; empty: no pass
+        ran, nothing was checked), later probes skip it (and the weight gradients)."""
+        if methods:
+            fell_back = self.cfg.gram_method != "per_sample" and "per_sample" in methods.values()
+            self._hooks_verified = not fell_back
 
     def score_rows_gram(self, step, batch, weights, rows: torch.Tensor, model) -> torch.Tensor:
         """K_score [M, M] of the given rows (whole groups) from a separate pass."""
@@ -506,17 +509,7 @@ class ProbeSuite:
             group_rows.append(
                 self._add(rows, step, matrix, f"g{index}", sigma, spectrum=keep_spectrum, **extras)
             )
-        for aggregate, reduce in (("mean", statistics.fmean), ("median", statistics.median)):
-            row = {"step": step, "matrix": matrix, "layer": "", "group": aggregate,
-                   "n_rows": size, "n_zero_groups": zero_groups}
-            for column in (*RANK_MEASURES, *TOP_ENERGY_COLUMNS, "n_nonzero_rows"):
-                values = [r[column] for r in group_rows]
-                row[column] = reduce(values) if values else float("nan")
-            for column in CANCELLATION_COLUMNS:
-                values = [r[column] for r in group_rows if not math.isnan(r.get(column, math.nan))]
-                if values:
-                    row[column] = reduce(values)
-            rows.ranks.append(row)
+        rows.ranks.extend(_group_aggregates(step, matrix, size, zero_groups, group_rows))
 
     # ---- layer matrices ------------------------------------------------------------------------
     def _changed(self, param: torch.Tensor, initial: torch.Tensor) -> dict[str, float]:
@@ -558,3 +551,22 @@ class ProbeSuite:
                 for k, value in enumerate(sigma.tolist())
             )
         return row
+
+
+def _group_aggregates(step: int, matrix: str, size: int, zero_groups: int,
+                      group_rows: list[dict]) -> list[dict]:
+    """The "mean" and "median" rows over one matrix's per-group rows (NaN where no group was
+    informative; a cancellation column only where some group has it)."""
+    out = []
+    for aggregate, reduce in (("mean", statistics.fmean), ("median", statistics.median)):
+        row = {"step": step, "matrix": matrix, "layer": "", "group": aggregate,
+               "n_rows": size, "n_zero_groups": zero_groups}
+        for column in (*RANK_MEASURES, *TOP_ENERGY_COLUMNS, "n_nonzero_rows"):
+            values = [r[column] for r in group_rows]
+            row[column] = reduce(values) if values else float("nan")
+        for column in CANCELLATION_COLUMNS:
+            values = [r[column] for r in group_rows if not math.isnan(r.get(column, math.nan))]
+            if values:
+                row[column] = reduce(values)
+        out.append(row)
+    return out

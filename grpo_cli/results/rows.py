@@ -60,6 +60,22 @@ def versions(**extra: str) -> dict:
     }
 
 
+def _checked_run_keys(trainer: str, estimator_facts: Mapping, extra: Mapping | None) -> dict:
+    """`extra` as a dict, once the estimator's facts and the trainer's extra keys are the ones
+    run.json records (KeyError / ValueError naming what differs)."""
+    if set(estimator_facts) != set(ESTIMATOR_FACT_KEYS):
+        raise KeyError(f"run.json: estimator_facts has keys {sorted(estimator_facts)}, "
+                       f"expected {list(ESTIMATOR_FACT_KEYS)}")
+    allowed = EXTRA_RUN_KEYS.get(trainer)
+    if allowed is None:
+        raise ValueError(f"run.json: unknown trainer {trainer!r}; known: {', '.join(EXTRA_RUN_KEYS)}")
+    extra = dict(extra or {})
+    if set(extra) != set(allowed):
+        raise KeyError(f"run.json: trainer {trainer!r} records extra keys {sorted(allowed)}, "
+                       f"got {sorted(extra)} (docs/results.md lists them)")
+    return extra
+
+
 def run_record(
     *,
     trainer: str,  # "grpo-cli" | "trl" | "grpo-probe" (`grpo probe`): who wrote the directory
@@ -79,16 +95,7 @@ def run_record(
     extra: Mapping | None = None,  # EXTRA_RUN_KEYS[trainer]
 ) -> dict:
     """run.json as a run starts (`status: running`); the run then updates its status keys."""
-    if set(estimator_facts) != set(ESTIMATOR_FACT_KEYS):
-        raise KeyError(f"run.json: estimator_facts has keys {sorted(estimator_facts)}, "
-                       f"expected {list(ESTIMATOR_FACT_KEYS)}")
-    allowed = EXTRA_RUN_KEYS.get(trainer)
-    if allowed is None:
-        raise ValueError(f"run.json: unknown trainer {trainer!r}; known: {', '.join(EXTRA_RUN_KEYS)}")
-    extra = dict(extra or {})
-    if set(extra) != set(allowed):
-        raise KeyError(f"run.json: trainer {trainer!r} records extra keys {sorted(allowed)}, "
-                       f"got {sorted(extra)} (docs/results.md lists them)")
+    extra = _checked_run_keys(trainer, estimator_facts, extra)
     return {
         "status": "running",
         "error": None,

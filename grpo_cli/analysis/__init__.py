@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from grpo_cli.analysis.pipeline import AnalysisResult, analyze
+    from grpo_cli.analysis.pipeline import analyze
+    from grpo_cli.analysis.records import AnalysisResult
 
 __all__ = ["AnalysisResult", "analyze"]
 

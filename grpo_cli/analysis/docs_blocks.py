@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_cli.analysis.records import AnalysisResult
 from grpo_cli.analysis.render import Paragraph, Table, render_markdown
 from grpo_cli.analysis.report import claim_sentences
 
@@ -24,7 +25,7 @@ def markers(tag: str) -> tuple[str, str]:
     return f"<!-- generated:claims:{tag} -->", f"<!-- /generated:claims:{tag} -->"
 
 
-def claims_markdown(result, source: str) -> str:
+def claims_markdown(result: AnalysisResult, source: str) -> str:
     """The four verdicts in one table of short cells, each with the one sentence that says what
     decided it (report.claim_sentences, as summary.md), under a one-line header."""
     sentences = claim_sentences(result)
@@ -53,7 +54,7 @@ def replace_block(text: str, tag: str, content: str) -> str:
     return pattern.sub(lambda _: f"{start}\n{content.strip()}\n{end}", text)
 
 
-def write_docs(result, page: Path, tag: str, source: str) -> Path:
+def write_docs(result: AnalysisResult, page: Path, tag: str, source: str) -> Path:
     """Rewrite the block of `tag` in `page` from `result`."""
     page = Path(page)
     if not page.is_file():

@@ -14,6 +14,7 @@ import pandas as pd
 
 from grpo_cli.analysis import plots, plots_claims, plots_collapse, plots_training, style
 from grpo_cli.analysis.claims import zero_sum_variants
+from grpo_cli.analysis.records import AnalysisResult
 from grpo_cli.analysis.summary import last_part_means
 from grpo_cli.analysis.tables import (
     X_LABELS,
@@ -39,10 +40,10 @@ DYNAMICS_COLUMNS = [
 
 @dataclass(frozen=True)
 class FigureInputs:
-    """What the figures read: the analysis result (pipeline.AnalysisResult) and the tables
+    """What the figures read: the analysis result (records.AnalysisResult) and the tables
     aligned on its x-axis."""
 
-    result: Any  # pipeline.AnalysisResult (the pipeline sits above this module)
+    result: AnalysisResult
     ranks: pd.DataFrame  # tables.rank_table
     composition: pd.DataFrame  # composition.composition_table
     steps: list[int] | None  # the spectra figure's steps (None: start, middle, end)

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -37,14 +37,11 @@ from grpo_cli.analysis import (
 from grpo_cli.analysis import composition as comp
 from grpo_cli.analysis import figures as figures_module
 from grpo_cli.analysis import rules as rules_module
-from grpo_cli.analysis.claims import (
-    Claim,
-    judge_claims,
-    zero_sum_variants,
-)
+from grpo_cli.analysis.claims import judge_claims, zero_sum_variants
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
 from grpo_cli.analysis.rank_verdict import matched_readings, rank_verdicts
+from grpo_cli.analysis.records import AnalysisResult, Readings
 from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.summary import (
     SUMMARY_KEYS,
@@ -60,48 +57,6 @@ from grpo_cli.analysis.tables import (
     rank_table,
     with_x,
 )
-
-
-@dataclass
-class AnalysisResult:
-    out_dir: Path  # where every file below was written
-    runs: list[Run]  # every run found, failed ones included
-    analysed: list[Run]  # the runs that enter averages, verdicts and figures
-    grouping: Grouping  # which config keys differ
-    measures: list[str]  # rank measures analysed
-    rules: Rules  # every verdict rule and threshold (analysis/rules.py)
-    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std,
-    # n_seeds, and for verdict rows the interval (low, high) and capped
-    verdicts: pd.DataFrame  # one row per variant x matrix x measure (rank_verdict.py)
-    matched: pd.DataFrame  # point readings of claim 2's rule at matched progress
-    composition: pd.DataFrame  # mean |measured - predicted| of rollout_group per-group rows
-    accuracy: pd.DataFrame  # held-out accuracy at the first and last eval, per variant x R
-    title: str  # experiment name(s)
-    align: str  # x-axis of the rank and dynamics figures
-    matched_progress: str  # progress variable of the matched verdicts (reward or accuracy)
-    progress_bins: int
-    last_fraction: float
-    include_incomplete: bool
-    variant_columns: dict[str, str]  # variant config key -> display name
-    variant_values: dict[str, dict]  # variant label -> {config key: value}
-    claims: list[Claim] = field(default_factory=list)  # the paper's four claims, in order
-    collapse: pd.DataFrame = field(default_factory=pd.DataFrame)  # per run x probe step (collapse.py)
-    stages: pd.DataFrame = field(default_factory=pd.DataFrame)  # per variant x R x early/late stage
-    stage_readings: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 2 per stage
-    collapse_warnings: list[str] = field(default_factory=list)  # rank -> 2 as distinct falls
-    credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
-    matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
-    matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
-    same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
-    token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
-    update_density: pd.DataFrame = field(default_factory=pd.DataFrame)  # beside claim 3 (update_density.py)
-    top_energy: pd.DataFrame = field(default_factory=pd.DataFrame)  # E_k per matrix x R (update_geometry.py)
-    trajectory: pd.DataFrame = field(default_factory=pd.DataFrame)  # trajectory.csv's last kept step per R
-    units: dict = field(default_factory=dict)  # variant -> units.Unit: what its seeds replicate
-    notes: list[str] = field(default_factory=list)
-    figures: dict[str, Path] = field(default_factory=dict)
-    files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report
-
 
 REHEARSAL_NOTE = (
     "REHEARSAL, NOT SCIENCE: {runs} used random weights and/or coin-flip rewards "
@@ -187,31 +142,36 @@ def analyze(
     ranks = rank_table(analysed, measures)
     notes += _rank_notes(analysed, ranks)
     experiments = ", ".join(sorted({r.experiment for r in runs}))
+    matched_progress = align if align != "step" else "reward"
+    readings, comp_table = _judge(analysed, measures, rules, ranks, matched_progress, progress_bins)
     result = AnalysisResult(
         out_dir=Path(out) if out is not None else paths[0] / "analysis",
         runs=runs, analysed=analysed, grouping=grouping, measures=measures, rules=rules,
-        summary=pd.DataFrame(), verdicts=pd.DataFrame(), matched=pd.DataFrame(),
-        composition=pd.DataFrame(), accuracy=accuracy_summary(analysed),
+        accuracy=accuracy_summary(analysed),
         title=("REHEARSAL (not science): " if rehearsals else "") + experiments,
-        align=align, matched_progress=align if align != "step" else "reward",
+        align=align, matched_progress=matched_progress,
         progress_bins=progress_bins, last_fraction=last_fraction,
         include_incomplete=include_incomplete, notes=notes, **_variant_labels(runs, grouping),
+        **{name: getattr(readings, name) for name in Readings.__dataclass_fields__},
     )
-    comp_table = _judge(result, ranks)
-    _stage_outputs(result, ranks, comp_table, steps, figures, below=paths[0])
-    return result
+    return _stage_outputs(result, ranks, comp_table, steps, figures, below=paths[0])
 
 
 def _stage_outputs(result: AnalysisResult, ranks: pd.DataFrame, comp_table: pd.DataFrame,
-                   steps: list[int] | None, figures: bool, below: Path) -> None:
-    """Draw and write everything beside result.out_dir, then rename it in (staged_output)."""
+                   steps: list[int] | None, figures: bool, below: Path) -> AnalysisResult:
+    """Draw and write everything beside result.out_dir, then rename it in (staged_output);
+    returns `result` with the paths its figures and files have once renamed in."""
     with staged_output(result.out_dir, below=below) as stage:
         if figures:
-            result.figures = figures_module.draw_figures(
+            drawn = figures_module.draw_figures(
                 figures_module.figure_inputs(result, ranks, comp_table, steps), stage)
-        _write(result, stage)
-    result.figures = {name: result.out_dir / path.name for name, path in result.figures.items()}
-    result.files = {name: result.out_dir / path.name for name, path in result.files.items()}
+            result = replace(result, figures=drawn)
+        files = _write(result, stage)
+    return replace(
+        result,
+        figures={name: result.out_dir / path.name for name, path in result.figures.items()},
+        files={name: result.out_dir / path.name for name, path in files.items()},
+    )
 
 
 class UnsafeOutput(ValueError):
@@ -330,54 +290,55 @@ def _rank_notes(analysed: list[Run], ranks: pd.DataFrame) -> list[str]:
     return notes
 
 
-def _judge(result: AnalysisResult, ranks: pd.DataFrame) -> pd.DataFrame:
-    """Readings and verdicts into `result`, in data order; returns the composition table (the
-    composition figure reads it)."""
-    analysed, measures, rules = result.analysed, result.measures, result.rules
+def _judge(analysed: list[Run], measures: list[str], rules: Rules, ranks: pd.DataFrame,
+           progress: str, progress_bins: int) -> tuple[Readings, pd.DataFrame]:
+    """Every reading and verdict, in data order; with the composition table (the composition
+    figure reads it). `progress`: the matched readings' variable; `progress_bins` its bins."""
     probes = frozenset(str(r.path) for r in analysed if r.info.get("kind") == "probe")
     groups = group_table(analysed, measures)
     verdicts, intervals = rank_verdicts(ranks, groups, rules, probes)
-    result.verdicts = verdicts
-    result.units = units.units_by_variant(analysed)
-    result.summary = rank_summary(last_part_means(ranks, rules.last_fraction)).merge(
+    summary = rank_summary(last_part_means(ranks, rules.last_fraction)).merge(
         intervals, on=[*SUMMARY_KEYS, "group_size"], how="left")
-    progress = result.matched_progress
-    edges = progress_edges(analysed, progress, result.progress_bins)
-    result.matched = matched_readings(with_x(ranks, analysed, progress, edges), rules, progress)
+    edges = progress_edges(analysed, progress, progress_bins)
+    matched = matched_readings(with_x(ranks, analysed, progress, edges), rules, progress)
     comp_table = comp.composition_table(analysed, measures)
-    result.composition = comp.departure(comp_table)
-    result.token_weights = token_weights.token_weight_table(analysed)
-    result.update_density = update_density.density_table(analysed)
+    weights = token_weights.token_weight_table(analysed)
     # ranks on the same rows for every estimator, once: claim 4 decides on its measure, the
     # credit comparison shows every measure analysed
     same_rows = credit_compare.same_rows_table(
         analysed, [*measures, *([] if rules.rank_measure in measures else [rules.rank_measure])], rules)
-    result.claims = judge_claims(analysed, verdicts, result.matched, rules, result.token_weights, same_rows,
-                                 ranks)
+    claims = judge_claims(analysed, verdicts, matched, rules, weights, same_rows, ranks)
     outlying = outliers.claim2_part(analysed, ranks, groups, rules, zero_sum_variants(analysed), probes)
     if outlying is not None:  # claim 2 says that its intervals rest on an outlying seed
-        result.claims[1].parts.append(outlying)
-        result.claims[1].evidence += f" {outlying.sentence}"
-    result.collapse = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
-    result.stages = collapse.stage_table(result.collapse)
-    result.stage_readings = collapse.stage_readings(result.stages, rules)
-    result.collapse_warnings = collapse.collapse_warnings(result.stages, rules)
-    result.matching_coverage, result.matching_bins = matching.matching_tables(
-        analysed, result.collapse, result.progress_bins, rules)
-    result.credit_comparison = credit_compare.comparison_table(analysed, measures, rules, same_rows)
-    result.same_checkpoint = same_checkpoint.checkpoint_table(analysed, ranks, rules)
-    result.top_energy = update_geometry.top_energy_table(analysed, rules.last_fraction)
-    result.trajectory = update_geometry.trajectory_table(analysed)
-    return comp_table
+        claims[1].parts.append(outlying)
+        claims[1].evidence += f" {outlying.sentence}"
+    collapsed = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
+    stages = collapse.stage_table(collapsed)
+    coverage, bins = matching.matching_tables(analysed, collapsed, progress_bins, rules)
+    readings = Readings(
+        summary=summary, verdicts=verdicts, matched=matched, composition=comp.departure(comp_table),
+        claims=claims, collapse=collapsed, stages=stages,
+        stage_readings=collapse.stage_readings(stages, rules),
+        collapse_warnings=collapse.collapse_warnings(stages, rules),
+        credit_comparison=credit_compare.comparison_table(analysed, measures, rules, same_rows),
+        matching_coverage=coverage, matching_bins=bins,
+        same_checkpoint=same_checkpoint.checkpoint_table(analysed, ranks, rules),
+        token_weights=weights, update_density=update_density.density_table(analysed),
+        top_energy=update_geometry.top_energy_table(analysed, rules.last_fraction),
+        trajectory=update_geometry.trajectory_table(analysed),
+        units=units.units_by_variant(analysed),
+    )
+    return readings, comp_table
 
 
-def _write(result: AnalysisResult, out: Path) -> None:
+def _write(result: AnalysisResult, out: Path) -> dict[str, Path]:
+    """Every file of the analysis under `out`; returns {name: path}."""
     report.summary_frame(result).to_csv(out / "summary.csv", index=False)
     (out / "summary.md").write_text(render.render_markdown(report.blocks(result)))
     (out / report.DETAILS).write_text(render.render_markdown(report.details_page(result)))
     (out / "report.html").write_text(render.render_html(report.html_page(result), result.figures,
                                                         figures_module.CAPTIONS))
-    result.files = {
+    files = {
         "summary_csv": out / "summary.csv",
         "summary_md": out / "summary.md",
         "details_md": out / report.DETAILS,
@@ -392,4 +353,5 @@ def _write(result: AnalysisResult, out: Path) -> None:
     ):
         if not table.empty:
             table.to_csv(out / f"{name}.csv", index=False)
-            result.files[f"{name}_csv"] = out / f"{name}.csv"
+            files[f"{name}_csv"] = out / f"{name}.csv"
+    return files

@@ -19,6 +19,7 @@ from grpo_cli.analysis import (
 )
 from grpo_cli.analysis.claims import claims_table, zero_sum_variants
 from grpo_cli.analysis.figures import figure_of_claim
+from grpo_cli.analysis.records import AnalysisResult
 from grpo_cli.analysis.render import (
     Block,
     Bullets,
@@ -74,7 +75,7 @@ DETAILS = "details.md"  # the evidence, written beside summary.md
 OBJECT_COLUMNS = ["means", "intervals", "parts"]  # kept in memory, not written to summary.csv
 
 
-def summary_frame(result) -> pd.DataFrame:
+def summary_frame(result: AnalysisResult) -> pd.DataFrame:
     """Every summary row of an AnalysisResult in one tidy table; `kind` says what a row is."""
     parts = []
     if result.claims:
@@ -164,7 +165,8 @@ def _cell(lookup: dict, key: tuple, size: int) -> str:
     return f"{row['mean']:.2f}{spread} (n={row['n_seeds']}{mark}){cap}"
 
 
-def verdict_table(result, verdicts: pd.DataFrame, stat: str | None = None) -> pd.DataFrame:
+def verdict_table(result: AnalysisResult, verdicts: pd.DataFrame,
+                  stat: str | None = None) -> pd.DataFrame:
     """variant, matrix, measure, one "mean [interval] (n)" column per R, slope, verdicts."""
     summary = result.summary
     sizes = sorted(int(r) for r in summary["group_size"].unique())
@@ -264,7 +266,7 @@ SHORT_LEGEND = (
 )
 
 
-def claim_sentences(result) -> dict[int, str]:
+def claim_sentences(result: AnalysisResult) -> dict[int, str]:
     """claim number -> the one sentence that says what decided it (analysis/headline.py)."""
     return headline.headlines(result.claims, result.verdicts, result.token_weights, result.rules,
                               zero_sum_variants(result.analysed))
@@ -277,7 +279,7 @@ def _claim_heading(claim) -> str:
                else (f" ({claim.unit.clause})" if conditional else "")))
 
 
-def claim_blocks(result) -> list[Block]:
+def claim_blocks(result: AnalysisResult) -> list[Block]:
     """The answer: the four verdicts, one sentence each on what decided it, each beside the one
     figure that shows it."""
     if not result.claims:
@@ -297,7 +299,7 @@ def claim_blocks(result) -> list[Block]:
     return out
 
 
-def claim_detail_blocks(result) -> list[Block]:
+def claim_detail_blocks(result: AnalysisResult) -> list[Block]:
     """The evidence behind each verdict: every part's sentence, the rule, the table."""
     if not result.claims:
         return []
@@ -350,7 +352,7 @@ def data_problem_blocks(runs) -> list[Block]:
     ]
 
 
-def blocks(result) -> list[Block]:
+def blocks(result: AnalysisResult) -> list[Block]:
     """summary.md: the answer (the verdicts, one sentence each, the claims' figures), then any
     collapse warning and data problem; every other section is in `sections`."""
     return [
@@ -362,7 +364,7 @@ def blocks(result) -> list[Block]:
     ]
 
 
-def detail_blocks(result) -> list[Block]:
+def detail_blocks(result: AnalysisResult) -> list[Block]:
     """The evidence, section by section (a level-2 heading opens each)."""
     return [
         *claim_detail_blocks(result),
@@ -384,7 +386,7 @@ def detail_blocks(result) -> list[Block]:
     ]
 
 
-def sections(result) -> list[Fold]:
+def sections(result: AnalysisResult) -> list[Fold]:
     """`detail_blocks` cut at each level-2 heading into folds (report.html folds them away)."""
     folds: list[Fold] = []
     for block in detail_blocks(result):
@@ -395,17 +397,17 @@ def sections(result) -> list[Fold]:
     return folds
 
 
-def details_page(result) -> list[Block]:
+def details_page(result: AnalysisResult) -> list[Block]:
     """details.md: every section of the evidence."""
     return [Heading(f"{result.title}: the evidence behind summary.md", 1), *sections(result)]
 
 
-def html_page(result) -> list[Block]:
+def html_page(result: AnalysisResult) -> list[Block]:
     """report.html: the answer, then every section of the evidence folded."""
     return [*[b for b in blocks(result) if not isinstance(b, Link)], *sections(result)]
 
 
-def run_blocks(result) -> list[Block]:
+def run_blocks(result: AnalysisResult) -> list[Block]:
     """The runs: what differs between them, their states, notes, the run table, data problems."""
     counts = pd.Series([r.status for r in result.runs]).value_counts().to_dict()
     incomplete = "included, marked * (provisional)" if result.include_incomplete else "excluded"
@@ -424,7 +426,7 @@ def run_blocks(result) -> list[Block]:
     ]
 
 
-def verdict_blocks(result) -> list[Block]:
+def verdict_blocks(result: AnalysisResult) -> list[Block]:
     """Claim 2's rule, and its verdict per matrix x measure."""
     return [
         Heading("Verdict rule"),
@@ -439,7 +441,7 @@ def verdict_blocks(result) -> list[Block]:
     ]
 
 
-def matched_blocks(result) -> list[Block]:
+def matched_blocks(result: AnalysisResult) -> list[Block]:
     """Claim 2's thresholds on point estimates at matched progress."""
     matched = result.matched
     return [
@@ -471,7 +473,7 @@ def composition_blocks(composition: pd.DataFrame) -> list[Block]:
     ]
 
 
-def median_blocks(result) -> list[Block]:
+def median_blocks(result: AnalysisResult) -> list[Block]:
     """The per-group matrices' verdict table read on the median over groups."""
     median = result.verdicts[result.verdicts["stat"] == "mean"]
     if median.empty:

@@ -16,7 +16,7 @@ side, as `make reproduce-cpu` runs them).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,7 @@ STATEMENTS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Claim:
     number: int  # 1..4, see STATEMENTS
     verdict: str  # rules.VERDICT_WORDS
@@ -518,11 +518,12 @@ def judge_claims(runs: list[Run], verdicts: pd.DataFrame, matched: pd.DataFrame,
     zero_sum = set(zero_sum_variants(runs))
     per_token = {v for v, f in _facts(runs).items() if estimator_family(f) == PER_TOKEN}
     read_by = {2: zero_sum, 3: zero_sum, 4: zero_sum | per_token}  # the variants each claim reads
-    for claim in claims[1:]:
-        claim.rule = rules.text(claim.number, families)
-        if claim.verdict != NOT_MEASURED:  # no reading, no unit
-            claim.unit = units.unit_of(r for r in runs if r.variant in read_by[claim.number])
-    return claims
+    return [claims[0], *(
+        replace(claim, rule=rules.text(claim.number, families),
+                unit=claim.unit if claim.verdict == NOT_MEASURED  # no reading, no unit
+                else units.unit_of(r for r in runs if r.variant in read_by[claim.number]))
+        for claim in claims[1:]
+    )]
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:

@@ -310,8 +310,8 @@ def _judge(analysed: list[Run], measures: list[str], rules: Rules, ranks: pd.Dat
     claims = judge_claims(analysed, verdicts, matched, rules, weights, same_rows, ranks)
     outlying = outliers.claim2_part(analysed, ranks, groups, rules, zero_sum_variants(analysed), probes)
     if outlying is not None:  # claim 2 says that its intervals rest on an outlying seed
-        claims[1].parts.append(outlying)
-        claims[1].evidence += f" {outlying.sentence}"
+        claims[1] = replace(claims[1], parts=[*claims[1].parts, outlying],
+                            evidence=f"{claims[1].evidence} {outlying.sentence}")
     collapsed = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapsed)
     coverage, bins = matching.matching_tables(analysed, collapsed, progress_bins, rules)

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -152,7 +152,7 @@ def analyze(
         align=align, matched_progress=matched_progress,
         progress_bins=progress_bins, last_fraction=last_fraction,
         include_incomplete=include_incomplete, notes=notes, **_variant_labels(runs, grouping),
-        **{name: getattr(readings, name) for name in Readings.__dataclass_fields__},
+        **{f.name: getattr(readings, f.name) for f in fields(readings)},
     )
     return _stage_outputs(result, ranks, comp_table, steps, figures, below=paths[0])
 

@@ -50,9 +50,9 @@ class Readings:
 
 
 @dataclass(frozen=True)
-class AnalysisResult:
-    """The inputs the analysis was given and chose, its `Readings` (flattened: result.verdicts,
-    result.claims, ...), and the files it wrote (absolute paths under out_dir)."""
+class AnalysisResult(Readings):
+    """Its `Readings` (inherited: result.verdicts, result.claims, ...), the inputs the analysis
+    was given and chose, and the files it wrote (absolute paths under out_dir)."""
 
     out_dir: Path  # where every file below was written
     runs: list[Run]  # every run found, failed ones included
@@ -60,11 +60,6 @@ class AnalysisResult:
     grouping: Grouping  # which config keys differ
     measures: list[str]  # rank measures analysed
     rules: Rules  # every verdict rule and threshold (analysis/rules.py)
-    summary: pd.DataFrame  # per variant x matrix x layer x stat x measure x R: mean, std,
-    # n_seeds, and for verdict rows the interval (low, high) and capped
-    verdicts: pd.DataFrame  # one row per variant x matrix x measure (rank_verdict.py)
-    matched: pd.DataFrame  # point readings of claim 2's rule at matched progress
-    composition: pd.DataFrame  # mean |measured - predicted| of rollout_group per-group rows
     accuracy: pd.DataFrame  # held-out accuracy at the first and last eval, per variant x R
     title: str  # experiment name(s)
     align: str  # x-axis of the rank and dynamics figures
@@ -74,20 +69,6 @@ class AnalysisResult:
     include_incomplete: bool
     variant_columns: dict[str, str]  # variant config key -> display name
     variant_values: dict[str, dict]  # variant label -> {config key: value}
-    claims: list[Claim] = field(default_factory=list)  # the paper's four claims, in order
-    collapse: pd.DataFrame = field(default_factory=pd.DataFrame)  # per run x probe step (collapse.py)
-    stages: pd.DataFrame = field(default_factory=pd.DataFrame)  # per variant x R x early/late stage
-    stage_readings: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 2 per stage
-    collapse_warnings: list[str] = field(default_factory=list)  # rank -> 2 as distinct falls
-    credit_comparison: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 4, same rows
-    matching_coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # matching.py
-    matching_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # ... the per-bin readings
-    same_checkpoint: pd.DataFrame = field(default_factory=pd.DataFrame)  # grpo probe: per checkpoint
-    token_weights: pd.DataFrame = field(default_factory=pd.DataFrame)  # claim 1, empirically
-    update_density: pd.DataFrame = field(default_factory=pd.DataFrame)  # beside claim 3 (update_density.py)
-    top_energy: pd.DataFrame = field(default_factory=pd.DataFrame)  # E_k per matrix x R (update_geometry.py)
-    trajectory: pd.DataFrame = field(default_factory=pd.DataFrame)  # trajectory.csv's last kept step per R
-    units: dict = field(default_factory=dict)  # variant -> units.Unit: what its seeds replicate
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # summary_csv, summary_md, report

@@ -312,25 +312,27 @@ def test_contradiction_closed_form():
 
 
 def test_read_together_says_what_the_correction_did():
-    from grpo_cli.analysis.rank_verdict import Part, read_together
+    from grpo_cli.analysis.parts import Part
+    from grpo_cli.analysis.rank_verdict import read_together
     from grpo_cli.analysis.rules import INCONCLUSIVE
 
     def parts(*ps):
         return [Part("4", f"p{k}", CONTRADICTED if p < 0.05 else INCONCLUSIVE, "", contradiction=_p_is(p))
                 for k, p in enumerate(ps)]
     labels = ["a", "b", "c"]
-    read, text = read_together(group := parts(0.001, 0.04, 0.5), labels, RULES, "pairs")
+    read, together, counted = read_together(parts(0.001, 0.04, 0.5), labels, RULES, "pairs")
+    text = together.sentence()
     assert read == [CONTRADICTED, INCONCLUSIVE, INCONCLUSIVE]
-    assert [p.counted_as for p in group] == read
+    assert [p.counted_as for p in counted] == read
     assert "1 of the 2 contradicted pairs stays contradicted (adjusted p: a 0.003)" in text
     assert "the other 1 counts as inconclusive" in text
-    _, text = read_together(parts(0.02, 0.03, 0.5), labels, RULES, "pairs")
+    text = read_together(parts(0.02, 0.03, 0.5), labels, RULES, "pairs")[1].sentence()
     assert "none of the 2 contradicted pairs stays contradicted (smallest adjusted p 0.06)" in text
     assert "more seeds a side would let a count" in text  # the closest, at p <= 0.05 / 3
-    _, text = read_together(parts(0.001, 0.002, 0.5), labels, RULES, "pairs")
+    text = read_together(parts(0.001, 0.002, 0.5), labels, RULES, "pairs")[1].sentence()
     assert "every one of the 2 contradicted pairs stays contradicted (adjusted p: b 0.004, a 0.003)" in text
-    assert read_together(parts(0.3, 0.5), labels, RULES, "pairs")[1] == ""  # nothing contradicted
-    assert read_together(parts(0.01), labels, RULES, "pairs") == ([CONTRADICTED], "")  # one part
+    assert read_together(parts(0.3, 0.5), labels, RULES, "pairs")[1] is None  # nothing contradicted
+    assert read_together(parts(0.01), labels, RULES, "pairs")[:2] == ([CONTRADICTED], None)  # one part
 
 
 def _read_against(verdicts: np.ndarray) -> float:
@@ -513,7 +515,7 @@ def _claim2_reading(sweep, rng):
              for j, r in enumerate(JUDGED)}
     (_, growth), slope = slope_parts(per_r, JUDGED, [], RULES, rng)
     level = level_part(per_r, JUDGED, RULES)
-    read, _ = read_together([growth, level], ["2b", "2c"], RULES, "parts")
+    read, _, _ = read_together([growth, level], ["2b", "2c"], RULES, "parts")
     return combine(read), [per_r[r].interval for r in JUDGED], slope
 
 

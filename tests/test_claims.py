@@ -376,7 +376,8 @@ def test_parts_text_adds_the_counts_read_together_where_they_differ():
     """A claim whose contradicted part does not survive Holm says so in its parts column."""
     from grpo_cli.analysis import bootstrap as bs
     from grpo_cli.analysis.claims import Claim
-    from grpo_cli.analysis.rank_verdict import Part, read_together
+    from grpo_cli.analysis.parts import Part
+    from grpo_cli.analysis.rank_verdict import read_together
 
     def below(p):  # one test whose p-value is p (estimate 0, se 1, 1000 df)
         return bs.Contradiction(((bs.Interval(0.0, -2.0, 2.0, 1001, se=1.0, df=1000),
@@ -384,11 +385,11 @@ def test_parts_text_adds_the_counts_read_together_where_they_differ():
     parts = [Part("4", "a", "contradicted", "", contradiction=below(0.03)),
              Part("4", "b", "contradicted", "", contradiction=below(0.04)),
              Part("4", "c", "supported", "", contradiction=below(0.9))]
-    read, _ = read_together(parts, ["a", "b", "c"], Rules(), "pairs")
-    claim = Claim(4, "mixed", "", parts=parts)
+    read, _, counted = read_together(parts, ["a", "b", "c"], Rules(), "pairs")
+    claim = Claim(4, "mixed", "", parts=counted)
     assert claim.parts_text == ("2 contradicted, 1 supported; read together: "
                                 "2 inconclusive, 1 supported")
     assert read == ["inconclusive", "inconclusive", "supported"]
     kept = [Part("4", "a", "contradicted", "", contradiction=below(0.001))]
-    read_together(kept + parts[2:], ["a", "c"], Rules(), "pairs")
-    assert Claim(4, "mixed", "", parts=kept + parts[2:]).parts_text == "1 contradicted, 1 supported"
+    counted = read_together(kept + parts[2:], ["a", "c"], Rules(), "pairs")[2]
+    assert Claim(4, "mixed", "", parts=counted).parts_text == "1 contradicted, 1 supported"

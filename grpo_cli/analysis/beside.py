@@ -14,7 +14,8 @@ import pandas as pd
 
 from grpo_cli.analysis import diversity, layer_gradient
 from grpo_cli.analysis.credit_compare import INFORMATIVE
-from grpo_cli.analysis.rank_verdict import Part, rng_for
+from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.rank_verdict import rng_for
 from grpo_cli.analysis.rules import CONTRAST, Rules
 
 GROWTH_SOURCE = {  # diversity.growth_source -> what claim 2's sentence says of it

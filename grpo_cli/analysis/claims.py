@@ -25,7 +25,8 @@ from grpo_cli.analysis import beside, diversity, layer_gradient, token_weights, 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, Part, read_together, rng_for, settle_text
+from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, read_together, rng_for
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     CONTRAST,
@@ -43,6 +44,7 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.tables import metric_table
+from grpo_cli.analysis.words_over_r import Together, settle_text
 
 ESTIMATOR_KEY = "algorithm.name"
 SPARSITY_METRICS = ("grad_sparsity", "grad_hoyer")
@@ -207,14 +209,14 @@ def rank_claim(
             "estimator's run (no such run, no probe step, or no informative group)",
             pd.DataFrame(),
         )
-    parts = [p for v in primary.itertuples(index=False) for p in v.parts]
-    verdicts_, together = _rank_parts_together(primary, runs, rules)
+    verdicts_, together, counted = _rank_parts_together(primary, runs, rules)
+    parts = [counted.get(id(p), p) for v in primary.itertuples(index=False) for p in v.parts]
     if together:
         parts.append(Part("2t", "the parts read together", CONTRAST, together))
     parts += shown.parts  # beside the verdict, not in it
     counts = verdicts[pick]["verdict"].value_counts()
     words = ", ".join(f"{counts[w]} {w}" for w in counts.index)
-    evidence = " ".join(primary["sentence"]) + (f" {together}" if together else "") + "".join(
+    evidence = " ".join(primary["sentence"]) + (f" {together.sentence()}" if together else "") + "".join(
         f" {p.sentence}" for p in shown.parts) + (
         f" Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
     )
@@ -246,21 +248,22 @@ def _rank_row(v, label: str, matched_by: dict, beside_columns: dict) -> dict:
 
 
 def _rank_parts_together(primary: pd.DataFrame, runs: list[Run], rules: Rules
-                         ) -> tuple[list[str], str]:
+                         ) -> tuple[list[str], Together | None, dict[int, Part]]:
     """Claim 2's variants' verdicts as the claim reads them: their 2b and 2c parts together
-    (rank_verdict.read_together; a variant with a part not judged stays not judged), and the
-    sentence saying what that did."""
+    (rank_verdict.read_together; a variant with a part not judged stays not judged), what that
+    did, and each part read (by id) with its `counted_as`."""
     judged = [v for v in primary.itertuples(index=False) if v.verdict != NOT_JUDGED]
     family = [(v, p) for v in judged for p in v.parts if p.name in VERDICT_PARTS]
     estimators = _estimators(runs)
-    read, together = read_together([p for _, p in family],
+    read, together, counted = read_together([p for _, p in family],
                                    [f"{p.name} ({_label(v.variant, estimators.get(v.variant))})"
                                     for v, p in family], rules, "parts")
     by_variant: dict[str, list[str]] = {}
     for (v, _), verdict in zip(family, read, strict=True):
         by_variant.setdefault(v.variant, []).append(verdict)
     return [combine(by_variant[v.variant]) if v.verdict != NOT_JUDGED else NOT_JUDGED
-            for v in primary.itertuples(index=False)], together
+            for v in primary.itertuples(index=False)], together, {
+        id(p): q for (_, p), q in zip(family, counted, strict=True)}
 
 
 # ---- claim 3: sparsity grows -------------------------------------------------------------------

@@ -39,13 +39,8 @@ from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import per_r_intervals
-from grpo_cli.analysis.rank_verdict import (
-    Part,
-    rank_bounds,
-    read_together,
-    rng_for,
-    settle_text,
-)
+from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.rank_verdict import rank_bounds, read_together, rng_for
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     CONTRAST,
@@ -64,6 +59,7 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
+from grpo_cli.analysis.words_over_r import settle_text
 
 SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
             "advantages (a learned critic) has more non-zero rows in the batch matrix, and more rows "
@@ -404,7 +400,7 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     if frame.empty:
         return (NOT_JUDGED, f"no {rules.rank_matrix} / {rules.rank_measure} ranks for these "
                 "estimators", frame, parts)
-    read, together = read_together(parts, [p.question for p in parts], rules, "pairs")
+    read, together, parts = read_together(parts, [p.question for p in parts], rules, "pairs")
     verdict = combine(read)
     if together:
         parts.append(Part("4t", "the pairs read together", CONTRAST, together))

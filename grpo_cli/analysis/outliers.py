@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import Part, rank_verdicts
+from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.rank_verdict import rank_verdicts
 from grpo_cli.analysis.rules import CONTRAST, Rules
 from grpo_cli.analysis.summary import last_part
 from grpo_cli.analysis.tables import metric_table

@@ -3,9 +3,11 @@
 Per R: the mean over seeds of each run's mean over its last probe steps, with a seed-level
 t-interval (analysis/bootstrap.py). Over the judged R values (the uncapped ones,
 `rules.judged_group_sizes`): the least-squares slope per doubling of R with its interval. Three
-parts, each supported / contradicted / inconclusive with one sentence: 2a "does the rank depend
+parts, each supported / contradicted / inconclusive: 2a "does the rank depend
 on R at all?" (slope = 0, descriptive), 2b "is the growth small?" (|slope| <= tolerance) and 2c
 "is the rank ~2?" (each judged R within the band); the verdict combines 2b and 2c.
+
+Each part carries the numbers that decided it (parts.Part); analysis/words_over_r.py says them.
 """
 
 from __future__ import annotations
@@ -13,18 +15,18 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis.over_r import PerR, per_r_intervals, reading_over_r, slope_interval
+from grpo_cli.analysis.parts import Part
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
     INCONCLUSIVE,
     NOT_JUDGED,
-    SUPPORTED,
     Rules,
     capped_group_sizes,
     combine,
@@ -33,6 +35,19 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.summary import SUMMARY_KEYS, last_part, sort_rows, verdict_rows
 from grpo_cli.analysis.tables import PER_GROUP_MATRICES
+from grpo_cli.analysis.words_over_r import (
+    SLOPE_ZERO_QUESTION,
+    LevelPart,
+    SlopeNotJudged,
+    SlopePart,
+    Together,
+    closest_part,
+    growth_question,
+    level_question,
+    matched_sentence,
+    outside,
+    verdict_sentence,
+)
 
 VERDICT_COLUMNS = [
     *SUMMARY_KEYS,
@@ -59,93 +74,35 @@ INTERVAL_COLUMNS = [*SUMMARY_KEYS, "group_size", "low", "high", "capped"]
 VERDICT_PARTS = ("2b", "2c")  # the parts claim 2's verdict reads (2a is shown, descriptive)
 
 
-@dataclass
-class Part:
-    """One part of a verdict: its question, verdict and the sentence that explains it."""
-
-    name: str  # "2a" | "2b" | "2c" (or "3", "4" in claims.py)
-    question: str
-    verdict: str
-    sentence: str
-    flip: float = math.nan  # share of resamples whose reading differs from the estimate's
-    seeds: int | None = None  # roughly how many seeds in all would settle an inconclusive part
-    # the tests behind its contradicted reading (None: it has none, e.g. 2a); a claim reads its
-    # parts together by Holm over their p-values (read_together, rules.family_wise)
-    contradiction: bs.Contradiction | None = None
-    counted_as: str = ""  # its verdict as its claim counts it, read with the other parts (read_together)
-
-    @property
-    def p_contradict(self) -> float:
-        """The one-sided p-value of its contradicted reading (within-part Bonferroni included):
-        it reads contradicted at its own level iff p < Rules.one_sided_level. NaN: none."""
-        return self.contradiction.p() if self.contradiction is not None else math.nan
-
-
 def rng_for(rules: Rules, *key) -> np.random.Generator:
     """A generator per judged number, seeded from `rules.seed` and the number's key: the same
     numbers whatever else is analysed alongside."""
     return np.random.default_rng([rules.seed, zlib.crc32(repr(key).encode())])
 
 
-def settle_text(part_verdict: str, flip: float, seeds: int | None, n: int) -> str:
-    """The flip probability and, for an inconclusive part, how many seeds would settle it."""
-    out = ""
-    if math.isfinite(flip):
-        out += f"; flips in {flip:.0%} of draws"
-    if n < 2 and part_verdict in (INCONCLUSIVE, NOT_JUDGED):
-        out += "; at least 2 seeds per R are needed for an interval"
-    elif part_verdict == INCONCLUSIVE:
-        if seeds is not None:
-            out += f"; about {seeds} seeds in all ({seeds - n} more) would settle it"
-        else:
-            out += "; the estimate sits on a boundary: more seeds may not settle it"
-    return out
-
-
 def read_together(parts: list[Part], labels: list[str], rules: Rules, what: str
-                  ) -> tuple[list[str], str]:
+                  ) -> tuple[list[str], Together | None, list[Part]]:
     """The verdicts `parts` count for in their claim's verdict (rules.family_wise: Holm over
-    their contradiction p-values; also set as each part's `counted_as`) and a sentence saying
-    what reading them together did; "" when no part reads contradicted on its own, or only one
-    part was tested. Where none stays contradicted, the sentence says about how many more seeds
-    would let the closest count (its p at the Bonferroni level over the tested parts, which
-    Holm's first step is). `labels` name the parts there; `what` names them in the plural."""
+    their contradiction p-values), what reading them together did (words_over_r.Together; None
+    when no part reads contradicted on its own, or only one part was tested), and the parts
+    with their `counted_as` set. Where none stays contradicted, `Together.more` is about how
+    many more seeds would let the closest count (its p at the Bonferroni level over the tested
+    parts, which Holm's first step is). `labels` name the parts there; `what` names them in the
+    plural."""
     level = rules.one_sided_level
     read, adjusted = family_wise([p.verdict for p in parts], [p.p_contradict for p in parts], level)
-    for part, verdict in zip(parts, read, strict=True):
-        part.counted_as = verdict
+    counted = [replace(part, counted_as=verdict) for part, verdict in zip(parts, read, strict=True)]
     tested = sum(math.isfinite(a) for a in adjusted)
     alone = [k for k, p in enumerate(parts) if p.verdict == CONTRADICTED]
     if not alone or tested < 2:
-        return read, ""
+        return read, None, counted
     kept = [k for k in alone if read[k] == CONTRADICTED]
-    dropped = len(alone) - len(kept)
-
-    def named(ks: list[int]) -> str:
-        shown = ", ".join(f"{labels[k]} {adjusted[k]:.2g}" for k in ks[:3])
-        return shown + (f" and {len(ks) - 3} more" if len(ks) > 3 else "")
-
-    head = (f"Read together (Holm over the {tested} tested {what}' contradiction p-values, at the "
-            f"one-sided {level:g} level): ")
-    if not dropped:
-        body = (f"every one of the {len(alone)} contradicted {what} stays contradicted (adjusted "
-                f"p: {named(sorted(kept, key=lambda k: -adjusted[k]))})")
-    elif kept:
-        body = (f"{len(kept)} of the {len(alone)} contradicted {what} "
-                f"{'stays' if len(kept) == 1 else 'stay'} contradicted (adjusted p: "
-                f"{named(sorted(kept, key=lambda k: adjusted[k]))}); the other {dropped} "
-                f"{'counts' if dropped == 1 else 'count'} as inconclusive in the claim's verdict")
-    else:
-        closest = min(alone, key=lambda k: adjusted[k] if math.isfinite(adjusted[k]) else math.inf)
-        body = (f"none of the {len(alone)} contradicted {what} stays contradicted (smallest adjusted "
-                f"p {adjusted[closest]:.2g}): they count as inconclusive in the claim's verdict")
-        tests = parts[closest].contradiction
+    more = None
+    if not kept:
+        tests = parts[closest_part(alone, adjusted)].contradiction
         more = tests.seeds_to_reach(level / tested) if tests is not None else None
-        if more:
-            body += (f"; about {more} more seed{'s' if more > 1 else ''} a side would let "
-                     f"{labels[closest]} count (its p at {level:g} / {tested}, the spread between "
-                     "seeds held fixed)")
-    return read, head + body + "."
+    return read, Together(what, level, tested, tuple(labels), tuple(adjusted), tuple(alone),
+                          tuple(kept), more), counted
 
 
 def rank_bounds(matrix: str, stat: str, group_size: int) -> tuple[float, float]:
@@ -155,68 +112,36 @@ def rank_bounds(matrix: str, stat: str, group_size: int) -> tuple[float, float]:
     return 0.0, upper
 
 
-def _r_list(sizes) -> str:
-    return ", ".join(f"R={r}" for r in sizes)
-
-
 def slope_parts(per_r: dict[int, PerR], judged: list[int], capped: list[int], rules: Rules,
                 rng):
     """2a and 2b from the per-R values; returns (parts, slope interval or None)."""
     tol = rules.growth_tolerance
-    note = f" ({', '.join(f'R={r}' for r in capped)} capped, left out)" if capped else ""
     if len(judged) < 2:
-        if capped:
-            why = (f"cannot judge beyond the cap: {_r_list(capped)} capped (a group of R rows "
-                   f"has rank <= R) and {'only ' + _r_list(judged) if judged else 'no R'} above "
-                   f"{rules.target:g}")
-        else:
-            why = f"only one value of R ({_r_list(judged)})" if judged else "no value of R"
-        return [
-            Part("2a", "does the rank depend on R at all (slope = 0)?", NOT_JUDGED,
-                 f"2a: not judged, {why}: a slope needs two."),
-            Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", NOT_JUDGED,
-                 f"2b: not judged, {why}: a slope needs two."),
-        ], None
+        return [Part(name, question, NOT_JUDGED,
+                     SlopeNotJudged(name, tuple(judged), tuple(capped), rules.target))
+                for name, question in (("2a", SLOPE_ZERO_QUESTION), ("2b", growth_question(tol)))
+                ], None
     iv = slope_interval(per_r, judged, rules, rng)
-    n = iv.n
-    text = f"the slope over {_r_list(judged)}{note} is {iv.text(2, sign=True)} per doubling"
     # 2a: the literal claim, descriptive (a point hypothesis: see Rules.slope_zero)
     zero = rules.slope_zero(iv.low, iv.high)
     flip_zero = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
-    if zero == CONTRADICTED:
-        why = "which excludes 0: the rank depends on R"
-    elif zero == SUPPORTED:
-        why = f"which contains 0 and lies within +-{tol:g}"
-    elif zero == INCONCLUSIVE:
-        why = f"which contains 0 but reaches beyond +-{tol:g}"
-    else:
-        why = "with no interval"
     seeds_zero = None
     if zero == INCONCLUSIVE and iv.finite:
         options = [s for s in (bs.seeds_to_settle(iv, [0.0], rules.confidence),
                                bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)) if s]
         seeds_zero = min(options) if options else None
-    part_a = Part("2a", "does the rank depend on R at all (slope = 0)?", zero,
-                  f"2a (rank independent of R, the literal claim; descriptive, not in the "
-                  f"verdict): {zero}; {text}, {why}"
-                  + settle_text(zero, flip_zero, seeds_zero, n) + ".", flip_zero, seeds_zero)
+    part_a = Part("2a", SLOPE_ZERO_QUESTION, zero,
+                  SlopePart("2a", zero, tuple(judged), tuple(capped), iv, tol, flip_zero, seeds_zero),
+                  flip_zero, seeds_zero)
     # 2b: the tolerance, an equivalence reading
     growth = rules.growth_small(iv.low, iv.high)
     flip_growth = bs.flip_probability(iv.estimate, iv.replicates, lambda v: np.abs(v) <= tol)
-    if growth == SUPPORTED:
-        why = f"inside +-{tol:g}"
-    elif growth == CONTRADICTED:
-        why = f"wholly beyond {'+' if iv.estimate > 0 else '-'}{tol:g}"
-    elif growth == INCONCLUSIVE:
-        why = f"straddling {'+' if iv.estimate > 0 else '-'}{tol:g}"
-    else:
-        why = "with no interval"
     seeds_growth = (bs.seeds_to_settle(iv, [-tol, tol], rules.confidence)
                     if growth == INCONCLUSIVE else None)
-    part_b = Part("2b", f"is the growth small (|slope| <= {tol:g} per doubling)?", growth,
-                  f"2b (growth within +-{tol:g} per doubling): {growth}; {text}, {why}"
-                  + settle_text(growth, flip_growth, seeds_growth, n) + ".", flip_growth,
-                  seeds_growth, bs.Contradiction(((iv, tol, "above"), (iv, -tol, "below"))))
+    part_b = Part("2b", growth_question(tol), growth,
+                  SlopePart("2b", growth, tuple(judged), tuple(capped), iv, tol, flip_growth,
+                            seeds_growth),
+                  flip_growth, seeds_growth, bs.Contradiction(((iv, tol, "above"), (iv, -tol, "below"))))
     return [part_a, part_b], iv
 
 
@@ -226,20 +151,15 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
     Bonferroni level over the judged R (`Rules.level`). `bounds(R)`: the range a reading can
     take (`rank_bounds`), which clips the wider intervals as it clips the others."""
     lo, hi = rules.target - rules.band, rules.target + rules.band
-    question = f"is the rank ~{rules.target:g} (within {rules.band:g}) at every judged R?"
-    if not judged:
-        return Part("2c", question, NOT_JUDGED, "2c: not judged, no value of R.")
-    ivs = [per_r[r].interval for r in judged]
+    question = level_question(rules.target, rules.band)
     level_out = rules.bonferroni(len(judged))  # = confidence with one judged R
+    if not judged:
+        return Part("2c", question, NOT_JUDGED, LevelPart(
+            NOT_JUDGED, rules.target, rules.band, rules.confidence, level_out, (), (), (),
+            math.nan, None))
+    ivs = [per_r[r].interval for r in judged]
     wide = [bs.at_confidence(iv, level_out, bounds(r)) for r, iv in zip(judged, ivs, strict=True)]
     verdict = rules.level([(iv.low, iv.high) for iv in ivs], [(w.low, w.high) for w in wide])
-
-    def outside(low: float, high: float) -> bool:
-        return high < lo or low > hi
-
-    bonferroni = (f" at {level_out:.1%}, the Bonferroni level over the {len(judged)} judged R"
-                  if len(judged) > 1 else "")
-    values = ", ".join(f"R={r} {iv.text(2)}" for r, iv in zip(judged, ivs, strict=True))
     flip = math.nan
     if all(iv.replicates.size for iv in ivs):
         stacked = np.stack([iv.replicates for iv in ivs], axis=1)  # [resamples, judged R]
@@ -248,31 +168,17 @@ def level_part(per_r: dict, judged: list[int], rules: Rules,
         flip = float(np.mean(inside != point))
     seeds = None
     if verdict == INCONCLUSIVE:  # an R outside at `confidence` only must settle at the wider level
-        needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence) if not outside(iv.low, iv.high)
+        needs = [bs.seeds_to_settle(iv, [lo, hi], rules.confidence)
+                 if not outside(iv.low, iv.high, lo, hi)
                  else bs.seeds_to_settle(w, [lo, hi], level_out)
                  for iv, w in zip(ivs, wide, strict=True)
                  if iv.finite and not (lo <= iv.low and iv.high <= hi)]
         seeds = max(needs) if needs and all(needs) else None
-    decided = {
-        SUPPORTED: f"every interval inside [{lo:g}, {hi:g}]",
-        CONTRADICTED: ", ".join(f"R={r} [{w.low:.2f}, {w.high:.2f}]"
-                                for r, w in zip(judged, wide, strict=True) if outside(w.low, w.high))
-        + f" wholly outside [{lo:g}, {hi:g}]{bonferroni}",
-        INCONCLUSIVE: "; ".join(
-            (f"R={r} outside [{lo:g}, {hi:g}] at {rules.confidence:.0%} but not{bonferroni} "
-             f"([{w.low:.2f}, {w.high:.2f}])" if outside(iv.low, iv.high)
-             else f"R={r} straddles {lo:g} or {hi:g}") if iv.finite else f"R={r} has no interval"
-            for r, iv, w in zip(judged, ivs, wide, strict=True)
-            if not (lo <= iv.low and iv.high <= hi)),
-        NOT_JUDGED: ", ".join(f"R={r}" for r, iv in zip(judged, ivs, strict=True)
-                              if not iv.finite) + " with no interval",
-    }[verdict]
-    n = min(iv.n for iv in ivs)
     out_of_band = bs.Contradiction(  # an R's two sides exclude each other: k tests, not 2k
         tuple(test for iv in ivs for test in ((iv, hi, "above"), (iv, lo, "below"))), len(judged))
-    return Part("2c", question, verdict,
-                f"2c (rank within {rules.target:g} +- {rules.band:g}): {verdict}; {values}: "
-                f"{decided}" + settle_text(verdict, flip, seeds, n) + ".", flip, seeds, out_of_band)
+    facts = LevelPart(verdict, rules.target, rules.band, rules.confidence, level_out,
+                      tuple(judged), tuple(ivs), tuple(wide), flip, seeds)
+    return Part("2c", question, verdict, facts, flip, seeds, out_of_band)
 
 
 def over_r_parts(per_r: dict[int, PerR], rules: Rules, rng,
@@ -304,10 +210,6 @@ def _group_lookup(groups: pd.DataFrame, window: pd.DataFrame) -> dict:
     }
 
 
-def subject(variant: str, matrix: str, measure: str) -> str:
-    return f"{matrix} / {measure}" + (f" ({variant})" if variant else "")
-
-
 def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
                   same_weights: frozenset[str] = frozenset()
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -330,10 +232,6 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
         parts, slope_iv, verdict = over_r_parts(per_r, rules, rng,
                                                 lambda r, m=matrix, s=stat: rank_bounds(m, s, r))
         n_incomplete = int(part.loc[part["status"] == "incomplete", "run_id"].nunique())
-        sentence = f"{subject(variant, matrix, measure)}: {verdict}. " + " ".join(
-            p.sentence for p in parts)
-        if n_incomplete:
-            sentence += " Provisional: includes incomplete runs."
         means = {r: per_r[r].interval.estimate for r in sizes}
         rows.append({
             **dict(zip(SUMMARY_KEYS, key, strict=True)),
@@ -354,7 +252,7 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
             "means": means,
             "intervals": {r: per_r[r].interval for r in sizes},
             "parts": parts,
-            "sentence": sentence,
+            "sentence": verdict_sentence(variant, matrix, measure, verdict, parts, n_incomplete),
         })
         intervals += [
             {**dict(zip(SUMMARY_KEYS, key, strict=True)), "group_size": r,
@@ -400,16 +298,10 @@ def matched_readings(ranks_x: pd.DataFrame, rules: Rules, progress: str) -> pd.D
         means = {int(r): m for r, m in matched.groupby("group_size")["value"].mean().items()}
         reading, deviation, slope = point_reading(means, rules) if common else (
             NOT_JUDGED, math.nan, math.nan)
-        name = f"{subject(key[0], key[1], key[4])} at matched {progress}"
-        if common:
-            values = ", ".join(f"{m:.2f} at R={r}" for r, m in sorted(means.items()))
-            sentence = (f"{name}: point estimates {reading} the rule ({values}; slope "
-                        f"{slope:+.2f} per doubling; no interval, descriptive only).")
-            span = f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}"
-        else:
-            sentence, span = f"{name}: not judged, no progress bin is reached by every R.", "none"
+        sentence, span = matched_sentence(key[0], key[1], key[4], progress, reading, means, slope,
+                                          common)
         rows.append({**dict(zip(SUMMARY_KEYS, key, strict=True)), "reading": reading,
                      "max_deviation": deviation, "slope": slope,
-                     "common_bins": f"{len(common)} ({span})", "means": means,
+                     "common_bins": str(len(common)) + " (" + span + ")", "means": means,
                      "sentence": sentence})
     return sort_rows(pd.DataFrame(rows, columns=columns)) if rows else pd.DataFrame(columns=columns)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_cli.analysis.rank_verdict import Part
+from grpo_cli.analysis.parts import Part
 from grpo_cli.analysis.render import Bullets, Heading, Paragraph, Table, render_markdown
 from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.same_weights import (

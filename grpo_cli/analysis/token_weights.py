@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.rank_verdict import Part
+from grpo_cli.analysis.parts import Part
 from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED
 from grpo_cli.analysis.tables import metric_table
 

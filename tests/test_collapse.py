@@ -76,8 +76,8 @@ def test_warning_when_the_rank_nears_2_as_distinct_completions_fall(runs):
     warnings = collapse.collapse_warnings(stages, Rules())
     # R=8 only: R=4's rank is flat, R=16's distinct completions fall but its rank stays at 3
     assert len(warnings) == 1
-    assert warnings[0].startswith("Mode collapse (R=8): the per-group rank falls from 4.00")
-    assert "from 4.00 to 3.00" in warnings[0]
+    assert warnings[0].sentence().startswith("Mode collapse (R=8): the per-group rank falls from 4.00")
+    assert "from 4.00 to 3.00" in warnings[0].sentence()
     # a smaller fall in distinct completions than the threshold: no warning
     assert collapse.collapse_warnings(stages, Rules(distinct_fall=0.3)) == []
 

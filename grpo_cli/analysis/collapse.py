@@ -16,7 +16,7 @@ each run's probe steps into an early and a late half, and
 - `stage_readings`: per variant and stage, claim 2's numbers on the stage alone: the mean rank
   per R, the slope per doubling of R and the largest deviation from the target over the judged
   (uncapped) R values;
-- `collapse_warnings`: one sentence per variant and R whose late rank is near the target or
+- `collapse_warnings`: one record (words_over_r.ModeCollapse) per variant and R whose late rank is near the target or
   below it (within the claim-2 band above it) and lower than early, while distinct completions
   fall by at least the rule book's `distinct_fall` (relative).
 
@@ -32,6 +32,7 @@ from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import reading_over_r
 from grpo_cli.analysis.rules import Rules
 from grpo_cli.analysis.tables import metric_table
+from grpo_cli.analysis.words_over_r import ModeCollapse
 
 STAGES = ("early", "late")  # first and second half of a run's probe steps
 COLLAPSE_METRICS = ("distinct_completions", "entropy")
@@ -128,10 +129,10 @@ def stage_readings(stages: pd.DataFrame, rules: Rules) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collapse_warnings(stages: pd.DataFrame, rules: Rules) -> list[str]:
+def collapse_warnings(stages: pd.DataFrame, rules: Rules) -> list[ModeCollapse]:
     """Per variant and R: the late rank is at most the rule book's target + band (claim 2's band,
     `grpo analyze --tolerance`) and lower than early, while distinct completions per informative
-    group fall by at least `rules.distinct_fall` (relative)."""
+    group fall by at least `rules.distinct_fall` (relative). Its words: words_over_r.ModeCollapse."""
     target, band, distinct_fall = rules.target, rules.band, rules.distinct_fall
     out = []
     for (variant, size), part in stages.groupby(KEYS, sort=True):
@@ -145,17 +146,9 @@ def collapse_warnings(stages: pd.DataFrame, rules: Rules) -> list[str]:
             continue
         falls = late["distinct_completions"] <= (1 - distinct_fall) * early["distinct_completions"]
         if late["rank"] <= target + band and late["rank"] < early["rank"] and falls:
-            entropy = (f", token entropy from {early['entropy']:.3f} to {late['entropy']:.3f} nats"
-                       if np.isfinite([early["entropy"], late["entropy"]]).all() else "")
-            who = f"{variant}, " if variant else ""
-            out.append(
-                f"Mode collapse ({who}R={int(size)}): the per-group rank falls from "
-                f"{early['rank']:.2f} (probe steps {early['steps']}) to {late['rank']:.2f} "
-                f"(steps {late['steps']}) while distinct completions per informative group fall "
-                f"from {early['distinct_completions']:.2f} to {late['distinct_completions']:.2f}"
-                f"{entropy}. A group has at most as many independent rows as distinct "
-                f"completions, so a rank near {target:g} here can be sampling collapse, not the "
-                "zero-sum structure: read claim 2 on the early stage, or measure every R on the "
-                "same weights with `grpo probe`."
-            )
+            out.append(ModeCollapse(
+                variant, int(size), target, float(early["rank"]), float(late["rank"]),
+                early["steps"], late["steps"], float(early["distinct_completions"]),
+                float(late["distinct_completions"]), float(early["entropy"]),
+                float(late["entropy"])))
     return out

@@ -19,7 +19,6 @@ named seed and what the other seeds read without it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -30,23 +29,10 @@ from grpo_cli.analysis.rank_verdict import rank_verdicts
 from grpo_cli.analysis.rules import CONTRAST, Rules
 from grpo_cli.analysis.summary import last_part
 from grpo_cli.analysis.tables import metric_table
+from grpo_cli.analysis.words_over_r import Outlier, OutlyingSeeds, Without
 
 COLLAPSE_MEASURES = ("distinct_completions", "entropy")
 MAD_TO_SD = 0.6745  # the normal's MAD is 0.6745 sd: the modified z-score's scale
-
-
-@dataclass(frozen=True)
-class Outlier:
-    """One run whose window mean of `measure` collapsed apart from its variant's other seeds."""
-
-    variant: str
-    seed: int
-    group_size: int
-    measure: str  # COLLAPSE_MEASURES
-    value: float  # the run's window mean
-    median: float  # the seeds' median at that variant and R
-    z: float  # its modified z-score
-    seeds: int  # seeds at that variant and R
 
 
 def modified_z(values) -> np.ndarray:
@@ -109,27 +95,15 @@ def _without(ranks: pd.DataFrame, groups: pd.DataFrame, found: list[Outlier], ru
 
 def claim2_part(runs: list[Run], ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
                 variants: list[str], same_weights: frozenset[str] = frozenset()) -> Part | None:
-    """Claim 2's sentence on the outlying seeds of its `variants` (None: none): which seed, on
-    what, that the intervals rest on it, and claim 2's reading of the other seeds."""
+    """Claim 2's part on the outlying seeds of its `variants` (None: none): which seed, on
+    what, and claim 2's reading of the other seeds (its words: words_over_r.OutlyingSeeds)."""
     found = [o for o in outlying_seeds(runs, rules) if o.variant in variants]
     if not found or ranks.empty:
         return None
-    named = "; ".join(
-        f"{o.variant + ' ' if o.variant else ''}seed {o.seed} at R={o.group_size} ({o.measure} "
-        f"{o.value:.2f} against the {o.seeds} seeds' median {o.median:.2f}, modified z "
-        f"{o.z:.1f})" for o in found)
-    sentence = (f"Outlying seed (its sampling collapsed apart from the others: modified z <= "
-                f"-{rules.outlier_z:g} on the seeds' window means and >= "
-                f"{rules.distinct_fall:.0%} below their median): {named}. The intervals above "
-                "keep every seed, so they rest on it.")
-    for row in _without(ranks, groups, found, rules, same_weights).itertuples(index=False):
-        left = {o.seed for o in found if o.variant == row.variant}
-        per_r = ", ".join(f"R={r} {iv.text(2)}" for r, iv in sorted(row.intervals.items()))
-        n = min(iv.n for iv in row.intervals.values()) if row.intervals else 0
-        slope = (f"; slope {row.slope:+.2f} [{row.slope_low:+.2f}, {row.slope_high:+.2f}] per "
-                 "doubling" if np.isfinite(row.slope_low) else "")
-        sentence += (f" Without seed{'s' if len(left) > 1 else ''} "
-                     f"{', '.join(map(str, sorted(left)))}"
-                     f"{' of ' + row.variant if row.variant else ''} ({n} seeds that did not "
-                     f"collapse): {row.verdict}; {per_r}{slope}.")
-    return Part("2o", "does the reading rest on an outlying seed?", CONTRAST, sentence)
+    without = tuple(
+        Without(row.variant, tuple(sorted({o.seed for o in found if o.variant == row.variant})),
+                row.verdict, tuple(sorted(row.intervals.items())), float(row.slope),
+                float(row.slope_low), float(row.slope_high))
+        for row in _without(ranks, groups, found, rules, same_weights).itertuples(index=False))
+    facts = OutlyingSeeds(tuple(found), rules.outlier_z, rules.distinct_fall, without)
+    return Part("2o", "does the reading rest on an outlying seed?", CONTRAST, facts)

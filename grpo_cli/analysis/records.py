@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: no import at run time, so no cycle
     from grpo_cli.analysis.grouping import Grouping
     from grpo_cli.analysis.load import Run
     from grpo_cli.analysis.rules import Rules
+    from grpo_cli.analysis.words_over_r import ModeCollapse
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Readings:
     collapse: pd.DataFrame  # per run x probe step (collapse.py)
     stages: pd.DataFrame  # per variant x R x early/late stage
     stage_readings: pd.DataFrame  # claim 2 per stage
-    collapse_warnings: list[str]  # rank -> 2 as distinct falls
+    collapse_warnings: list[ModeCollapse]  # rank -> 2 as distinct falls
     credit_comparison: pd.DataFrame  # claim 4, same rows
     matching_coverage: pd.DataFrame  # matching.py
     matching_bins: pd.DataFrame  # ... the per-bin readings

@@ -35,6 +35,7 @@ from grpo_cli.analysis.render import (
     fmt,
 )
 from grpo_cli.analysis.rules import Rules
+from grpo_cli.analysis.words_over_r import ModeCollapse
 
 SUMMARY_COLUMNS = [
     "kind",
@@ -358,7 +359,7 @@ def blocks(result: AnalysisResult) -> list[Block]:
     return [
         Heading(f"{result.title}: does effective rank stay ~2 as group size R grows?", 1),
         *claim_blocks(result),
-        *[Paragraph(f"WARNING: {warning}") for warning in result.collapse_warnings],
+        *[Paragraph(f"WARNING: {warning.sentence()}") for warning in result.collapse_warnings],
         *data_problem_blocks(result.runs),
         Link("The evidence (every part, rule and table)", DETAILS),
     ]
@@ -484,7 +485,7 @@ def median_blocks(result: AnalysisResult) -> list[Block]:
     ]
 
 
-def collapse_blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[str],
+def collapse_blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list[ModeCollapse],
                     rules: Rules) -> list[Block]:
     """Mode collapse beside the rank: warnings, claim 2 per stage, the stage table."""
     if stages.empty:
@@ -500,7 +501,7 @@ def collapse_blocks(stages: pd.DataFrame, readings: pd.DataFrame, warnings: list
               f"while distinct completions fall by at least {rules.distinct_fall:.0%}. Point "
               "estimates; "
               "the intervals are the whole-run reading's (claims above)."),
-        Bullets(warnings or ["No mode-collapse warning: no R whose rank nears "
+        Bullets([w.sentence() for w in warnings] or ["No mode-collapse warning: no R whose rank nears "
                               f"{rules.target:g} while distinct completions fall."]),
         Table(readings),
         Table(stages),
@@ -570,6 +571,6 @@ def token_weight_blocks(table: pd.DataFrame) -> list[Block]:
               "aggregation, by autograd of the loss) is uniform to a relative 1e-6. With one "
               "pass, no KL and no truncated importance weights it is uniform by the same "
               "construction; num_iterations > 1 (ratios, clipping) or kl_coef > 0 can break it."),
-        Bullets(token_weights.sentences(table)),
+        Bullets([reading.sentence() for reading in token_weights.readings(table)]),
         Table(table),
     ]

@@ -22,10 +22,17 @@ from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.parts import Part
 from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED
 from grpo_cli.analysis.tables import metric_table
+from grpo_cli.analysis.words_credit import (
+    COLUMN,
+    NOT_RECORDED,
+    NOT_UNIFORM,
+    PART_1B_QUESTION,
+    UNIFORM,
+    Part1b,
+    TokenWeights,
+)
 
-COLUMN = "token_weight_uniform_frac"
 SPREAD = "token_weight_spread"  # mean relative spread max|w - mean w| / max|w| (0: uniform)
-UNIFORM, NOT_UNIFORM, NOT_RECORDED = "uniform", "not uniform", "not recorded"
 
 
 def token_weight_table(runs: list[Run]) -> pd.DataFrame:
@@ -53,34 +60,15 @@ def token_weight_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per variant: what the empirical reading shows."""
-    out = []
-    for r in table.to_dict("records"):
-        if r["reading"] == NOT_RECORDED:
-            out.append(f"{r['variant']}: no {COLUMN} in metrics.csv (results written before it).")
-        elif r["reading"] == UNIFORM:
-            out.append(f"{r['variant']} ({r['credit']}): the loss gradient weighted every token of "
-                       f"every informative rollout equally, at all {r['steps']} steps.")
-        else:
-            spread = (f"; relative spread max|w - mean w| / max|w| {r['mean spread']:.2g} on "
-                      "average" if np.isfinite(r["mean spread"]) else "")
-            out.append(f"{r['variant']} ({r['credit']}): the loss gradient's token weights varied "
-                       f"within some rollout at {r['steps not uniform']:.0%} of {r['steps']} steps "
-                       f"(uniform in {r['mean uniform frac']:.3f} of informative rollouts on "
-                       f"average, {r['min uniform frac']:.3f} at worst{spread}).")
-    return out
+def readings(table: pd.DataFrame) -> list[TokenWeights]:
+    """Each variant's reading as a record (its sentence: words_credit.TokenWeights)."""
+    return [TokenWeights(r["variant"], r["credit"], r["reading"], r["steps"], r["steps not uniform"],
+                         r["mean uniform frac"], r["min uniform frac"], r["mean spread"])
+            for r in table.to_dict("records")]
 
 
 def empirical_parts(table: pd.DataFrame) -> list[Part]:
     """Claim 1's part 1b for each outcome variant that recorded this reading (supported: uniform
     at every step; contradicted: not); none without a recorded reading."""
-    if table.empty:
-        return []
-    return [
-        Part("1b", "is the loss gradient's weight d loss / d log pi(y_t) uniform over each "
-             "rollout's tokens?", SUPPORTED if r["reading"] == UNIFORM else CONTRADICTED,
-             f"1b (the loss gradient's token weights, can fail): {sentence}")
-        for r, sentence in zip(table.to_dict("records"), sentences(table), strict=True)
-        if r["credit"] == "outcome" and r["reading"] != NOT_RECORDED
-    ]
+    return [Part("1b", PART_1B_QUESTION, SUPPORTED if r.reading == UNIFORM else CONTRADICTED, Part1b(r))
+            for r in readings(table) if r.credit == "outcome" and r.reading != NOT_RECORDED]

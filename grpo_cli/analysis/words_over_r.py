@@ -220,3 +220,97 @@ def matched_sentence(variant: str, matrix: str, measure: str, progress: str, rea
     return (f"{name}: point estimates {reading} the rule ({values}; slope {slope:+.2f} per "
             f"doubling; no interval, descriptive only)."), (
         f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}")
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """One run whose window mean of `measure` collapsed apart from its variant's other seeds
+    (outliers.py finds them)."""
+
+    variant: str
+    seed: int
+    group_size: int
+    measure: str  # outliers.COLLAPSE_MEASURES
+    value: float  # the run's window mean
+    median: float  # the seeds' median at that variant and R
+    z: float  # its modified z-score
+    seeds: int  # seeds at that variant and R
+
+    def named(self) -> str:
+        return (f"{self.variant + ' ' if self.variant else ''}seed {self.seed} at "
+                f"R={self.group_size} ({self.measure} {self.value:.2f} against the {self.seeds} "
+                f"seeds' median {self.median:.2f}, modified z {self.z:.1f})")
+
+
+@dataclass(frozen=True)
+class Without:
+    """Claim 2's reading of one variant's seeds without its outlying ones."""
+
+    variant: str
+    left_out: tuple[int, ...]
+    verdict: str
+    intervals: tuple[tuple[int, bs.Interval], ...]  # (R, its interval), by R
+    slope: float  # the slope per doubling and its interval (NaN: none)
+    slope_low: float
+    slope_high: float
+
+    def sentence(self) -> str:
+        per_r = ", ".join(f"R={r} {iv.text(2)}" for r, iv in self.intervals)
+        n = min(iv.n for _, iv in self.intervals) if self.intervals else 0
+        slope = (f"; slope {self.slope:+.2f} [{self.slope_low:+.2f}, {self.slope_high:+.2f}] "
+                 "per doubling" if math.isfinite(self.slope_low) else "")
+        left = self.left_out
+        return (f"Without seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))}"
+                f"{' of ' + self.variant if self.variant else ''} ({n} seeds that did not "
+                f"collapse): {self.verdict}; {per_r}{slope}.")
+
+
+@dataclass(frozen=True)
+class OutlyingSeeds:
+    """Claim 2's part 2o: the outlying seeds found (the rule's `outlier_z`, `distinct_fall`)
+    and the reading of each variant without them."""
+
+    found: tuple[Outlier, ...]
+    outlier_z: float
+    distinct_fall: float
+    without: tuple[Without, ...]
+
+    def sentence(self) -> str:
+        named = "; ".join(o.named() for o in self.found)
+        head = (f"Outlying seed (its sampling collapsed apart from the others: modified z <= "
+                f"-{self.outlier_z:g} on the seeds' window means and >= "
+                f"{self.distinct_fall:.0%} below their median): {named}. The intervals above "
+                "keep every seed, so they rest on it.")
+        return " ".join([head, *(w.sentence() for w in self.without)])
+
+
+@dataclass(frozen=True)
+class ModeCollapse:
+    """One variant and R whose per-group rank falls towards the target as distinct completions
+    fall (collapse.collapse_warnings): the early and late stages' means."""
+
+    variant: str
+    group_size: int
+    target: float
+    early_rank: float
+    late_rank: float
+    early_steps: str  # the stage's probe steps, "first-last"
+    late_steps: str
+    early_distinct: float
+    late_distinct: float
+    early_entropy: float  # NaN: not measured
+    late_entropy: float
+
+    def sentence(self) -> str:
+        entropy = (f", token entropy from {self.early_entropy:.3f} to {self.late_entropy:.3f} "
+                   "nats" if math.isfinite(self.early_entropy) and math.isfinite(self.late_entropy)
+                   else "")
+        who = f"{self.variant}, " if self.variant else ""
+        return (f"Mode collapse ({who}R={self.group_size}): the per-group rank falls from "
+                f"{self.early_rank:.2f} (probe steps {self.early_steps}) to {self.late_rank:.2f} "
+                f"(steps {self.late_steps}) while distinct completions per informative group fall "
+                f"from {self.early_distinct:.2f} to {self.late_distinct:.2f}{entropy}. A group "
+                f"has at most as many independent rows as distinct completions, so a rank near "
+                f"{self.target:g} here can be sampling collapse, not the zero-sum structure: read "
+                "claim 2 on the early stage, or measure every R on the same weights with "
+                "`grpo probe`.")

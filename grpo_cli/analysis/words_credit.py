@@ -1,0 +1,56 @@
+"""Claim 1's empirical reading in words: the renderer of token_weights.py's facts.
+
+token_weights.py reads metrics.csv `token_weight_uniform_frac` per variant and hands each
+variant's reading on as a `TokenWeights` record; its sentence, and part 1b's, are written here.
+The readings' labels (the `reading` column of token_weights.csv) are owned here too: they are
+words.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+COLUMN = "token_weight_uniform_frac"  # metrics.csv: uniform-weight share of informative rollouts
+UNIFORM, NOT_UNIFORM, NOT_RECORDED = "uniform", "not uniform", "not recorded"
+
+
+@dataclass(frozen=True)
+class TokenWeights:
+    """One variant's reading of the loss gradient's token weights (token_weights.token_weight_table)."""
+
+    variant: str
+    credit: str
+    reading: str  # UNIFORM | NOT_UNIFORM | NOT_RECORDED
+    steps: int
+    steps_not_uniform: float  # share of steps with some non-uniform rollout
+    mean_uniform: float  # mean uniform fraction
+    min_uniform: float
+    mean_spread: float  # mean relative spread max|w - mean w| / max|w| (NaN: not recorded)
+
+    def sentence(self) -> str:
+        if self.reading == NOT_RECORDED:
+            return f"{self.variant}: no {COLUMN} in metrics.csv (results written before it)."
+        if self.reading == UNIFORM:
+            return (f"{self.variant} ({self.credit}): the loss gradient weighted every token of "
+                    f"every informative rollout equally, at all {self.steps} steps.")
+        spread = (f"; relative spread max|w - mean w| / max|w| {self.mean_spread:.2g} on "
+                  "average" if math.isfinite(self.mean_spread) else "")
+        return (f"{self.variant} ({self.credit}): the loss gradient's token weights varied "
+                f"within some rollout at {self.steps_not_uniform:.0%} of {self.steps} steps "
+                f"(uniform in {self.mean_uniform:.3f} of informative rollouts on average, "
+                f"{self.min_uniform:.3f} at worst{spread}).")
+
+
+PART_1B_QUESTION = ("is the loss gradient's weight d loss / d log pi(y_t) uniform over each "
+                    "rollout's tokens?")
+
+
+@dataclass(frozen=True)
+class Part1b:
+    """Claim 1's part 1b: an outcome variant's token-weight reading."""
+
+    weights: TokenWeights
+
+    def sentence(self) -> str:
+        return f"1b (the loss gradient's token weights, can fail): {self.weights.sentence()}"

@@ -8,6 +8,7 @@ import pytest
 
 from grpo_cli.analysis import matching
 from grpo_cli.analysis.rules import Rules
+from grpo_cli.analysis.words_frames import matching_sentences
 
 
 def frame(progress: dict[int, list[float]], ranks: dict[int, list[float]]) -> pd.DataFrame:
@@ -29,7 +30,7 @@ def test_overlapping_ranges_are_matched_where_they_overlap():
     per_bin = matching.per_bin_table(data, "distinct_completions", bins=2, rules=Rules())
     assert per_bin["bin"].tolist() == ["2-3"]
     assert per_bin["slope / doubling"].iloc[0] == pytest.approx(0.4)  # 2.2 -> 2.6 in one doubling
-    assert "moves by at most 0.10 from its all-steps mean" in matching.sentences(coverage.reset_index())[0]
+    assert "moves by at most 0.10 from its all-steps mean" in matching_sentences(coverage.reset_index())[0]
 
 
 def test_capped_r_does_not_decide_the_common_bins():
@@ -46,14 +47,14 @@ def test_disjoint_ranges_say_no_matching_is_possible():
     coverage = matching.coverage_table(data, "reward", bins=2, rules=Rules())
     assert set(coverage["matching"]) == {"not possible"}
     assert matching.per_bin_table(data, "reward", bins=2, rules=Rules()).empty
-    assert "no matching is possible" in matching.sentences(coverage)[0]
+    assert "no matching is possible" in matching_sentences(coverage)[0]
 
 
 def test_identical_ranges_say_the_matched_mean_is_a_reweighted_average():
     data = frame({4: [0.1, 0.5, 0.9], 8: [0.1, 0.5, 0.9]}, {4: [2.0, 2.0, 2.3], 8: [3.0, 2.0, 2.0]})
     coverage = matching.coverage_table(data, "reward", bins=3, rules=Rules())
     assert set(coverage["matching"]) == {"reweights only"}
-    sentence = matching.sentences(coverage)[0]
+    sentence = matching_sentences(coverage)[0]
     assert sentence.startswith("training reward (rolling mean of reward_mean): no matching is possible")
     assert "reweighted whole-run average" in sentence and "R=8: 2.33 matched vs 2.33" in sentence
     # one R's step outside the common range: 2 of 3 steps in common bins, below 90%

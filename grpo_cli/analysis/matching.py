@@ -119,36 +119,6 @@ def per_bin_table(frame: pd.DataFrame, variable: str, bins: int, rules: Rules) -
     return pd.DataFrame(rows)
 
 
-def sentences(coverage: pd.DataFrame) -> list[str]:
-    """The plain reading of `coverage_table`, one sentence per variable and variant."""
-    out = []
-    for (variable, variant), part in coverage.groupby(["variable", "variant"], sort=False):
-        what = VARIABLES.get(variable, variable) + (f", {variant}" if variant else "")
-        matching = part["matching"].iloc[0]
-        means = ", ".join(
-            f"R={r['group_size']}: "
-            + (f"{r['matched mean']:.2f} matched" if np.isfinite(r["matched mean"]) else "no shared bin")
-            + f" vs {r['all-steps mean']:.2f} over all probe steps"
-            for r in part.to_dict("records"))
-        reached = ", ".join(f"R={r['group_size']} {r['min']:.2f}-{r['max']:.2f} "
-                            f"({r['in common bins']:.0%} of its probe steps in common bins)"
-                            for r in part.to_dict("records"))
-        if matching == "not possible":
-            out.append(f"{what}: no matching is possible, no bin is reached by every judged R "
-                       f"({reached}).")
-        elif matching == "reweights only":
-            out.append(
-                f"{what}: no matching is possible on this variable, because it does not separate "
-                f"the R values: every R covers the same range ({reached}), so a mean over common "
-                f"bins is a reweighted whole-run average ({means}). Read the per-bin slopes below.")
-        else:
-            gap = (part["matched mean"] - part["all-steps mean"]).abs().max()
-            out.append(f"{what}: the judged R values share part of their range ({reached}); over "
-                       f"the common bins the rank moves by at most {gap:.2f} from its all-steps "
-                       f"mean ({means}).")
-    return out
-
-
 def matching_tables(runs: list[Run], frame: pd.DataFrame, bins: int, rules: Rules
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """coverage_table and per_bin_table over every variable with data (held-out accuracy only

@@ -11,8 +11,6 @@ import pandas as pd
 from grpo_cli.analysis import (
     credit_compare,
     headline,
-    matching,
-    same_checkpoint,
     token_weights,
     update_density,
     update_geometry,
@@ -35,6 +33,7 @@ from grpo_cli.analysis.render import (
     fmt,
 )
 from grpo_cli.analysis.rules import Rules
+from grpo_cli.analysis.words_frames import matching_sentences, same_checkpoint_sentences
 from grpo_cli.analysis.words_over_r import ModeCollapse
 
 SUMMARY_COLUMNS = [
@@ -518,7 +517,7 @@ def matching_blocks(coverage: pd.DataFrame, per_bin: pd.DataFrame, bins: int) ->
               "variant's probe steps, claim 2's rank): which bins each R reaches, and within "
               "each bin that two or more judged R values share, the rank per R and its slope "
               "per doubling of R."),
-        Bullets(matching.sentences(coverage)),
+        Bullets(matching_sentences(coverage)),
         Table(coverage),
         Table(per_bin),
     ]
@@ -536,7 +535,7 @@ def same_checkpoint_blocks(table: pd.DataFrame, matrix: str, measure: str) -> li
               "the trajectory, which differs by R (collapse proceeds at its own pace), and is the "
               "check on it: where the two disagree, the difference is the trajectory's. "
               "Intervals are seed-level (per-seed slopes)."),
-        Bullets(same_checkpoint.sentences(table, matrix, measure)),
+        Bullets(same_checkpoint_sentences(table, matrix, measure)),
         Table(table),
     ]
 

@@ -81,24 +81,3 @@ def checkpoint_table(runs: list[Run], ranks: pd.DataFrame, rules: Rules) -> pd.D
             "max dev. from 2": reading.max_deviation,
         })
     return pd.DataFrame(rows)
-
-
-def sentences(table: pd.DataFrame, matrix: str = "rollout_group", measure: str = "erank_entropy") -> list[str]:
-    """Per source and variant: what the same-checkpoint comparison reads, step by step."""
-    out = []
-    for (source, variant), part in table.groupby(["source", "variant"], sort=False):
-        readings = "; ".join(
-            f"step {r['checkpoint step']}: slope {r['slope / doubling']:+.2f}"
-            + (f" [{r['slope low']:+.2f}, {r['slope high']:+.2f}]"
-               if np.isfinite(r["slope low"]) else " (no interval: fewer than 2 seeds)")
-            + f" per doubling over R={r['judged R']}, largest deviation from 2 "
-            f"{r['max dev. from 2']:.2f}"
-            for r in part.to_dict("records")
-        )
-        who = f" ({variant})" if variant else ""
-        out.append(
-            f"Same checkpoint{who}: every R of {source} was sampled from the same weights on the "
-            f"same prompts, so these {matrix} / {measure} comparisons have no trajectory in them. "
-            f"{readings}."
-        )
-    return out

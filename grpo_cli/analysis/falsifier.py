@@ -42,14 +42,12 @@ from grpo_cli.analysis.over_r import per_r_intervals
 from grpo_cli.analysis.parts import Part
 from grpo_cli.analysis.rank_verdict import rank_bounds, read_together, rng_for
 from grpo_cli.analysis.rules import (
-    CONTRADICTED,
     CONTRAST,
     INCONCLUSIVE,
     NOT_JUDGED,
     NOT_MEASURED,
     OUTCOME,
     PER_TOKEN,
-    SUPPORTED,
     Families,
     Rules,
     combine,
@@ -59,7 +57,7 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
-from grpo_cli.analysis.words_over_r import settle_text
+from grpo_cli.analysis.words_falsifier import DifferencePart, PairPart
 
 SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
             "advantages (a learned critic) has more non-zero rows in the batch matrix, and more rows "
@@ -78,7 +76,8 @@ def interval_columns(outcome: bs.Interval, per_token: bs.Interval, diff: bs.Inte
 def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval,
                rules: Rules) -> Part:
     """One deciding part: per-token minus outcome >= margin and per-token >= target + margin
-    (Rules.well_above), with its sentence, flip probability and seeds that would settle it."""
+    (Rules.well_above), with its facts (words_falsifier.PairPart), flip probability and seeds
+    that would settle it."""
     target, margin = rules.target, rules.margin
     level_below = rules.bonferroni(2)  # either interval wholly below contradicts: two tests
     wide = (bs.at_confidence(diff, level_below),
@@ -91,40 +90,17 @@ def judge_pair(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs
         point = diff.estimate >= margin and per_token.estimate >= target + margin
         flip = float(np.mean(above != point))
     seeds = None
-    sides = ((diff, wide[0], margin, "the difference"),
-             (per_token, wide[1], target + margin, "the per-token rank"))
-    at_level = f" at {level_below:.0%}, the Bonferroni level over the two intervals"
     if verdict == INCONCLUSIVE:  # an interval below at `confidence` only must settle at the wider level
         needs = [x for x in (
             bs.seeds_to_settle(iv, [bound], rules.confidence) if not iv.high < bound
             else bs.seeds_to_settle(w, [bound], level_below)
-            for iv, w, bound, _ in sides) if x]
+            for iv, w, bound in ((diff, wide[0], margin), (per_token, wide[1], target + margin)))
+            if x]
         seeds = max(needs) if needs else None
-
-    def shown(w: bs.Interval, signed: bool) -> str:  # the bounds as Interval.text shows them
-        form = "{:+.2f}" if signed else "{:.2f}"
-        return f"[{form.format(w.low)}, {form.format(w.high)}]"
-
-    below = [f"{what} {shown(w, what == 'the difference')} is wholly below {bound:g}"
-             for _, w, bound, what in sides if w.high < bound]
-    only_at_confidence = any(iv.high < bound <= w.high for iv, w, bound, _ in sides)
-    unsettled = [f"{what} is below {bound:g} at {rules.confidence:.0%} but not{at_level}"
-                 if iv.high < bound else f"{what} straddles {bound:g}"
-                 for iv, w, bound, what in sides if iv.low <= bound <= w.high]
-    decided = {
-        SUPPORTED: f"both intervals lie above {margin:g} and {target + margin:g}",
-        CONTRADICTED: " and ".join(below) + at_level,
-        INCONCLUSIVE: "; ".join(unsettled) if only_at_confidence else
-                      f"an interval straddles {margin:g} (difference) or {target + margin:g} "
-                      "(per-token rank)",
-        NOT_JUDGED: "no interval of the difference (one unit on a side)",
-    }[verdict]
-    n = min(outcome.n, per_token.n)
-    sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
-                f"difference {diff.text(2, sign=True)}: {decided}"
-                + settle_text(verdict, flip, seeds, n) + ".")
+    facts = PairPart(name, verdict, outcome, per_token, diff, wide, target, margin,
+                     rules.confidence, level_below, flip, seeds)
     below = bs.Contradiction(((diff, margin, "below"), (per_token, target + margin, "below")), 2)
-    return Part("4", name, verdict, sentence, flip, seeds, below)
+    return Part("4", name, verdict, facts, flip, seeds, below)
 
 
 def judge_difference(name: str, outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval,
@@ -132,25 +108,15 @@ def judge_difference(name: str, outcome: bs.Interval, per_token: bs.Interval, di
     """A deciding part where the per-token groups' `distinct` completions (their mean) leave no
     room for the absolute bar (diversity.bar_reachable): judged on the difference alone, one
     interval at `confidence`: supported iff it lies above the margin, contradicted iff wholly
-    below it, with its sentence, flip probability and seeds that would settle it."""
-    margin, bar = rules.margin, rules.target + rules.margin
+    below it, with its facts (words_falsifier.DifferencePart), flip probability and seeds that
+    would settle it."""
+    margin = rules.margin
     verdict = three_way(diff.low, diff.high, margin, math.inf)
     flip = bs.flip_probability(diff.estimate, diff.replicates, lambda v: v >= margin)
     seeds = bs.seeds_to_settle(diff, [margin], rules.confidence) if verdict == INCONCLUSIVE else None
-    decided = {
-        SUPPORTED: f"the difference lies above {margin:g}",
-        CONTRADICTED: f"the difference is wholly below {margin:g}",
-        INCONCLUSIVE: f"the difference straddles {margin:g}",
-        NOT_JUDGED: "no interval of the difference (one unit on a side)",
-    }[verdict]
-    why = (f"the absolute bar (per-token rank >= {bar:g}) is not judged here: the per-token "
-           f"groups hold {distinct:.2f} distinct completions on average, a group's rank is at "
-           f"most its number of distinct completions, and that leaves less than the margin "
-           f"{margin:g} above {bar:g} (the bar is judged where they hold >= {bar + margin:g})")
-    sentence = (f"{name}: {verdict}; per-token {per_token.text(2)} vs outcome {outcome.text(2)}, "
-                f"difference {diff.text(2, sign=True)}: {decided}; {why}"
-                + settle_text(verdict, flip, seeds, min(outcome.n, per_token.n)) + ".")
-    return Part("4", name, verdict, sentence, flip, seeds,
+    facts = DifferencePart(name, verdict, outcome, per_token, diff, distinct, rules.target, margin,
+                           flip, seeds)
+    return Part("4", name, verdict, facts, flip, seeds,
                 bs.Contradiction(((diff, margin, "below"),), 1))
 
 

@@ -63,6 +63,7 @@ WORDS_MOVED = {
     "grpo_cli/analysis/rank_verdict.py": "grpo_cli/analysis/words_over_r.py",
     "grpo_cli/analysis/outliers.py": "grpo_cli/analysis/words_over_r.py",
     "grpo_cli/analysis/token_weights.py": "grpo_cli/analysis/words_credit.py",
+    "grpo_cli/analysis/falsifier.py": "grpo_cli/analysis/words_falsifier.py",
 }
 
 

@@ -57,17 +57,26 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
-from grpo_cli.analysis.words_falsifier import DifferencePart, PairPart
-
-SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
-            "advantages (a learned critic) has more non-zero rows in the batch matrix, and more rows "
-            "raise its rank without any per-token credit; per non-zero row, and on the per-group "
-            "matrix's informative groups, those rows do not count")
+from grpo_cli.analysis.words_falsifier import (
+    Capped,
+    DifferencePart,
+    Missing,
+    PairPart,
+    SidePart,
+    SideReading,
+    at_r,
+    no_families,
+    no_ranks,
+    pair_name,
+    reading_label,
+    side_question,
+    with_stat,
+)
 
 
 def interval_columns(outcome: bs.Interval, per_token: bs.Interval, diff: bs.Interval) -> dict:
     """A deciding part's numbers, as the claim's table (and claim4.png) shows them."""
-    return {f"{name}{suffix}": value for name, iv in (("outcome rank", outcome),
+    return {name + suffix: value for name, iv in (("outcome rank", outcome),
                                                        ("per-token rank", per_token),
                                                        ("difference", diff))
             for suffix, value in (("", iv.estimate), (" low", iv.low), (" high", iv.high))}
@@ -178,9 +187,9 @@ def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
 
 def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
                    groups: pd.DataFrame | None = None
-                   ) -> tuple[list[dict], list[Part], list[str], list[str]]:
+                   ) -> tuple[list[dict], list[Part], list[SideReading], list[str]]:
     """Deciding parts from training runs (per pair of variants x judged R), the table rows, the
-    side reading's sentences and the per-distinct-completion sentences. `same_rows`: a
+    side readings and the per-distinct-completion sentences (beside.per_distinct_sentence). `same_rows`: a
     `same_rows_table` of these runs or more, with `rules.rank_measure` among its measures;
     `groups`: their diversity.group_frame; each built here where the caller has none."""
     outcome, per_token, label = _families(runs)
@@ -198,47 +207,46 @@ def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None
     rows, parts, side, per_distinct = [], [], [], []
     for base in outcome:
         for other in per_token:
-            name_pair, readings = f"{label[other]} vs {label[base]}", []
+            name_pair, readings = pair_name(label[other], label[base]), []
             sizes = sorted({int(r) for r in deciding.loc[deciding["variant"].isin([base, other]),
                                                          "group_size"]})
             for size in sizes:
-                name = f"{name_pair} at R={size}"
+                name = at_r(name_pair, size)
                 stat = _stat_for(deciding, base, other, size)
                 rows_at = deciding[deciding["stat"] == stat]
                 a = window_units(rows_at, base, size, rules, (base, other, size, stat))
                 b = window_units(rows_at, other, size, rules, (base, other, size, stat))
-                row = {"reading": f"{rules.rank_matrix}, {stat} (training runs)",
+                row = {"reading": reading_label(rules.rank_matrix, stat),
                        "outcome": label[base], "per-token": label[other], "R": size}
                 if size not in judged_group_sizes([size], rules.target):
-                    why = (f"R={size} is capped: a group of {size} rows has rank <= {size}, so "
-                           f"no estimator can reach {rules.target + rules.margin:g}")
+                    why = Capped(name, size, rules.target + rules.margin)
                 elif a is None or b is None:
-                    missing = [label[v] for v, x in ((base, a), (other, b)) if x is None]
-                    why = f"no {' or '.join(missing)} {rules.rank_matrix} ranks at R={size}"
+                    why = Missing(name, tuple(label[v] for v, x in ((base, a), (other, b)) if x is None),
+                                  rules.rank_matrix, size)
                 else:
-                    why = ""
-                if why:
+                    why = None
+                if why is not None:
                     rows.append(row | {"verdict": NOT_JUDGED})
-                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, {why}."))
+                    parts.append(Part("4", name, NOT_JUDGED, why))
                     continue
                 ia, ib, diff = pair_intervals(a, b, rules, (base, other, size))
                 at = [groups[(groups["variant"] == v) & (groups["group_size"] == size)
                              & (groups["stat"] == stat)] for v in (base, other)]
-                part, extra, reading = _pair_at_diversity(f"{name} ({stat})", (ia, ib, diff), at,
+                part, extra, reading = _pair_at_diversity(with_stat(name, stat), (ia, ib, diff), at,
                                                           rules, (base, other, size, stat))
                 if reading is not None:
                     readings.append((size, reading))
                 rows.append(row | interval_columns(ia, ib, diff) | extra
                             | {"verdict": part.verdict, "flip": part.flip})
                 parts.append(part)
-            side += _side_sentences(window, base, other, name_pair, rules)
+            side += _side_readings(window, base, other, name_pair, rules)
             if readings:
                 per_distinct.append(beside.per_distinct_sentence(name_pair, stat, readings))
     return rows, parts, side, per_distinct
 
 
-def _side_sentences(window: pd.DataFrame, base: str, other: str, name: str, rules: Rules
-                    ) -> list[str]:
+def _side_readings(window: pd.DataFrame, base: str, other: str, name: str, rules: Rules
+                    ) -> list[SideReading]:
     """The whole-batch side reading: per-token minus outcome per R, whole matrix and per
     non-zero row, with Welch's intervals (descriptive)."""
     out = []
@@ -251,9 +259,10 @@ def _side_sentences(window: pd.DataFrame, base: str, other: str, name: str, rule
                      .groupby("run_id")["value"].mean().to_numpy(float) for v in (other, base)]
             diff = bs.welch_interval(units, [1.0, -1.0], rules.confidence,
                                      rng_for(rules, base, other, size, measure), rules.resamples)
-            readings.append(f"R={size} {diff.text(2 if measure == rules.rank_measure else 3, True)}")
+            readings.append((size, diff))
         if readings:
-            out.append(f"{name}, {rules.falsifier_matrix} / {measure}: " + ", ".join(readings))
+            out.append(SideReading(name, rules.falsifier_matrix, measure, tuple(readings),
+                                   2 if measure == rules.rank_measure else 3))
     return out
 
 
@@ -300,13 +309,12 @@ def probe_parts(runs: list[Run], rules: Rules, groups: pd.DataFrame | None = Non
             both = both[both["step"] == last]
             for size in sorted({int(r) for r in both["group_size"]}):
                 at = both[both["group_size"] == size]
-                name = f"{label[other]} vs {label[base]} at R={size} (same rollouts)"
-                row = {"reading": f"{rules.rank_matrix}, same rollouts (grpo probe)",
+                name = at_r(pair_name(label[other], label[base]), size, same_rollouts=True)
+                row = {"reading": reading_label(rules.rank_matrix, None),
                        "outcome": label[base], "per-token": label[other], "R": size}
                 if size not in judged_group_sizes([size], rules.target):
                     rows.append(row | {"verdict": NOT_JUDGED})
-                    parts.append(Part("4", name, NOT_JUDGED, f"{name}: not judged, R={size} is "
-                                      "capped."))
+                    parts.append(Part("4", name, NOT_JUDGED, Capped(name, size)))
                     continue
                 # units: the groups of one seed, else each seed's mean (the independent runs)
                 unit = ["seed"] if at["seed"].nunique() >= 2 else ["seed", "group", "step", "source"]
@@ -351,10 +359,8 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     outcome, per_token, _ = _families(runs)
     if not outcome or not per_token:
         families = Families.of(runs)
-        return (NOT_MEASURED, "the results do not hold both an outcome estimator (zero-sum "
-                f"outcome credit; {families.named(families.zero_sum)}) and a per-token one "
-                f"({families.named(families.per_token)}); `make reproduce-cpu` runs both",
-                pd.DataFrame(), [])
+        return (NOT_MEASURED, no_families(families.named(families.zero_sum),
+                                          families.named(families.per_token)), pd.DataFrame(), [])
     if groups is None:
         groups = diversity.group_frame(runs, rules)
     training = [r for r in runs if not is_probe(r)]
@@ -364,8 +370,7 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     rows, parts = rows + probe_rows, parts + probe
     frame = pd.DataFrame(rows)
     if frame.empty:
-        return (NOT_JUDGED, f"no {rules.rank_matrix} / {rules.rank_measure} ranks for these "
-                "estimators", frame, parts)
+        return NOT_JUDGED, no_ranks(rules.rank_matrix, rules.rank_measure), frame, parts
     read, together, parts = read_together(parts, [p.question for p in parts], rules, "pairs")
     verdict = combine(read)
     if together:
@@ -373,8 +378,7 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     parts += [Part("4d", "the rank per distinct completion", CONTRAST, sentence)
               for sentence in per_distinct]  # reported, never in the verdict
     if side:  # shown after the deciding parts, never in the verdict
-        parts.append(Part("4s", f"side reading: {rules.falsifier_matrix}", CONTRAST,
-                          f"Side reading, {rules.falsifier_matrix} (per-token minus outcome, "
-                          f"{SIDE_WHY}): " + "; ".join(side) + "."))
+        parts.append(Part("4s", side_question(rules.falsifier_matrix), CONTRAST,
+                          SidePart(rules.falsifier_matrix, tuple(side))))
     evidence = " ".join(p.sentence for p in parts)
     return verdict, evidence, frame, parts

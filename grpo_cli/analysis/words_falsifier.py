@@ -99,3 +99,100 @@ class DifferencePart:
         return (f"{self.name}: {self.verdict}; per-token {self.per_token.text(2)} vs outcome "
                 f"{self.outcome.text(2)}, difference {self.diff.text(2, sign=True)}: {decided}; "
                 f"{why}" + settle_text(self.verdict, self.flip, self.seeds, n) + ".")
+
+
+def pair_name(other: str, base: str) -> str:
+    """An outcome / per-token pair, as its parts and the claim's table name it."""
+    return f"{other} vs {base}"
+
+
+def at_r(name: str, size: int, same_rollouts: bool = False) -> str:
+    """A deciding part's name: its pair at R (grpo probe pairs: on the same rollouts)."""
+    return f"{name} at R={size}" + (" (same rollouts)" if same_rollouts else "")
+
+
+def with_stat(name: str, stat: str) -> str:
+    return f"{name} ({stat})"
+
+
+def reading_label(matrix: str, stat: str | None) -> str:
+    """The claim's table `reading` column: training runs on `stat`'s rows, or same rollouts."""
+    return f"{matrix}, {stat} (training runs)" if stat else f"{matrix}, same rollouts (grpo probe)"
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A deciding part not judged: a group of `size` rows has rank <= size (`bar`: the bar no
+    estimator can reach there; None: said in short)."""
+
+    name: str
+    size: int
+    bar: float | None = None
+
+    def sentence(self) -> str:
+        why = f"R={self.size} is capped"
+        if self.bar is not None:
+            why += (f": a group of {self.size} rows has rank <= {self.size}, so no estimator "
+                    f"can reach {self.bar:g}")
+        return f"{self.name}: not judged, {why}."
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A deciding part not judged: no ranks of `missing` (labels) on `matrix` at R=size."""
+
+    name: str
+    missing: tuple[str, ...]
+    matrix: str
+    size: int
+
+    def sentence(self) -> str:
+        return (f"{self.name}: not judged, no {' or '.join(self.missing)} {self.matrix} ranks at "
+                f"R={self.size}.")
+
+
+SIDE_WHY = ("not in the verdict: an estimator that gives zero-variance groups non-zero "
+            "advantages (a learned critic) has more non-zero rows in the batch matrix, and more rows "
+            "raise its rank without any per-token credit; per non-zero row, and on the per-group "
+            "matrix's informative groups, those rows do not count")
+
+
+@dataclass(frozen=True)
+class SideReading:
+    """One pair's whole-batch side reading on one measure: per-token minus outcome per R."""
+
+    name: str
+    matrix: str
+    measure: str
+    per_r: tuple[tuple[int, bs.Interval], ...]
+    digits: int
+
+    def sentence(self) -> str:
+        return f"{self.name}, {self.matrix} / {self.measure}: " + ", ".join(
+            f"R={r} {iv.text(self.digits, True)}" for r, iv in self.per_r)
+
+
+@dataclass(frozen=True)
+class SidePart:
+    """Claim 4's part 4s: every pair's side reading on the whole-batch matrix."""
+
+    matrix: str
+    readings: tuple[SideReading, ...]
+
+    def sentence(self) -> str:
+        return (f"Side reading, {self.matrix} (per-token minus outcome, {SIDE_WHY}): "
+                + "; ".join(r.sentence() for r in self.readings) + ".")
+
+
+def side_question(matrix: str) -> str:
+    return f"side reading: {matrix}"
+
+
+def no_families(zero_sum: str, per_token: str) -> str:
+    """Claim 4's evidence where the results lack an outcome or a per-token estimator."""
+    return (f"the results do not hold both an outcome estimator (zero-sum outcome credit; "
+            f"{zero_sum}) and a per-token one ({per_token}); `make reproduce-cpu` runs both")
+
+
+def no_ranks(matrix: str, measure: str) -> str:
+    return f"no {matrix} / {measure} ranks for these estimators"

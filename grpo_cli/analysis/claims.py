@@ -44,7 +44,8 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.tables import metric_table
-from grpo_cli.analysis.words_over_r import Together, settle_text
+from grpo_cli.analysis.words_over_r import Together
+from grpo_cli.analysis.words_trend import POOLED_QUESTION, PooledPart, TrendPart, trend_name
 
 ESTIMATOR_KEY = "algorithm.name"
 SPARSITY_METRICS = ("grad_sparsity", "grad_hoyer")
@@ -289,41 +290,24 @@ def _more_seeds(iv: bs.Interval, side: str, level: float) -> int | None:
     return None if more is None else iv.n + more
 
 
-def _trend_sentence(row: dict, test: dict, verdict: str, rules: Rules) -> tuple[str, float,
-                                                                               int | None]:
-    """A part's sentence, flip probability and seeds that would settle it, at the level its
-    verdict uses: growth at the one-sided level, decline at level / m (Holm's first step)."""
-    label = f" ({row['variant']})" if row["label"] else ""
-    name = f"{row['measure']}, R={row['R']}{label}"
+def _trend_facts(row: dict, test: dict, verdict: str, rules: Rules) -> TrendPart:
+    """A part's facts (its sentence: words_trend.TrendPart), flip probability and seeds that
+    would settle it, at the level its verdict uses: growth at the one-sided level, decline at
+    level / m (Holm's first step)."""
+    name = trend_name(row["measure"], row["R"], row["variant"] if row["label"] else None)
     iv = test["slope"]
-    if verdict == NOT_JUDGED:
-        return (f"{name}: not judged; {test['seeds']} seed(s) with a slope: the trend test "
-                "compares per-seed slopes, so it needs at least 2 seeds."), math.nan, None
     level, m = rules.one_sided_level, row["family"]
+    if verdict == NOT_JUDGED:
+        return TrendPart(name, verdict, test["seeds"], level, m, math.nan, math.nan, math.nan,
+                         "", math.nan, False, None, None)
     flip = bs.flip_probability(iv.estimate, iv.replicates, lambda v: v > 0)
-    holm = f" (Holm over {m} parts)" if m > 1 else ""
-    held = f"; Holm over {m} parts p = {row['p (growth, Holm)']:.3g}" if m > 1 else ""
-    decided = {
-        SUPPORTED: f"growth significant (p = {row['p (growth)']:.3g} <= {level:g}, unadjusted: "
-                   f"the claim needs every part to grow, an intersection-union test{held})",
-        CONTRADICTED: f"decline significant (p = {row['p (decline, Holm)']:.3g}{holm} <= "
-                      f"{level:g})",
-        INCONCLUSIVE: f"neither growth (p = {row['p (growth)']:.3g}, unadjusted) nor decline "
-                      f"(p = {row['p (decline, Holm)']:.3g}{holm}) significant at {level:g}",
-    }[verdict]
-    seeds = None
-    if verdict == INCONCLUSIVE and iv.estimate > 0:
-        seeds = _more_seeds(iv, "above", level)
-    extra = settle_text(verdict, flip, seeds, test["seeds"])
-    if verdict == INCONCLUSIVE and not iv.estimate > 0:
-        extra = f"; flips in {flip:.0%} of draws" if np.isfinite(flip) else ""
-        extra += "; no sign of growth, so more seeds would not make it supported"
-        decline = _more_seeds(iv, "below", level / max(m, 1)) if iv.estimate < 0 else None
-        if decline is not None:
-            extra += (f"; about {decline} seeds in all would make its decline significant at "
-                      f"{level:g} / {max(m, 1)}")
-    return (f"{name}: {verdict}; {decided}; mean per-seed slope {row['slope / 100 steps']} "
-            f"per 100 steps over {test['seeds']} seeds{extra}."), flip, seeds
+    growing = bool(iv.estimate > 0)
+    seeds = _more_seeds(iv, "above", level) if verdict == INCONCLUSIVE and growing else None
+    decline = (_more_seeds(iv, "below", level / max(m, 1))
+               if verdict == INCONCLUSIVE and iv.estimate < 0 else None)
+    return TrendPart(name, verdict, test["seeds"], level, m, row["p (growth)"],
+                     row.get("p (growth, Holm)", math.nan), row["p (decline, Holm)"],
+                     row["slope / 100 steps"], flip, growing, seeds, decline)
 
 
 def _pooled_part(table: pd.DataFrame, rules: Rules) -> Part | None:
@@ -346,19 +330,12 @@ def _pooled_part(table: pd.DataFrame, rules: Rules) -> Part | None:
         return None
     test = trend.pooled_seed_trend(by_seed, rules.confidence, rng_for(rules, "claim 3 pooled"),
                                    rules.resamples)
-    level, iv = rules.one_sided_level, test["slope"]
-    parts = sum(len(v) for v in by_seed.values())
-    question = "does the mean relative slope over every sparsity part grow (one pooled test)?"
-    head = (f"Pooled (one pre-registered test of 'sparsity grows', beside the parts): per seed "
-            f"the mean relative slope of its parts ({parts} run x measure series; 100 x slope / "
-            "the run's mean level)")
-    if test["seeds"] < 2:
-        return Part("3p", question, NOT_JUDGED, f"{head}: not judged, {test['seeds']} seed.")
-    verdict = _trend_verdict(test, test["p_up"], test["p_down"], level)
-    return Part("3p", question, verdict,
-                f"{head}: {verdict}; {iv.text(2, sign=True)}% per 100 steps over "
-                f"{test['seeds']} seeds, p (growth) = {test['p_up']:.3g}, p (decline) = "
-                f"{test['p_down']:.3g}, one-sided at {level:g} with no correction (one test).")
+    level = rules.one_sided_level
+    verdict = (NOT_JUDGED if test["seeds"] < 2
+               else _trend_verdict(test, test["p_up"], test["p_down"], level))
+    facts = PooledPart(sum(len(v) for v in by_seed.values()), verdict, test["seeds"],
+                       test["slope"], test["p_up"], test["p_down"], level)
+    return Part("3p", POOLED_QUESTION, verdict, facts)
 
 
 def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
@@ -380,10 +357,10 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
     for row, test in zip(rows, tests, strict=True):
         verdict = _trend_verdict(test, row["p (growth)"], row["p (decline, Holm)"],
                                  rules.one_sided_level)
-        sentence, flip, seeds = _trend_sentence(row, test, verdict, rules)
-        row |= {"verdict": verdict, "flip": flip}
+        facts = _trend_facts(row, test, verdict, rules)
+        row |= {"verdict": verdict, "flip": facts.flip}
         parts.append(Part("3" if row["reading"] == "sparsity" else "3z", row["reading"],
-                          verdict, sentence, flip, seeds))
+                          verdict, facts, facts.flip, facts.more_seeds))
     frame = pd.DataFrame(rows).drop(columns=["label", "family"], errors="ignore")
     if frame.empty or not (frame["reading"] == "sparsity").any():
         return Claim(3, NOT_MEASURED,

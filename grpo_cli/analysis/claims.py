@@ -25,7 +25,7 @@ from grpo_cli.analysis import beside, diversity, layer_gradient, token_weights, 
 from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis.falsifier import falsifier_reading
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.parts import Joined, Part, Words, say
 from grpo_cli.analysis.rank_verdict import VERDICT_PARTS, read_together, rng_for
 from grpo_cli.analysis.rules import (
     CONTRADICTED,
@@ -44,8 +44,22 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.tables import metric_table
-from grpo_cli.analysis.words_over_r import Together
-from grpo_cli.analysis.words_trend import POOLED_QUESTION, PooledPart, TrendPart, trend_name
+from grpo_cli.analysis.words_credit import (
+    PART_1A_QUESTION,
+    Advantages,
+    CreditRow,
+    Part1a,
+    credit_rule,
+)
+from grpo_cli.analysis.words_over_r import Together, VerdictCounts, no_zero_sum_ranks
+from grpo_cli.analysis.words_trend import (
+    NO_SPARSITY,
+    POOLED_QUESTION,
+    PooledPart,
+    TrendPart,
+    ZeroAdvantage,
+    trend_name,
+)
 
 ESTIMATOR_KEY = "algorithm.name"
 SPARSITY_METRICS = ("grad_sparsity", "grad_hoyer")
@@ -62,7 +76,7 @@ STATEMENTS = {
 class Claim:
     number: int  # 1..4, see STATEMENTS
     verdict: str  # rules.VERDICT_WORDS
-    evidence: str  # the numbers behind the verdict, one sentence per part
+    facts: Words | str  # the numbers behind the verdict (its parts and readings; a str: said as is)
     table: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per judged part
     rule: str = ""  # the rule, in words (Rules.text)
     parts: list[Part] = field(default_factory=list)  # the headline parts, in order
@@ -71,6 +85,11 @@ class Claim:
     @property
     def statement(self) -> str:
         return STATEMENTS[self.number]
+
+    @property
+    def evidence(self) -> str:
+        """The numbers behind the verdict in words, one sentence per part, rendered from its facts."""
+        return say(self.facts)
 
     @property
     def parts_text(self) -> str:
@@ -121,17 +140,15 @@ def credit_claim(runs: list[Run], rules: Rules, weights: pd.DataFrame | None = N
         weights = token_weights.token_weight_table(runs)
     verdict, evidence, frame = _advantages_reading(runs, rules)
     rule = rules.text(1, families or Families.of(runs))
-    first = Part("1a", "does every token of a rollout get the same advantage? (true by "
-                 "construction for outcome estimators)", verdict,
-                 f"1a (the advantages; true by construction for outcome estimators): {evidence}")
+    first = Part("1a", PART_1A_QUESTION, verdict, Part1a(evidence))
     empirical = token_weights.empirical_parts(weights)
     if empirical:
         verdict = combine([first.verdict, *(p.verdict for p in empirical)])
-        rule = f"1a: {rule} 1b: {rules.token_weight_text()}"
+        rule = credit_rule(rule, rules.token_weight_text())
     return Claim(1, verdict, evidence, frame, parts=[first, *empirical], rule=rule)
 
 
-def _advantages_reading(runs: list[Run], rules: Rules) -> tuple[str, str, pd.DataFrame]:
+def _advantages_reading(runs: list[Run], rules: Rules) -> tuple[str, Advantages, pd.DataFrame]:
     """Claim 1a: (verdict, evidence, table) of credit_uniform_frac per variant."""
     table = metric_table(runs, ["credit_uniform_frac"])
     estimators = _estimators(runs)
@@ -161,16 +178,9 @@ def _advantages_reading(runs: list[Run], rules: Rules) -> tuple[str, str, pd.Dat
     frame = pd.DataFrame(rows)
     judged = [r["verdict"] for r in rows if r["credit"] == "outcome"]
     verdict = combine(judged) if judged else NOT_MEASURED
-    evidence = "; ".join(
-        f"{r['variant']} ({r['credit']}): uniform credit in {r['mean uniform frac']:.3f} of "
-        f"rollouts on average, {r['min uniform frac']:.3f} at worst, over {r['steps']} steps"
-        for r in rows
-        if r["steps"]
-    )
-    evidence = (evidence or "no credit_uniform_frac recorded") + (
-        ". For outcome estimators this holds by construction (one advantage per rollout)."
-        if judged else ""
-    )
+    evidence = Advantages(tuple(CreditRow(r["variant"], r["credit"], r["mean uniform frac"],
+                                          r["min uniform frac"], r["steps"]) for r in rows),
+                          bool(judged))
     return verdict, evidence, frame
 
 
@@ -206,8 +216,7 @@ def rank_claim(
         return Claim(
             2,
             NOT_MEASURED,
-            f"no {rules.rank_matrix} / {rules.rank_measure} ranks from a zero-sum outcome "
-            "estimator's run (no such run, no probe step, or no informative group)",
+            no_zero_sum_ranks(rules.rank_matrix, rules.rank_measure),
             pd.DataFrame(),
         )
     verdicts_, together, counted = _rank_parts_together(primary, runs, rules)
@@ -216,11 +225,8 @@ def rank_claim(
         parts.append(Part("2t", "the parts read together", CONTRAST, together))
     parts += shown.parts  # beside the verdict, not in it
     counts = verdicts[pick]["verdict"].value_counts()
-    words = ", ".join(f"{counts[w]} {w}" for w in counts.index)
-    evidence = " ".join(primary["sentence"]) + (f" {together.sentence()}" if together else "") + "".join(
-        f" {p.sentence}" for p in shown.parts) + (
-        f" Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
-    )
+    evidence = Joined((*primary["sentence"], *([together] if together else []), *shown.parts,
+                       VerdictCounts(tuple((w, int(counts[w])) for w in counts.index))))
     verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
     return Claim(2, verdict, evidence, pd.DataFrame(rows), parts=parts)
 
@@ -363,14 +369,12 @@ def sparsity_claim(runs: list[Run], rules: Rules) -> Claim:
                           verdict, facts, facts.flip, facts.more_seeds))
     frame = pd.DataFrame(rows).drop(columns=["label", "family"], errors="ignore")
     if frame.empty or not (frame["reading"] == "sparsity").any():
-        return Claim(3, NOT_MEASURED,
-                     "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run",
-                     frame, parts=parts)
+        return Claim(3, NOT_MEASURED, NO_SPARSITY, frame, parts=parts)
     judged = [p for p in parts if p.name == "3"]
     pooled = _pooled_part(table, rules)
     parts += [pooled] if pooled else []
-    evidence = " ".join(p.sentence for p in judged) + (f" {pooled.sentence}" if pooled else "") + (
-        _zero_advantage_evidence([p for p in parts if p.name == "3z"], held_p, rules))
+    zero = _zero_advantage_reading([p for p in parts if p.name == "3z"], held_p, rules)
+    evidence = Joined((*judged, *([pooled] if pooled else []), *([zero] if zero else [])))
     return Claim(3, combine(p.verdict for p in judged), evidence, frame, parts=parts)
 
 
@@ -453,20 +457,14 @@ def _holm_columns(rows: list[dict]) -> list[float]:
     return held_p
 
 
-def _zero_advantage_evidence(zero_adv: list[Part], held_p: list[float], rules: Rules) -> str:
-    """The zero-advantage reading and the trend left after it, in words (empty without it)."""
+def _zero_advantage_reading(zero_adv: list[Part], held_p: list[float], rules: Rules
+                            ) -> ZeroAdvantage | None:
+    """The zero-advantage reading and the trend left after it (None without it)."""
     if not zero_adv:
-        return ""
-    evidence = (f" The zero-advantage reading ({ZERO_ADVANTAGE_METRIC}, every step; more "
-                "zero-advantage groups means fewer informative rollouts, which alone can "
-                f"make the gradient sparser): {combine(p.verdict for p in zero_adv)}.")
+        return None
     tested = [p_held for p_held in held_p if np.isfinite(p_held)]
-    if tested:
-        evidence += (f" Controlling for them ({ZERO_ADVANTAGE_METRIC} as a covariate of "
-                     "each seed's regression on the step; descriptive): growth stays "
-                     f"significant in {sum(p <= rules.one_sided_level for p in tested)} of "
-                     f"{len(tested)} parts after Holm (column 'slope given zero-adv.').")
-    return evidence
+    return ZeroAdvantage(ZERO_ADVANTAGE_METRIC, combine(p.verdict for p in zero_adv), len(tested),
+                         sum(p <= rules.one_sided_level for p in tested))
 
 
 # ---- claim 4: per-token credit raises the rank -------------------------------------------------

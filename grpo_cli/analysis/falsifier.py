@@ -39,7 +39,7 @@ from grpo_cli.analysis import bootstrap as bs
 from grpo_cli.analysis import credit_compare as cc
 from grpo_cli.analysis.load import Run
 from grpo_cli.analysis.over_r import per_r_intervals
-from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.parts import Joined, Part
 from grpo_cli.analysis.rank_verdict import rank_bounds, read_together, rng_for
 from grpo_cli.analysis.rules import (
     CONTRAST,
@@ -351,7 +351,7 @@ def _probe_distinct(groups: pd.DataFrame | None, variant: str, size: int, steps:
 
 def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
                       groups: pd.DataFrame | None = None
-                      ) -> tuple[str, str, pd.DataFrame, list[Part]]:
+                      ) -> tuple[str, Joined | str, pd.DataFrame, list[Part]]:
     """Claim 4 (module docstring): (verdict, evidence, table, parts): deciding parts from
     training runs and `grpo probe` pairs on claim 2's matrix and rows; the per-distinct-
     completion difference and the whole-batch side reading in the evidence. `same_rows`,
@@ -380,5 +380,4 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     if side:  # shown after the deciding parts, never in the verdict
         parts.append(Part("4s", side_question(rules.falsifier_matrix), CONTRAST,
                           SidePart(rules.falsifier_matrix, tuple(side))))
-    evidence = " ".join(p.sentence for p in parts)
-    return verdict, evidence, frame, parts
+    return verdict, Joined(tuple(parts)), frame, parts

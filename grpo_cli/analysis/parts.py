@@ -47,3 +47,21 @@ class Part:
         """The one-sided p-value of its contradicted reading (within-part Bonferroni included):
         it reads contradicted at its own level iff p < Rules.one_sided_level. NaN: none."""
         return self.contradiction.p() if self.contradiction is not None else math.nan
+
+
+def say(piece: Part | Words | str) -> str:
+    """A piece of evidence in words: a part's sentence, a record's, or a sentence as is."""
+    if isinstance(piece, str):
+        return piece
+    return piece.sentence if isinstance(piece, Part) else piece.sentence()
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Pieces of evidence said one after another (a claim's evidence: its parts and readings)."""
+
+    pieces: tuple  # of Part | Words | str
+    sep: str = " "
+
+    def sentence(self) -> str:
+        return self.sep.join(say(piece) for piece in self.pieces)

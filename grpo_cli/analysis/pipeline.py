@@ -40,6 +40,7 @@ from grpo_cli.analysis import rules as rules_module
 from grpo_cli.analysis.claims import judge_claims, zero_sum_variants
 from grpo_cli.analysis.grouping import Grouping, display_name, group_runs
 from grpo_cli.analysis.load import Run, load_runs
+from grpo_cli.analysis.parts import Joined
 from grpo_cli.analysis.rank_verdict import matched_readings, rank_verdicts
 from grpo_cli.analysis.records import AnalysisResult, Readings
 from grpo_cli.analysis.rules import Rules
@@ -311,7 +312,7 @@ def _judge(analysed: list[Run], measures: list[str], rules: Rules, ranks: pd.Dat
     outlying = outliers.claim2_part(analysed, ranks, groups, rules, zero_sum_variants(analysed), probes)
     if outlying is not None:  # claim 2 says that its intervals rest on an outlying seed
         claims[1] = replace(claims[1], parts=[*claims[1].parts, outlying],
-                            evidence=f"{claims[1].evidence} {outlying.sentence}")
+                            facts=Joined((claims[1].facts, outlying)))
     collapsed = collapse.collapse_frame(analysed, ranks, rules.rank_matrix, rules.rank_measure)
     stages = collapse.stage_table(collapsed)
     coverage, bins = matching.matching_tables(analysed, collapsed, progress_bins, rules)

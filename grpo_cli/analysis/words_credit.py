@@ -54,3 +54,51 @@ class Part1b:
 
     def sentence(self) -> str:
         return f"1b (the loss gradient's token weights, can fail): {self.weights.sentence()}"
+
+
+@dataclass(frozen=True)
+class CreditRow:
+    """One variant's advantages reading: credit_uniform_frac's mean and minimum over its steps."""
+
+    variant: str
+    credit: str
+    mean: float
+    worst: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """Claim 1a's evidence: every variant that recorded credit_uniform_frac (`judged`: some of
+    them are outcome estimators, for which it holds by construction)."""
+
+    rows: tuple[CreditRow, ...]
+    judged: bool
+
+    def sentence(self) -> str:
+        said = "; ".join(f"{r.variant} ({r.credit}): uniform credit in {r.mean:.3f} of rollouts "
+                         f"on average, {r.worst:.3f} at worst, over {r.steps} steps"
+                         for r in self.rows if r.steps)
+        return (said or "no credit_uniform_frac recorded") + (
+            ". For outcome estimators this holds by construction (one advantage per rollout)."
+            if self.judged else "")
+
+
+PART_1A_QUESTION = ("does every token of a rollout get the same advantage? (true by "
+                    "construction for outcome estimators)")
+
+
+@dataclass(frozen=True)
+class Part1a:
+    """Claim 1's part 1a: the advantages."""
+
+    advantages: Advantages
+
+    def sentence(self) -> str:
+        return ("1a (the advantages; true by construction for outcome estimators): "
+                + self.advantages.sentence())
+
+
+def credit_rule(advantages_rule: str, token_weight_rule: str) -> str:
+    """Claim 1's rule where it has both parts."""
+    return f"1a: {advantages_rule} 1b: {token_weight_rule}"

@@ -314,3 +314,20 @@ class ModeCollapse:
                 f"{self.target:g} here can be sampling collapse, not the zero-sum structure: read "
                 "claim 2 on the early stage, or measure every R on the same weights with "
                 "`grpo probe`.")
+
+
+@dataclass(frozen=True)
+class VerdictCounts:
+    """How many of claim 2's variants' matrix x measure pairs read each verdict."""
+
+    counts: tuple[tuple[str, int], ...]
+
+    def sentence(self) -> str:
+        words = ", ".join(f"{n} {w}" for w, n in self.counts)
+        return f"Over every matrix x measure pair of these variants: {words} (table 'Verdicts')."
+
+
+def no_zero_sum_ranks(matrix: str, measure: str) -> str:
+    """Claim 2's evidence where no zero-sum outcome estimator's run has its ranks."""
+    return (f"no {matrix} / {measure} ranks from a zero-sum outcome estimator's run (no such "
+            "run, no probe step, or no informative group)")

@@ -91,3 +91,28 @@ class PooledPart:
         return (f"{head}: {self.verdict}; {self.slope.text(2, sign=True)}% per 100 steps over "
                 f"{self.seeds} seeds, p (growth) = {self.p_up:.3g}, p (decline) = "
                 f"{self.p_down:.3g}, one-sided at {self.level:g} with no correction (one test).")
+
+
+@dataclass(frozen=True)
+class ZeroAdvantage:
+    """Claim 3's zero-advantage reading (its parts' combined verdict) and, where tested, in how
+    many of the sparsity parts growth stays significant with it as a covariate (after Holm)."""
+
+    metric: str
+    verdict: str
+    tested: int
+    significant: int
+
+    def sentence(self) -> str:
+        out = (f"The zero-advantage reading ({self.metric}, every step; more zero-advantage "
+               "groups means fewer informative rollouts, which alone can make the gradient "
+               f"sparser): {self.verdict}.")
+        if self.tested:
+            out += (f" Controlling for them ({self.metric} as a covariate of each seed's "
+                    "regression on the step; descriptive): growth stays significant in "
+                    f"{self.significant} of {self.tested} parts after Holm (column 'slope given "
+                    "zero-adv.').")
+        return out
+
+
+NO_SPARSITY = "no grad_sparsity / grad_hoyer in a zero-sum outcome estimator's run"

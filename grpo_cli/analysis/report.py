@@ -12,8 +12,6 @@ from grpo_cli.analysis import (
     credit_compare,
     headline,
     token_weights,
-    update_density,
-    update_geometry,
 )
 from grpo_cli.analysis.claims import claims_table, zero_sum_variants
 from grpo_cli.analysis.figures import figure_of_claim
@@ -33,7 +31,11 @@ from grpo_cli.analysis.render import (
     fmt,
 )
 from grpo_cli.analysis.rules import Rules
-from grpo_cli.analysis.words_frames import matching_sentences, same_checkpoint_sentences
+from grpo_cli.analysis.words_frames import (
+    matching_sentences,
+    same_checkpoint_sentences,
+    update_density_sentences,
+)
 from grpo_cli.analysis.words_over_r import ModeCollapse
 
 SUMMARY_COLUMNS = [
@@ -368,7 +370,7 @@ def detail_blocks(result: AnalysisResult) -> list[Block]:
     """The evidence, section by section (a level-2 heading opens each)."""
     return [
         *claim_detail_blocks(result),
-        *update_geometry.blocks(result.top_energy, result.trajectory),
+        *update_geometry_blocks(result.top_energy, result.trajectory),
         *token_weight_blocks(result.token_weights),
         *update_density_blocks(result.update_density),
         *credit_comparison_blocks(result.credit_comparison, result.rules.rank_measure),
@@ -552,7 +554,7 @@ def update_density_blocks(table: pd.DataFrame) -> list[Block]:
                   "grad_share_head_embedding the output head's and embedding's share of the "
                   "gradient's squared norm. Each run's mean over the first and second half of its "
                   "steps, then the mean over its seeds."),
-        Bullets(update_density.sentences(table)),
+        Bullets(update_density_sentences(table)),
         Table(table.round(4)),
     ]
 
@@ -573,3 +575,34 @@ def token_weight_blocks(table: pd.DataFrame) -> list[Block]:
         Bullets([reading.sentence() for reading in token_weights.readings(table)]),
         Table(table),
     ]
+
+
+def _shown_digits(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Shares near 1 need three decimals (render's default shows two)."""
+    return table.apply(lambda c: c.map(lambda v: f"{v:.{digits}f}" if pd.notna(v) else "-")
+                       if c.dtype.kind == "f" else c)
+
+
+def update_geometry_blocks(energy: pd.DataFrame, trajectory: pd.DataFrame) -> list[Block]:
+    """Beside the claims (analysis/update_geometry.py's tables): the section `grpo analyze`
+    writes to details.md / report.html (nothing when neither file has these columns)."""
+    if energy.empty and trajectory.empty:
+        return []
+    out: list[Block] = [Heading("Beside the claims: energy outside the top directions, the update's path")]
+    if not energy.empty:
+        out += [Heading("Energy in the top-k singular directions (beside claim 2)", 3),
+                Paragraph("E_k = sum_{j<=k} sigma_j^2 / sum sigma^2 of each matrix (ranks.csv "
+                          "top<k>_energy_share; SALT, arXiv 2606.05800), mean over seeds of each run's "
+                          "last probe steps; 1 - E_3 is the energy outside the three dominant "
+                          "directions. R orthogonal rows of equal norm give E_k = k/R; one shared "
+                          "direction E_1 = 1. Not part of any verdict."),
+                Table(_shown_digits(energy))]
+    if not trajectory.empty:
+        out += [Heading("The update's trajectory over kept checkpoints (beside the update spectra)", 3),
+                Paragraph("trajectory.csv (`grpo trajectory RUN`) at each run's last kept step: the "
+                          "median over weights of the update's rank-1 share sigma_1^2 / ||W_t - W_0||_F^2 "
+                          "(AlphaRL, arXiv 2510.00553), and of the path's rank-1 share and linearity "
+                          "over the kept steps (RELEX, arXiv 2605.21468); all_*: the path of every "
+                          "weight together. Mean over seeds. Not part of any verdict."),
+                Table(_shown_digits(trajectory))]
+    return out

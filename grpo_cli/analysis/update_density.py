@@ -47,15 +47,3 @@ def density_table(runs: list[Run]) -> pd.DataFrame:
     table = table.assign(change=table["late"] - table["early"], order=table["metric"].map(order))
     table = table.sort_values(["variant", "group_size", "order"]).rename(columns={"metric": "measure"})
     return table[list(COLUMNS)].reset_index(drop=True)
-
-
-def sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per variant: each measure early -> late, averaged over R."""
-    out = []
-    for variant, rows in table.groupby("variant", sort=True):
-        means = rows.groupby("measure")[["early", "late"]].mean()
-        parts = [f"{LABELS[m]} {means.loc[m, 'early']:.3g} -> {means.loc[m, 'late']:.3g}"
-                 for m in (SPARSITY, *STEP_READINGS) if m in means.index]
-        out.append(f"{variant or 'runs'} (early -> late half of training, mean over R): "
-                   + "; ".join(parts) + ".")
-    return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import pandas as pd
 
 from grpo_cli.analysis.load import Run, read_trajectory
-from grpo_cli.analysis.render import Block, Heading, Paragraph, Table
 from grpo_cli.analysis.summary import last_part_means, rank_summary, verdict_rows
 from grpo_cli.analysis.tables import rank_table, run_meta
 from grpo_cli.measures import TOP_ENERGY_COLUMNS
@@ -74,34 +73,3 @@ def trajectory_table(runs: list[Run]) -> pd.DataFrame:
     out["weights"] = grouped["weights"].max()
     out["n_seeds"] = grouped["seed"].nunique()
     return out.reset_index()
-
-
-def _shown(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """Shares near 1 need three decimals (render's default shows two)."""
-    return table.apply(lambda c: c.map(lambda v: f"{v:.{digits}f}" if pd.notna(v) else "-")
-                       if c.dtype.kind == "f" else c)
-
-
-def blocks(energy: pd.DataFrame, trajectory: pd.DataFrame) -> list[Block]:
-    """The section `grpo analyze` writes to details.md / report.html (nothing when neither file
-    has these columns)."""
-    if energy.empty and trajectory.empty:
-        return []
-    out: list[Block] = [Heading("Beside the claims: energy outside the top directions, the update's path")]
-    if not energy.empty:
-        out += [Heading("Energy in the top-k singular directions (beside claim 2)", 3),
-                Paragraph("E_k = sum_{j<=k} sigma_j^2 / sum sigma^2 of each matrix (ranks.csv "
-                          "top<k>_energy_share; SALT, arXiv 2606.05800), mean over seeds of each run's "
-                          "last probe steps; 1 - E_3 is the energy outside the three dominant "
-                          "directions. R orthogonal rows of equal norm give E_k = k/R; one shared "
-                          "direction E_1 = 1. Not part of any verdict."),
-                Table(_shown(energy))]
-    if not trajectory.empty:
-        out += [Heading("The update's trajectory over kept checkpoints (beside the update spectra)", 3),
-                Paragraph("trajectory.csv (`grpo trajectory RUN`) at each run's last kept step: the "
-                          "median over weights of the update's rank-1 share sigma_1^2 / ||W_t - W_0||_F^2 "
-                          "(AlphaRL, arXiv 2510.00553), and of the path's rank-1 share and linearity "
-                          "over the kept steps (RELEX, arXiv 2605.21468); all_*: the path of every "
-                          "weight together. Mean over seeds. Not part of any verdict."),
-                Table(_shown(trajectory))]
-    return out

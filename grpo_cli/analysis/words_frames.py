@@ -1,6 +1,6 @@
-"""Readings' tables in words: the sentences report.py writes under the matching and
-same-checkpoint tables (the renderer's room; matching.py and same_checkpoint.py compute the
-tables and write no sentence)."""
+"""Readings' tables in words: the sentences report.py writes under the matching, same-checkpoint
+and update-density tables (the renderer's room; matching.py, same_checkpoint.py and
+update_density.py compute the tables and write no sentence)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.matching import VARIABLES
+from grpo_cli.analysis.update_density import LABELS, SPARSITY, STEP_READINGS
 
 
 def matching_sentences(coverage: pd.DataFrame) -> list[str]:
@@ -60,4 +61,16 @@ def same_checkpoint_sentences(table: pd.DataFrame, matrix: str = "rollout_group"
             f"same prompts, so these {matrix} / {measure} comparisons have no trajectory in them. "
             f"{readings}."
         )
+    return out
+
+
+def update_density_sentences(table: pd.DataFrame) -> list[str]:
+    """Per variant (update_density.density_table), one sentence: each measure early -> late, averaged over R."""
+    out = []
+    for variant, rows in table.groupby("variant", sort=True):
+        means = rows.groupby("measure")[["early", "late"]].mean()
+        parts = [f"{LABELS[m]} {means.loc[m, 'early']:.3g} -> {means.loc[m, 'late']:.3g}"
+                 for m in (SPARSITY, *STEP_READINGS) if m in means.index]
+        out.append(f"{variant or 'runs'} (early -> late half of training, mean over R): "
+                   + "; ".join(parts) + ".")
     return out

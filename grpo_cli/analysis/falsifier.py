@@ -57,6 +57,7 @@ from grpo_cli.analysis.rules import (
 )
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.summary import last_part
+from grpo_cli.analysis.words_beside import PerDistinct
 from grpo_cli.analysis.words_falsifier import (
     Capped,
     DifferencePart,
@@ -187,11 +188,11 @@ def _stat_for(window: pd.DataFrame, base: str, other: str, size: int) -> str:
 
 def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None = None,
                    groups: pd.DataFrame | None = None
-                   ) -> tuple[list[dict], list[Part], list[SideReading], list[str]]:
+                   ) -> tuple[list[dict], list[Part], list[SideReading], list[PerDistinct]]:
     """Deciding parts from training runs (per pair of variants x judged R), the table rows, the
-    side readings and the per-distinct-completion sentences (beside.per_distinct_sentence). `same_rows`: a
-    `same_rows_table` of these runs or more, with `rules.rank_measure` among its measures;
-    `groups`: their diversity.group_frame; each built here where the caller has none."""
+    side readings and the per-distinct-completion parts' facts (beside.per_distinct_part).
+    `same_rows`: a `same_rows_table` of these runs or more, with `rules.rank_measure` among its
+    measures; `groups`: their diversity.group_frame; each built here where the caller has none."""
     outcome, per_token, label = _families(runs)
     if groups is None:
         groups = diversity.group_frame(runs, rules)
@@ -241,7 +242,7 @@ def training_parts(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | None
                 parts.append(part)
             side += _side_readings(window, base, other, name_pair, rules)
             if readings:
-                per_distinct.append(beside.per_distinct_sentence(name_pair, stat, readings))
+                per_distinct.append(beside.per_distinct_part(name_pair, stat, readings))
     return rows, parts, side, per_distinct
 
 
@@ -375,8 +376,8 @@ def falsifier_reading(runs: list[Run], rules: Rules, same_rows: pd.DataFrame | N
     verdict = combine(read)
     if together:
         parts.append(Part("4t", "the pairs read together", CONTRAST, together))
-    parts += [Part("4d", "the rank per distinct completion", CONTRAST, sentence)
-              for sentence in per_distinct]  # reported, never in the verdict
+    parts += [Part("4d", "the rank per distinct completion", CONTRAST, facts)
+              for facts in per_distinct]  # reported, never in the verdict
     if side:  # shown after the deciding parts, never in the verdict
         parts.append(Part("4s", side_question(rules.falsifier_matrix), CONTRAST,
                           SidePart(rules.falsifier_matrix, tuple(side))))

@@ -210,7 +210,7 @@ def test_rank_equal_to_r_is_contradicted(tmp_path):
     assert row["slope"] == pytest.approx(4.0)  # R=2 capped: means 4, 8 against log2 R = 2, 3
     assert row["max_deviation"] == pytest.approx(6.0)
     assert ("R=4 [4.00, 4.00], R=8 [8.00, 8.00] wholly outside [1.5, 2.5] at 95.0%, the Bonferroni "
-            "level over the 2 judged R") in row["sentence"]
+            "level over the 2 judged R") in row["words"].sentence()
     assert set(result.verdicts["measure"]) == {"erank_entropy"}
 
 
@@ -223,7 +223,7 @@ def test_trend_alone_contradicts_2a_and_2b_and_threshold_is_configurable(tmp_pat
     assert (row["verdict_slope_zero"], row["verdict_growth"], row["verdict_level"]) == (
         "contradicted", "contradicted", "supported")
     assert row["verdict"] == "mixed"
-    assert "is +0.30 [+0.30, +0.30] per doubling" in row["sentence"]
+    assert "is +0.30 [+0.30, +0.30] per doubling" in row["words"].sentence()
     loose = analyze([tmp_path], measure="stable_rank", trend_threshold=0.35, figures=False)
     assert (loose.verdicts["verdict_growth"] == "supported").all()
     assert (loose.verdicts["verdict_slope_zero"] == "contradicted").all()  # still not 0
@@ -255,7 +255,7 @@ def test_include_incomplete_marks_rows(tmp_path):
     assert row["n_seeds"] == 3 and row["n_incomplete"] == 1
     assert row["mean"] == pytest.approx(2.2)
     verdict = _rows(result.verdicts, matrix="rollout_batch").iloc[0]
-    assert "Provisional" in verdict["sentence"]
+    assert "Provisional" in verdict["words"].sentence()
     assert "(n=3*)" in (tmp_path / "analysis" / "details.md").read_text()
 
 
@@ -286,7 +286,7 @@ def test_sweep_still_running_is_analysed(tmp_path):
     # R = 2 and 4 only: R = 2 is capped, so the slope cannot be judged (issue 42: was judged
     # on R = 2 and 4, inconclusive for want of a second seed)
     assert (result.verdicts["verdict"] == "not judged").all()
-    assert "cannot judge beyond the cap" in result.verdicts["sentence"].iloc[0]
+    assert "cannot judge beyond the cap" in result.verdicts["words"].iloc[0].sentence()
     names = {run.name: run for run in result.runs}
     assert "ranks.csv missing" in names["R8-grpo-s0"].problems
     assert names["R16-grpo-s0"].status == "incomplete"

@@ -225,7 +225,7 @@ def rank_claim(
         parts.append(Part("2t", "the parts read together", CONTRAST, together))
     parts += shown.parts  # beside the verdict, not in it
     counts = verdicts[pick]["verdict"].value_counts()
-    evidence = Joined((*primary["sentence"], *([together] if together else []), *shown.parts,
+    evidence = Joined((*primary["words"], *([together] if together else []), *shown.parts,
                        VerdictCounts(tuple((w, int(counts[w])) for w in counts.index))))
     verdict = NOT_JUDGED if all(v == NOT_JUDGED for v in verdicts_) else combine(verdicts_)
     return Claim(2, verdict, evidence, pd.DataFrame(rows), parts=parts)

@@ -38,15 +38,16 @@ from grpo_cli.analysis.tables import PER_GROUP_MATRICES
 from grpo_cli.analysis.words_over_r import (
     SLOPE_ZERO_QUESTION,
     LevelPart,
+    MatchedWords,
     SlopeNotJudged,
     SlopePart,
     Together,
+    VerdictWords,
     closest_part,
+    common_span,
     growth_question,
     level_question,
-    matched_sentence,
     outside,
-    verdict_sentence,
 )
 
 VERDICT_COLUMNS = [
@@ -68,7 +69,7 @@ VERDICT_COLUMNS = [
     "means",
     "intervals",
     "parts",
-    "sentence",
+    "words",  # words_over_r.VerdictWords: the row's sentence, when a reader asks
 ]
 INTERVAL_COLUMNS = [*SUMMARY_KEYS, "group_size", "low", "high", "capped"]
 VERDICT_PARTS = ("2b", "2c")  # the parts claim 2's verdict reads (2a is shown, descriptive)
@@ -252,7 +253,7 @@ def rank_verdicts(ranks: pd.DataFrame, groups: pd.DataFrame, rules: Rules,
             "means": means,
             "intervals": {r: per_r[r].interval for r in sizes},
             "parts": parts,
-            "sentence": verdict_sentence(variant, matrix, measure, verdict, parts, n_incomplete),
+            "words": VerdictWords(variant, matrix, measure, verdict, tuple(parts), n_incomplete),
         })
         intervals += [
             {**dict(zip(SUMMARY_KEYS, key, strict=True)), "group_size": r,
@@ -283,7 +284,7 @@ def matched_readings(ranks_x: pd.DataFrame, rules: Rules, progress: str) -> pd.D
     every R of the variant reaches; bins reached by only some Rs are left out.
     """
     columns = [*SUMMARY_KEYS, "reading", "max_deviation", "slope", "common_bins", "means",
-               "sentence"]
+               "words"]
     if ranks_x.empty:
         return pd.DataFrame(columns=columns)
     table = verdict_rows(ranks_x)
@@ -298,10 +299,10 @@ def matched_readings(ranks_x: pd.DataFrame, rules: Rules, progress: str) -> pd.D
         means = {int(r): m for r, m in matched.groupby("group_size")["value"].mean().items()}
         reading, deviation, slope = point_reading(means, rules) if common else (
             NOT_JUDGED, math.nan, math.nan)
-        sentence, span = matched_sentence(key[0], key[1], key[4], progress, reading, means, slope,
-                                          common)
+        words = MatchedWords(key[0], key[1], key[4], progress, reading, tuple(sorted(means.items())),
+                             slope, bool(common))
         rows.append({**dict(zip(SUMMARY_KEYS, key, strict=True)), "reading": reading,
                      "max_deviation": deviation, "slope": slope,
-                     "common_bins": str(len(common)) + " (" + span + ")", "means": means,
-                     "sentence": sentence})
+                     "common_bins": str(len(common)) + " (" + common_span(progress, common) + ")",
+                     "means": means, "words": words})
     return sort_rows(pd.DataFrame(rows, columns=columns)) if rows else pd.DataFrame(columns=columns)

@@ -91,7 +91,8 @@ def summary_frame(result: AnalysisResult) -> pd.DataFrame:
         if not table.empty:
             parts.append(
                 table.drop(columns=[c for c in OBJECT_COLUMNS if c in table])
-                .rename(columns={"sentence": "detail", "reading": "verdict"})
+                .assign(words=[w.sentence() for w in table["words"]])
+                .rename(columns={"words": "detail", "reading": "verdict"})
                 .assign(kind=kind)
             )
     if not result.composition.empty:
@@ -439,7 +440,7 @@ def verdict_blocks(result: AnalysisResult) -> list[Block]:
         Heading("Verdicts"),
         Table(verdict_table(result, result.verdicts)),
         Details(f"One sentence per matrix x measure ({len(result.verdicts)})",
-                     list(result.verdicts["sentence"])),
+                     [w.sentence() for w in result.verdicts["words"]]),
     ]
 
 
@@ -454,7 +455,7 @@ def matched_blocks(result: AnalysisResult) -> list[Block]:
               "every R of the variant reaches; 'inside' / 'outside' the rule's region."),
         Table(matched_table(matched)),
         Details(f"One sentence per matrix x measure ({len(matched)})",
-                     list(matched["sentence"]) if not matched.empty else []),
+                     [w.sentence() for w in matched["words"]] if not matched.empty else []),
     ]
 
 

@@ -201,25 +201,49 @@ def closest_part(alone: Sequence[int], adjusted: Sequence[float]) -> int:
     return min(alone, key=lambda k: adjusted[k] if math.isfinite(adjusted[k]) else math.inf)
 
 
-def verdict_sentence(variant: str, matrix: str, measure: str, verdict: str, parts: Sequence,
-                     n_incomplete: int) -> str:
-    """A verdict row's sentence: its subject, verdict and each part's sentence."""
-    sentence = f"{subject(variant, matrix, measure)}: {verdict}. " + " ".join(
-        p.sentence for p in parts)
-    return sentence + (" Provisional: includes incomplete runs." if n_incomplete else "")
+@dataclass(frozen=True)
+class VerdictWords:
+    """A verdict row of rank_verdict.rank_verdicts (its `words` column): subject, verdict and
+    each part, said as one sentence when a reader asks."""
+
+    variant: str
+    matrix: str
+    measure: str
+    verdict: str
+    parts: tuple  # of parts.Part
+    n_incomplete: int
+
+    def sentence(self) -> str:
+        sentence = f"{subject(self.variant, self.matrix, self.measure)}: {self.verdict}. " + " ".join(
+            p.sentence for p in self.parts)
+        return sentence + (" Provisional: includes incomplete runs." if self.n_incomplete else "")
 
 
-def matched_sentence(variant: str, matrix: str, measure: str, progress: str, reading: str,
-                     means: dict[int, float], slope: float, common: Sequence[float]
-                     ) -> tuple[str, str]:
-    """(sentence, span of the common bins) of a reading at matched progress."""
-    name = f"{subject(variant, matrix, measure)} at matched {progress}"
-    if not common:
-        return f"{name}: not judged, no progress bin is reached by every R.", "none"
-    values = ", ".join(f"{m:.2f} at R={r}" for r, m in sorted(means.items()))
-    return (f"{name}: point estimates {reading} the rule ({values}; slope {slope:+.2f} per "
-            f"doubling; no interval, descriptive only)."), (
-        f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}")
+@dataclass(frozen=True)
+class MatchedWords:
+    """A reading at matched progress (rank_verdict.point_reading rows, their `words` column)."""
+
+    variant: str
+    matrix: str
+    measure: str
+    progress: str
+    reading: str
+    means: tuple[tuple[int, float], ...]  # (R, mean over the common bins), by R
+    slope: float
+    judged: bool  # some progress bin is reached by every R
+
+    def sentence(self) -> str:
+        name = f"{subject(self.variant, self.matrix, self.measure)} at matched {self.progress}"
+        if not self.judged:
+            return f"{name}: not judged, no progress bin is reached by every R."
+        values = ", ".join(f"{m:.2f} at R={r}" for r, m in self.means)
+        return (f"{name}: point estimates {self.reading} the rule ({values}; slope "
+                f"{self.slope:+.2f} per doubling; no interval, descriptive only).")
+
+
+def common_span(progress: str, common: Sequence[float]) -> str:
+    """The span of the progress bins every R reaches (the `common_bins` cell)."""
+    return f"{progress} bins centred {common[0]:.3g}..{common[-1]:.3g}" if common else "none"
 
 
 @dataclass(frozen=True)

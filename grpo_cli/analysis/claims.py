@@ -45,10 +45,10 @@ from grpo_cli.analysis.rules import (
 from grpo_cli.analysis.same_checkpoint import is_probe, probe_source
 from grpo_cli.analysis.tables import metric_table
 from grpo_cli.analysis.words_credit import (
+    PART_1A_LABEL,
     PART_1A_QUESTION,
     Advantages,
     CreditRow,
-    Part1a,
     credit_rule,
 )
 from grpo_cli.analysis.words_over_r import Together, VerdictCounts, no_zero_sum_ranks
@@ -140,7 +140,7 @@ def credit_claim(runs: list[Run], rules: Rules, weights: pd.DataFrame | None = N
         weights = token_weights.token_weight_table(runs)
     verdict, evidence, frame = _advantages_reading(runs, rules)
     rule = rules.text(1, families or Families.of(runs))
-    first = Part("1a", PART_1A_QUESTION, verdict, Part1a(evidence))
+    first = Part("1a", PART_1A_QUESTION, verdict, Joined((PART_1A_LABEL, evidence)))
     empirical = token_weights.empirical_parts(weights)
     if empirical:
         verdict = combine([first.verdict, *(p.verdict for p in empirical)])

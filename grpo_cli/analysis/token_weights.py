@@ -19,16 +19,16 @@ import numpy as np
 import pandas as pd
 
 from grpo_cli.analysis.load import Run
-from grpo_cli.analysis.parts import Part
+from grpo_cli.analysis.parts import Joined, Part
 from grpo_cli.analysis.rules import CONTRADICTED, SUPPORTED
 from grpo_cli.analysis.tables import metric_table
 from grpo_cli.analysis.words_credit import (
     COLUMN,
     NOT_RECORDED,
     NOT_UNIFORM,
+    PART_1B_LABEL,
     PART_1B_QUESTION,
     UNIFORM,
-    Part1b,
     TokenWeights,
 )
 
@@ -70,5 +70,6 @@ def readings(table: pd.DataFrame) -> list[TokenWeights]:
 def empirical_parts(table: pd.DataFrame) -> list[Part]:
     """Claim 1's part 1b for each outcome variant that recorded this reading (supported: uniform
     at every step; contradicted: not); none without a recorded reading."""
-    return [Part("1b", PART_1B_QUESTION, SUPPORTED if r.reading == UNIFORM else CONTRADICTED, Part1b(r))
+    return [Part("1b", PART_1B_QUESTION, SUPPORTED if r.reading == UNIFORM else CONTRADICTED,
+                 Joined((PART_1B_LABEL, r)))
             for r in readings(table) if r.credit == "outcome" and r.reading != NOT_RECORDED]

@@ -46,14 +46,7 @@ PART_1B_QUESTION = ("is the loss gradient's weight d loss / d log pi(y_t) unifor
                     "rollout's tokens?")
 
 
-@dataclass(frozen=True)
-class Part1b:
-    """Claim 1's part 1b: an outcome variant's token-weight reading."""
-
-    weights: TokenWeights
-
-    def sentence(self) -> str:
-        return f"1b (the loss gradient's token weights, can fail): {self.weights.sentence()}"
+PART_1B_LABEL = "1b (the loss gradient's token weights, can fail):"  # said before its reading
 
 
 @dataclass(frozen=True)
@@ -88,15 +81,7 @@ PART_1A_QUESTION = ("does every token of a rollout get the same advantage? (true
                     "construction for outcome estimators)")
 
 
-@dataclass(frozen=True)
-class Part1a:
-    """Claim 1's part 1a: the advantages."""
-
-    advantages: Advantages
-
-    def sentence(self) -> str:
-        return ("1a (the advantages; true by construction for outcome estimators): "
-                + self.advantages.sentence())
+PART_1A_LABEL = "1a (the advantages; true by construction for outcome estimators):"
 
 
 def credit_rule(advantages_rule: str, token_weight_rule: str) -> str:

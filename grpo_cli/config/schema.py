@@ -287,6 +287,7 @@ class Config:
     results_dir: str = "results"  # root of all results
     cache_dir: str = ".cache/grpo"  # warm-start checkpoints and built tokenizers
     resume: bool = True  # continue from checkpoints/ if the run directory has one
+    reuse_from: list[str] = field(default_factory=list)  # experiment directories (under results_dir, or paths) whose completed runs this run is taken from where one is the same run: every key that changes results agrees (experiment.name aside), same device and versions (train/reuse.py; resume=false trains anew)
     resume_mismatch: str = "refuse"  # refuse | allow: resume though a key that changes results differs from the run directory's config.yaml (train/resume_guard.py)
     checkpoint_every: int = ranged(10, AT_LEAST_1)  # save a resumable checkpoint every N steps
     keep_checkpoints: bool = False  # also keep each checkpoint's weights as checkpoints/step_<N>.pt (`grpo probe RUN --all-checkpoints`)

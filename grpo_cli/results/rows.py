@@ -118,6 +118,7 @@ def run_record(
         "task": task,
         "experiment": experiment,
         "resumed_from": resumed_from,
+        "reused_from": None,  # the run directory this one's files were copied from (train/reuse.py)
         "checkpoint_step": None,
         "param_regex": param_regex,
         # Random weights or coin-flip rewards: a rehearsal of memory and time, never evidence

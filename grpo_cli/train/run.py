@@ -19,7 +19,6 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
 from grpo_cli.algorithm.advantages import get_estimator
@@ -114,6 +113,8 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     if previous and previous.get("status") == "completed" and cfg.resume:
         log(f"{run_dir}: already completed; skipping (set resume=false to start over)")
         return "completed"
+    if _taken(cfg, results, log):
+        return "completed"
     if not cfg.resume:
         for stale in results.checkpoint_path.parent.glob("*.pt*"):
             if stale.name != "initial_layers.pt":
@@ -168,6 +169,22 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     return record["status"]
 
 
+def _taken(cfg, results: RunResults, log) -> bool:
+    """Whether the run was taken from a completed copy of it under `reuse_from` (train/reuse.py)."""
+    from grpo_cli.train.reuse import find_source, take_run
+    from grpo_cli.train.setup import device_label, resolve_device
+
+    if not cfg.get("reuse_from"):
+        return False
+    source = find_source(cfg, results.run_dir, device_label(resolve_device(cfg.device)))
+    if source is None:
+        return False
+    take_run(cfg, source, results)
+    log(f"{results.run_dir}: the run {source} holds (every setting that changes results agrees, "
+        "same device and versions); its files copied, not trained again (resume=false trains anew)")
+    return True
+
+
 def _disk_full(error: BaseException) -> bool:
     return (isinstance(error, OSError) and error.errno == errno.ENOSPC
             and not isinstance(error, FileWriteError))
@@ -192,14 +209,17 @@ def _train(cfg, results: RunResults, record: dict, log, stops: StopRequests, tra
     from grpo_cli.train.alarms import AlarmMonitor
     from grpo_cli.train.checkpoint import resume_checkpoint
     from grpo_cli.train.loop import TrainingLoop
-    from grpo_cli.train.setup import build_components, freeze_long_lived_objects, resolved_rollout
+    from grpo_cli.train.setup import (
+        build_components,
+        device_label,
+        freeze_long_lived_objects,
+        resolved_rollout,
+    )
 
     parts = build_components(cfg, results.run_dir / "checkpoints" / "initial_layers.pt", log=log)
     device = parts.device
     loop = TrainingLoop(cfg, parts)
-    record["device"] = str(device) + (
-        f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    )
+    record["device"] = device_label(device)
     record["rollout_resolved"] = resolved_rollout(cfg, parts.backend)  # auto settings, as chosen
     monitor = AlarmMonitor.from_config(cfg.alarms)
 

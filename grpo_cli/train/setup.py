@@ -49,6 +49,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_label(device: torch.device) -> str:
+    """run.json's `device`: the device, and a GPU's name."""
+    return str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+
+
 def build_backend(cfg, model, tokenizer, device, source_path: str):
     """The rollout backend named by `rollout.backend`; vLLM is imported only when chosen."""
     from grpo_cli.rollout.stop_tokens import stop_token_ids

@@ -125,7 +125,7 @@ rehearse-paper: $(STAMP) ## The paper preset at full size, random weights, no do
 gpu-report: $(STAMP) ## Every GPU figure in one run (~25 min on one H100): tests, CUDA runs, rollout tok/s, --vs-trl, rehearsal; DRY=1 checks the plan on CPU (ARGS=--only 3,4 ...)
 	$(PY) -m grpo_cli.gpu_report $(if $(DRY),--dry-run) $(ARGS)
 
-settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R x seeds 0-3 (SEEDS=...), then analyze
+settle: $(STAMP) ## Estimators side by side (grpo, dr_grpo, rloo, ppo, process, otb) x R x seeds 0-3 (SEEDS=...), then analyze; the 40 runs reproduce-cpu completed are copied, not trained again
 	$(GRPO) run -m experiment=settle_credit algorithm=grpo,dr_grpo,rloo,ppo,process,otb rollout.group_size=$(SWEEP_R) seed=$(SEEDS) hydra/launcher=local_parallel
 	$(GRPO) analyze results/settle_credit
 

@@ -109,11 +109,7 @@ def run_experiment(cfg, run_dir: Path, log=print) -> str:
 def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     check_resume(cfg, run_dir, log)  # ConfigError before anything is written: no mixed configs
     results = RunResults(run_dir)
-    previous = results.read_status()
-    if previous and previous.get("status") == "completed" and cfg.resume:
-        log(f"{run_dir}: already completed; skipping (set resume=false to start over)")
-        return "completed"
-    if _taken(cfg, results, log):
+    if _done(cfg, results, log):  # completed here, or taken from a completed copy (reuse_from)
         return "completed"
     if not cfg.resume:
         for stale in results.checkpoint_path.parent.glob("*.pt*"):
@@ -169,11 +165,16 @@ def _run_held(cfg, run_dir: Path, log, stops: StopRequests) -> str:
     return record["status"]
 
 
-def _taken(cfg, results: RunResults, log) -> bool:
-    """Whether the run was taken from a completed copy of it under `reuse_from` (train/reuse.py)."""
+def _done(cfg, results: RunResults, log) -> bool:
+    """Whether there is nothing to train: the directory holds the completed run, or a completed
+    copy of it under `reuse_from` was taken (train/reuse.py)."""
     from grpo_cli.train.reuse import find_source, take_run
     from grpo_cli.train.setup import device_label, resolve_device
 
+    previous = results.read_status()
+    if previous and previous.get("status") == "completed" and cfg.resume:
+        log(f"{results.run_dir}: already completed; skipping (set resume=false to start over)")
+        return True
     if not cfg.get("reuse_from"):
         return False
     source = find_source(cfg, results.run_dir, device_label(resolve_device(cfg.device)))

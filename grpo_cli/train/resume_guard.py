@@ -20,10 +20,10 @@ from grpo_cli.config.errors import ConfigError
 
 # Keys (and the subtrees under them) that do not change a run's numbers: where files and caches
 # go (or a copy of the run is taken from), what is shown or sent to trackers, how often a
-# checkpoint is kept, a fault on purpose, and this guard's own switches. Every other key changes results (threads and device too: float
-# summation order), so a resume refuses a difference in it.
-RESULT_NEUTRAL = ("resume", "resume_mismatch", "reuse_from", "progress", "logger", "fault", "results_dir",
-                  "cache_dir", "checkpoint_every", "keep_checkpoints")
+# checkpoint is kept, a fault on purpose, and this guard's own switches. Every other key changes
+# results (threads and device too: float summation order), so a resume refuses a difference in it.
+RESULT_NEUTRAL = ("resume", "resume_mismatch", "reuse_from", "progress", "logger", "fault",
+                  "results_dir", "cache_dir", "checkpoint_every", "keep_checkpoints")
 SHOWN = 3  # differing keys named in the refusal; the rest are counted
 
 
